@@ -1,0 +1,34 @@
+"""siq_celery: one start interval shared by every worker of a queue, on every host.
+
+The core (:class:`IntervalQueue`) works standalone on Redis, SQLite or memory; the Celery
+integration builds on it.
+"""
+
+from .backends import Backend, ModelBackend, backend_from_url, register_backend
+from .errors import (
+    ConfigurationError,
+    CorruptStateError,
+    IntervalMismatchError,
+    InvalidIntervalError,
+    InvalidQueueNameError,
+    MissingDependencyError,
+    QueueExistsError,
+    QueueNotFoundError,
+    SiqError,
+    StoreUnavailableError,
+    UnknownBackendError,
+)
+from .intervals import format_interval, parse_interval
+from .queue import DuplicateTaskError, IntervalQueue, SlotTimeoutError
+from .types import ClaimResult, Decision, QueueState, QueueStatus, Ticket, Verdict
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend", "ModelBackend", "backend_from_url", "register_backend",
+    "ConfigurationError", "CorruptStateError", "IntervalMismatchError", "InvalidIntervalError",
+    "InvalidQueueNameError", "MissingDependencyError", "QueueExistsError", "QueueNotFoundError",
+    "SiqError", "StoreUnavailableError", "UnknownBackendError", "DuplicateTaskError", "SlotTimeoutError",
+    "format_interval", "parse_interval", "IntervalQueue",
+    "ClaimResult", "Decision", "QueueState", "QueueStatus", "Ticket", "Verdict",
+]  # fmt: skip

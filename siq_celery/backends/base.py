@@ -1,0 +1,285 @@
+"""The state-store interface.
+
+A backend's methods are whole atomic operations of the model (claim, start, finish,
+pause, ...), never get/set primitives: two workers racing through a backend must never
+see a half-applied operation. Add a backend by subclassing :class:`Backend` (or
+:class:`ModelBackend`, which runs :mod:`siq_celery.model` inside a transaction you
+provide) and registering its URL scheme with :func:`siq_celery.backends.register_backend`;
+then run ``tests/contract`` against it.
+
+All times are integer microseconds on the store's clock.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
+
+from .. import model
+from ..errors import CorruptStateError, QueueNotFoundError
+from ..keys import DEFAULT_KEY_PREFIX, QueueKeys, validate_key_prefix
+from ..types import ClaimResult, Decision, QueueState, QueueStatus
+
+Clock = Callable[[], int]
+"""A clock returning microseconds since the Unix epoch (tests pin it)."""
+
+DEFAULT_FINISHED_RETENTION_US = 24 * 3_600 * 1_000_000
+DEFAULT_FINISHED_MAX = 1_000_000
+
+
+def system_clock_us() -> int:
+    return time.time_ns() // 1_000
+
+
+class Backend(ABC):
+    """Atomic operations on the shared state of interval queues.
+
+    ``clock``: ``None`` means the store's own clock (Redis ``TIME``; the host clock for
+    SQLite and memory). Finished-task records (used to skip a redelivered copy of a task
+    that already finished) are kept ``finished_retention_us`` and at most
+    ``finished_max`` per queue.
+    """
+
+    #: URL schemes this backend is registered for.
+    schemes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        finished_retention_us: int = DEFAULT_FINISHED_RETENTION_US,
+        finished_max: int = DEFAULT_FINISHED_MAX,
+    ) -> None:
+        self.clock = clock
+        self.key_prefix = validate_key_prefix(key_prefix)
+        self.finished_retention_us = finished_retention_us
+        self.finished_max = finished_max
+
+    @classmethod
+    @abstractmethod
+    def from_url(cls, url: str, **options: Any) -> Backend:
+        """Build the backend from a URL (the scheme selected this class)."""
+
+    def keys(self, queue: str) -> QueueKeys:
+        return QueueKeys.for_queue(queue, self.key_prefix)
+
+    # -- the atomic operations ------------------------------------------------------
+
+    @abstractmethod
+    def ensure(self, queue: str, interval_us: int, epoch: str) -> tuple[QueueState, bool]:
+        """Create the queue's state if missing (with ``epoch``); return it and whether it
+        was created. Never changes existing state."""
+
+    @abstractmethod
+    def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
+        """Issue ``count`` tickets; creates the state (``interval_us``, ``epoch``) if missing."""
+
+    @abstractmethod
+    def start(
+        self,
+        queue: str,
+        ticket: int,
+        epoch: str,
+        *,
+        task_id: str | None,
+        interval_us: int,
+        new_epoch: str,
+    ) -> Decision:
+        """Decide (and, if authorized, record) the start of ``ticket``. A missing state is
+        created with ``new_epoch`` (so the answer is RECLAIM)."""
+
+    @abstractmethod
+    def finish(self, queue: str, task_id: str) -> None:
+        """Record that ``task_id`` finished, so a redelivered copy is not run again."""
+
+    @abstractmethod
+    def pause(self, queue: str) -> QueueState: ...
+
+    @abstractmethod
+    def resume(self, queue: str) -> QueueState: ...
+
+    @abstractmethod
+    def set_interval(self, queue: str, interval_us: int) -> QueueState: ...
+
+    @abstractmethod
+    def reset(self, queue: str, interval_us: int | None, epoch: str) -> QueueState:
+        """Start the queue's state afresh (see :func:`siq_celery.model.reset`); creates it
+        when missing if ``interval_us`` is given, else raises QueueNotFoundError."""
+
+    @abstractmethod
+    def status(self, queue: str) -> QueueStatus | None: ...
+
+    @abstractmethod
+    def queues(self, pattern: str = "*") -> list[str]:
+        """Names of the queues with state, matching a glob ``pattern``, sorted."""
+
+    @abstractmethod
+    def delete(self, queue: str) -> bool:
+        """Remove all state of ``queue`` (tickets, finished records). True if it existed."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""
+
+
+def state_from_fields(queue: str, key: str, fields: Mapping[str, Any]) -> QueueState:
+    """Build a QueueState from stored fields, or raise CorruptStateError naming the field."""
+
+    def number(name: str) -> int:
+        value = fields.get(name)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise CorruptStateError(queue, key, name, value)
+        try:
+            return int(value)
+        except ValueError:
+            raise CorruptStateError(queue, key, name, value) from None
+
+    epoch = fields.get("epoch")
+    if isinstance(epoch, bytes):
+        epoch = epoch.decode("utf-8", "replace")
+    if not isinstance(epoch, str) or not epoch:
+        raise CorruptStateError(queue, key, "epoch", epoch)
+    paused = number("paused")
+    state = QueueState(
+        epoch=epoch,
+        interval_us=number("interval_us"),
+        ticket=number("ticket"),
+        current=number("current"),
+        anchor_us=number("anchor_us"),
+        last_start_us=number("last_start_us"),
+        paused=bool(paused),
+    )
+    if state.interval_us <= 0:
+        raise CorruptStateError(queue, key, "interval_us", state.interval_us)
+    if paused not in (0, 1):
+        raise CorruptStateError(queue, key, "paused", paused)
+    return state
+
+
+class Transaction(ABC):
+    """One queue's state inside an atomic section of a :class:`ModelBackend`."""
+
+    state: QueueState | None
+    now_us: int
+
+    @abstractmethod
+    def is_finished(self, task_id: str) -> bool: ...
+
+    @abstractmethod
+    def add_finished(self, task_id: str) -> None: ...
+
+    @abstractmethod
+    def finished_count(self) -> int: ...
+
+    @abstractmethod
+    def delete(self) -> bool: ...
+
+
+class ModelBackend(Backend):
+    """A backend that runs :mod:`siq_celery.model` on state loaded inside a transaction.
+
+    Subclasses provide :meth:`transaction` (load, yield, write back on success) and
+    :meth:`queues`; every operation is then implemented once, here.
+    """
+
+    @abstractmethod
+    def transaction(self, queue: str, *, replace_corrupt: bool = False) -> AbstractContextManager[Transaction]:
+        """Lock the queue's state, yield it, and write ``tx.state`` back on a clean exit.
+
+        Corrupt stored state raises CorruptStateError, unless ``replace_corrupt`` (used by
+        reset, the way out of corruption) makes it load as missing."""
+
+    def now_us(self) -> int:
+        return (self.clock or system_clock_us)()
+
+    def ensure(self, queue: str, interval_us: int, epoch: str) -> tuple[QueueState, bool]:
+        with self.transaction(queue) as tx:
+            if tx.state is not None:
+                return _copy(tx.state), False
+            tx.state = model.new_state(tx.now_us, interval_us, epoch)
+            return _copy(tx.state), True
+
+    def _created(self, tx: Transaction, queue: str, interval_us: int, epoch: str) -> QueueState:
+        if tx.state is None:
+            if interval_us <= 0:
+                raise QueueNotFoundError(f"queue {queue!r} has no state in this store and no interval was given")
+            tx.state = model.new_state(tx.now_us, interval_us, epoch)
+        return tx.state
+
+    def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
+        with self.transaction(queue) as tx:
+            return model.claim(self._created(tx, queue, interval_us, epoch), count, tx.now_us)
+
+    def start(
+        self,
+        queue: str,
+        ticket: int,
+        epoch: str,
+        *,
+        task_id: str | None,
+        interval_us: int,
+        new_epoch: str,
+    ) -> Decision:
+        with self.transaction(queue) as tx:
+            state = self._created(tx, queue, interval_us, new_epoch)
+            finished = task_id is not None and tx.is_finished(task_id)
+            return model.start(state, ticket, epoch, tx.now_us, finished=finished)
+
+    def finish(self, queue: str, task_id: str) -> None:
+        with self.transaction(queue) as tx:
+            tx.add_finished(task_id)
+
+    def _existing(self, tx: Transaction, queue: str) -> QueueState:
+        if tx.state is None:
+            raise QueueNotFoundError(f"queue {queue!r} has no state in this store")
+        return tx.state
+
+    def pause(self, queue: str) -> QueueState:
+        with self.transaction(queue) as tx:
+            model.pause(self._existing(tx, queue))
+            return _copy(self._existing(tx, queue))
+
+    def resume(self, queue: str) -> QueueState:
+        with self.transaction(queue) as tx:
+            model.resume(self._existing(tx, queue), tx.now_us)
+            return _copy(self._existing(tx, queue))
+
+    def set_interval(self, queue: str, interval_us: int) -> QueueState:
+        with self.transaction(queue) as tx:
+            model.set_interval(self._existing(tx, queue), interval_us)
+            return _copy(self._existing(tx, queue))
+
+    def reset(self, queue: str, interval_us: int | None, epoch: str) -> QueueState:
+        with self.transaction(queue, replace_corrupt=True) as tx:
+            if tx.state is None:
+                if interval_us is None:
+                    raise QueueNotFoundError(f"queue {queue!r} has no state in this store")
+                tx.state = model.new_state(tx.now_us, interval_us, epoch)
+            tx.state = model.reset(tx.state, tx.now_us, epoch, interval_us)
+            return _copy(tx.state)
+
+    def status(self, queue: str) -> QueueStatus | None:
+        with self.transaction(queue) as tx:
+            if tx.state is None:
+                return None
+            return QueueStatus(queue, _copy(tx.state), tx.now_us, tx.finished_count())
+
+    def delete(self, queue: str) -> bool:
+        with self.transaction(queue) as tx:
+            existed = tx.delete()
+            tx.state = None
+            return existed
+
+
+def _copy(state: QueueState) -> QueueState:
+    return QueueState(**vars(state))
+
+
+def match_names(names: Iterator[str] | list[str], pattern: str) -> list[str]:
+    return sorted(n for n in names if fnmatch.fnmatchcase(n, pattern))

@@ -1,0 +1,62 @@
+-- Prepended to every siq_celery script when it is loaded (backends/redis.py).
+-- Helpers: the store clock, and loading / checking / saving one queue's state hash.
+--
+-- Times are integer microseconds since the Unix epoch (they fit a Lua double exactly).
+-- Numbers reach Redis through redis.call, which formats them with %.17g; never build a
+-- number into a string with tostring() or '..' (Lua's own format keeps 14 digits).
+-- State hash fields: epoch, interval_us, ticket, current, anchor_us, last_start_us, paused.
+
+local function siq_now(arg)
+  if arg ~= nil and arg ~= '' then
+    return tonumber(arg)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local SIQ_NUMBERS = {'interval_us', 'ticket', 'current', 'anchor_us', 'last_start_us', 'paused'}
+
+-- Returns (state, nil), (nil, nil) when the queue has no state, or (nil, error text)
+-- when a field holds something siq_celery did not write.
+local function siq_load(key)
+  local raw = redis.call('HMGET', key, 'epoch', 'interval_us', 'ticket', 'current',
+                         'anchor_us', 'last_start_us', 'paused')
+  local present = false
+  for i = 1, 7 do
+    if raw[i] then present = true end
+  end
+  if not present then return nil, nil end
+  if not raw[1] or raw[1] == '' then
+    return nil, 'SIQCORRUPT epoch ' .. tostring(raw[1])
+  end
+  local s = {epoch = raw[1]}
+  for i, name in ipairs(SIQ_NUMBERS) do
+    local v = tonumber(raw[i + 1])
+    if v == nil or v ~= math.floor(v) then
+      return nil, 'SIQCORRUPT ' .. name .. ' ' .. tostring(raw[i + 1])
+    end
+    s[name] = v
+  end
+  if s.interval_us <= 0 then return nil, 'SIQCORRUPT interval_us ' .. raw[2] end
+  if s.paused ~= 0 and s.paused ~= 1 then return nil, 'SIQCORRUPT paused ' .. raw[7] end
+  return s, nil
+end
+
+-- A state created from nothing waits one interval before its first start: it cannot
+-- know when the last start was, and that is the price of never bursting after a loss.
+local function siq_new(now, interval, epoch)
+  return {epoch = epoch, interval_us = interval, ticket = 0, current = 0,
+          anchor_us = now, last_start_us = now, paused = 0}
+end
+
+local function siq_save(key, s)
+  redis.call('HSET', key, 'epoch', s.epoch, 'interval_us', s.interval_us, 'ticket', s.ticket,
+             'current', s.current, 'anchor_us', s.anchor_us, 'last_start_us', s.last_start_us,
+             'paused', s.paused)
+end
+
+-- The flat reply shared by the control scripts: state fields, then the store time.
+local function siq_reply(s, now)
+  return {s.epoch, s.interval_us, s.ticket, s.current, s.anchor_us, s.last_start_us,
+          s.paused, now}
+end

@@ -1,0 +1,19 @@
+-- ensure: create a queue's state if it has none; never change existing state.
+-- KEYS[1]  the queue's state hash
+-- ARGV[1]  now in microseconds, or '' for Redis TIME
+-- ARGV[2]  interval in microseconds
+-- ARGV[3]  epoch for the new state
+-- Returns {created (0|1), epoch, interval_us, ticket, current, anchor_us, last_start_us,
+-- paused, now_us}.
+local now = siq_now(ARGV[1])
+local s, err = siq_load(KEYS[1])
+if err then return redis.error_reply(err) end
+local created = 0
+if not s then
+  s = siq_new(now, tonumber(ARGV[2]), ARGV[3])
+  siq_save(KEYS[1], s)
+  created = 1
+end
+local reply = siq_reply(s, now)
+table.insert(reply, 1, created)
+return reply

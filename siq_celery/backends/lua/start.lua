@@ -1,0 +1,45 @@
+-- start: may ticket ARGV[2] start now? If so, record the start (atomically).
+-- KEYS[1]  the queue's state hash, siq:{<queue>}:state
+-- KEYS[2]  the queue's finished-task sorted set, siq:{<queue>}:finished
+-- ARGV[1]  now in microseconds, or '' for Redis TIME
+-- ARGV[2]  ticket number
+-- ARGV[3]  the ticket's epoch
+-- ARGV[4]  task id, or '' (no duplicate check)
+-- ARGV[5]  interval in microseconds for a state created here; 0 = do not create
+-- ARGV[6]  epoch for a state created here (the ticket's own is then stale: 'reclaim')
+-- Returns {verdict, ticket, now_us, wait_us, slot_us}; verdict is one of
+-- 'authorized', 'wait', 'paused', 'reclaim', 'duplicate'.
+local now = siq_now(ARGV[1])
+local ticket = tonumber(ARGV[2]) or 0
+local s, err = siq_load(KEYS[1])
+if err then return redis.error_reply(err) end
+if not s then
+  if tonumber(ARGV[5]) <= 0 then return redis.error_reply('SIQNOTFOUND') end
+  s = siq_new(now, tonumber(ARGV[5]), ARGV[6])
+  siq_save(KEYS[1], s)
+end
+if ARGV[4] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[4]) then
+  return {'duplicate', ticket, now, 0, 0}
+end
+if ARGV[3] ~= s.epoch or ticket < 1 or ticket > s.ticket or ticket ~= math.floor(ticket) then
+  return {'reclaim', ticket, now, 0, 0}
+end
+if s.paused == 1 then return {'paused', ticket, now, 0, 0} end
+
+local interval = s.interval_us
+local due = 0  -- a ticket passed over by current takes the next free slot
+if ticket > s.current then due = s.anchor_us + (ticket - s.current) * interval end
+local slot = math.max(due, s.last_start_us + interval)
+if now < slot then return {'wait', ticket, now, slot - now, slot} end
+
+local floor = now - math.floor(interval / 2)
+if ticket > s.current then
+  s.anchor_us = math.max(due, floor)
+  s.current = ticket
+else
+  -- shift the line one slot so the tickets behind keep their order
+  s.anchor_us = math.max(s.anchor_us + interval, floor)
+end
+s.last_start_us = now
+siq_save(KEYS[1], s)
+return {'authorized', ticket, now, 0, slot}

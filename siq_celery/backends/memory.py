@@ -1,0 +1,90 @@
+"""In-process state store: one process, a lock. For tests, eager mode and single-process
+scripts. ``memory://`` URLs with the same name share one store within the process
+(``memory://`` alone is the default store), so two IntervalQueue objects for one queue
+coordinate, as they would on Redis."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from ..types import QueueState
+from .base import ModelBackend, Transaction, _copy, match_names
+
+
+@dataclass
+class _Store:
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    states: dict[str, QueueState] = field(default_factory=dict)
+    finished: dict[str, OrderedDict[str, int]] = field(default_factory=dict)
+
+
+_NAMED_STORES: dict[str, _Store] = {}
+_NAMED_LOCK = threading.Lock()
+
+
+class _MemoryTransaction(Transaction):
+    def __init__(self, backend: MemoryBackend, queue: str) -> None:
+        self._backend, self._queue = backend, queue
+        self._store = backend.store
+        stored = self._store.states.get(queue)
+        self.state = _copy(stored) if stored is not None else None
+        self.now_us = backend.now_us()
+
+    def _finished(self) -> OrderedDict[str, int]:
+        return self._store.finished.setdefault(self._queue, OrderedDict())
+
+    def is_finished(self, task_id: str) -> bool:
+        return task_id in self._store.finished.get(self._queue, {})
+
+    def add_finished(self, task_id: str) -> None:
+        done = self._finished()
+        done[task_id] = self.now_us
+        done.move_to_end(task_id)
+        oldest_kept = self.now_us - self._backend.finished_retention_us
+        while done and (len(done) > self._backend.finished_max or next(iter(done.values())) < oldest_kept):
+            done.popitem(last=False)
+
+    def finished_count(self) -> int:
+        return len(self._store.finished.get(self._queue, {}))
+
+    def delete(self) -> bool:
+        existed = self._store.states.pop(self._queue, None) is not None
+        self._store.finished.pop(self._queue, None)
+        return existed
+
+    def commit(self) -> None:
+        if self.state is not None:
+            self._store.states[self._queue] = self.state
+
+
+class MemoryBackend(ModelBackend):
+    schemes: ClassVar[tuple[str, ...]] = ("memory",)
+
+    def __init__(self, store: _Store | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        self.store = store or _Store()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> MemoryBackend:
+        name = urlsplit(url).netloc
+        with _NAMED_LOCK:
+            store = _NAMED_STORES.setdefault(name, _Store())
+        return cls(store, **options)
+
+    @contextmanager
+    def transaction(self, queue: str, *, replace_corrupt: bool = False) -> Iterator[Transaction]:
+        self.keys(queue)  # validates the name
+        with self.store.lock:
+            tx = _MemoryTransaction(self, queue)
+            yield tx
+            tx.commit()
+
+    def queues(self, pattern: str = "*") -> list[str]:
+        with self.store.lock:
+            return match_names(list(self.store.states), pattern)

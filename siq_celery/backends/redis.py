@@ -1,0 +1,203 @@
+"""Redis state store: one Lua script per operation, time from Redis ``TIME``.
+
+Every key a script touches is passed in ``KEYS`` and carries the queue's hash tag, so
+the same scripts run on a single server, behind Sentinel, or on Redis Cluster.
+
+URLs: ``redis://[[user]:password@]host:port/db``, ``rediss://`` (TLS), ``unix:///path.sock``,
+``redis+cluster://host:port[,host:port...]`` (``rediss+cluster://`` for TLS), and
+``redis+sentinel://[[user]:password@]host:port[,host:port...]/service_name[/db]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ..errors import (
+    ConfigurationError,
+    CorruptStateError,
+    MissingDependencyError,
+    QueueNotFoundError,
+    StoreUnavailableError,
+)
+from ..types import ClaimResult, Decision, QueueState, QueueStatus, Verdict
+from .base import Backend
+
+try:
+    import redis
+    from redis.cluster import ClusterNode, RedisCluster
+    from redis.sentinel import Sentinel
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise MissingDependencyError(
+        "the Redis state store needs redis-py: pip install 'siq_celery[redis]'"
+    ) from exc
+
+SCRIPTS = ("claim", "start", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status")
+
+
+def load_script_source(name: str) -> str:
+    """The shared prelude followed by the script ``name`` (both shipped in the wheel)."""
+    lua = resources.files("siq_celery.backends") / "lua"
+    return (lua / "_prelude.lua").read_text("utf-8") + "\n" + (lua / f"{name}.lua").read_text("utf-8")
+
+
+def redis_client_from_url(url: str, **options: Any) -> Any:
+    """A redis-py client (plain, Cluster or Sentinel master) for ``url``."""
+    parts = urlsplit(url)
+    scheme = parts.scheme
+    if scheme in ("redis", "rediss", "unix"):
+        return redis.Redis.from_url(url, **options)
+    tls = scheme.startswith("rediss")
+    hosts = _hosts(parts.netloc.rpartition("@")[2], url)
+    username = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password else None
+    query = dict(parse_qsl(parts.query))
+    if scheme.endswith("+cluster"):
+        return RedisCluster(
+            startup_nodes=[ClusterNode(h, p) for h, p in hosts],
+            username=username,
+            password=password,
+            ssl=tls,
+            **options,
+        )
+    if scheme.endswith("+sentinel"):
+        path = [p for p in parts.path.split("/") if p]
+        if not path:
+            raise ConfigurationError(f"sentinel URL {url!r} needs the service name: .../mymaster[/db]")
+        db = int(path[1]) if len(path) > 1 else 0
+        sentinel = Sentinel(hosts, sentinel_kwargs={"password": query.get("sentinel_password")})
+        return sentinel.master_for(path[0], db=db, username=username, password=password, ssl=tls, **options)
+    raise ConfigurationError(f"not a Redis URL: {url!r}")
+
+
+def _hosts(netloc: str, url: str) -> list[tuple[str, int]]:
+    hosts = []
+    for item in netloc.split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigurationError(f"cannot read host:port {item!r} in {url!r}")
+        hosts.append((host.strip("[]"), int(port)))
+    return hosts
+
+
+class RedisBackend(Backend):
+    schemes: ClassVar[tuple[str, ...]] = (
+        "redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel",
+    )  # fmt: skip
+
+    def __init__(self, client: Any, **options: Any) -> None:
+        super().__init__(**options)
+        self.client = client
+        self._scripts = {name: client.register_script(load_script_source(name)) for name in SCRIPTS}
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisBackend:
+        client_options = options.pop("client_options", {})
+        return cls(redis_client_from_url(url, **client_options), **options)
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _now_arg(self) -> int | str:
+        return self.clock() if self.clock else ""
+
+    def _run(self, name: str, queue: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return self._scripts[name](keys=list(keys), args=[self._now_arg(), *args])
+        except redis.ResponseError as exc:
+            raise self._translate(exc, queue, keys[0]) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+
+    @staticmethod
+    def _translate(exc: Exception, queue: str, key: str) -> Exception:
+        text = str(exc)
+        if "SIQNOTFOUND" in text:
+            return QueueNotFoundError(f"queue {queue!r} has no state in this store (key {key!r})")
+        if "SIQCORRUPT" in text:
+            _, _, rest = text.partition("SIQCORRUPT ")
+            field, _, value = rest.partition(" ")
+            return CorruptStateError(queue, key, field, value.split(" script:")[0])
+        if "WRONGTYPE" in text:
+            return CorruptStateError(queue, key, "(key type)", "not a siq_celery value")
+        return exc
+
+    @staticmethod
+    def _state(reply: Sequence[Any]) -> tuple[QueueState, int]:
+        epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        numbers = [int(v) for v in reply[1:8]]
+        interval, ticket, current, anchor, last_start, paused, now = numbers
+        return QueueState(epoch, interval, ticket, current, anchor, last_start, bool(paused)), now
+
+    # -- operations -----------------------------------------------------------------
+
+    def ensure(self, queue: str, interval_us: int, epoch: str) -> tuple[QueueState, bool]:
+        k = self.keys(queue)
+        reply = self._run("ensure", queue, [k.state], [interval_us, epoch])
+        return self._state(reply[1:])[0], bool(reply[0])
+
+    def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
+        k = self.keys(queue)
+        first, n, got_epoch, base, floor, interval, now = self._run("claim", queue, [k.state], [count, interval_us, epoch])
+        return ClaimResult(int(first), int(n), got_epoch.decode(), int(base), int(floor), int(interval), int(now))
+
+    def start(
+        self,
+        queue: str,
+        ticket: int,
+        epoch: str,
+        *,
+        task_id: str | None,
+        interval_us: int,
+        new_epoch: str,
+    ) -> Decision:
+        k = self.keys(queue)
+        verdict, number, now, wait, slot = self._run(
+            "start", queue, [k.state, k.finished], [ticket, epoch, task_id or "", interval_us, new_epoch]
+        )
+        return Decision(Verdict(verdict.decode()), int(number), int(now), int(wait), int(slot))
+
+    def finish(self, queue: str, task_id: str) -> None:
+        k = self.keys(queue)
+        self._run("finish", queue, [k.finished], [task_id, self.finished_retention_us, self.finished_max])
+
+    def pause(self, queue: str) -> QueueState:
+        return self._state(self._run("pause", queue, [self.keys(queue).state], []))[0]
+
+    def resume(self, queue: str) -> QueueState:
+        return self._state(self._run("resume", queue, [self.keys(queue).state], []))[0]
+
+    def set_interval(self, queue: str, interval_us: int) -> QueueState:
+        return self._state(self._run("set_interval", queue, [self.keys(queue).state], [interval_us]))[0]
+
+    def reset(self, queue: str, interval_us: int | None, epoch: str) -> QueueState:
+        return self._state(self._run("reset", queue, [self.keys(queue).state], [interval_us or 0, epoch]))[0]
+
+    def status(self, queue: str) -> QueueStatus | None:
+        k = self.keys(queue)
+        reply = self._run("status", queue, [k.state, k.finished], [])
+        if not reply:
+            return None
+        state, now = self._state(reply)
+        return QueueStatus(queue, state, now, int(reply[8]))
+
+    def queues(self, pattern: str = "*") -> list[str]:
+        from ..keys import QueueKeys
+
+        match = f"{self.key_prefix}:{{{pattern}}}:state"
+        try:
+            names = {QueueKeys.queue_from_state_key(key.decode()) for key in self.client.scan_iter(match=match, count=1000)}
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        return sorted(n for n in names if n)
+
+    def delete(self, queue: str) -> bool:
+        k = self.keys(queue)
+        try:
+            return bool(self.client.delete(k.state, k.finished))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+
+    def close(self) -> None:
+        self.client.close()

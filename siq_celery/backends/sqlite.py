@@ -1,0 +1,162 @@
+"""SQLite state store: several processes on one host, no server.
+
+Each operation is one ``BEGIN IMMEDIATE`` transaction (the write lock is taken before the
+state is read, so two processes never decide from the same state). WAL journal, a busy
+timeout, one connection per process and thread (a connection is never shared across
+``fork``: Celery's prefork pool forks after the app is loaded).
+
+URLs follow SQLAlchemy: ``sqlite:///relative.db``, ``sqlite:////abs/path.db``.
+The clock is the host's (every process on one host shares it).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+from urllib.parse import unquote, urlsplit
+
+from ..errors import ConfigurationError, CorruptStateError
+from ..types import QueueState
+from .base import ModelBackend, Transaction, match_names, state_from_fields
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS siq_queues (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, epoch TEXT NOT NULL,
+    interval_us INTEGER NOT NULL, ticket INTEGER NOT NULL, current INTEGER NOT NULL,
+    anchor_us INTEGER NOT NULL, last_start_us INTEGER NOT NULL, paused INTEGER NOT NULL,
+    PRIMARY KEY (prefix, queue)
+);
+CREATE TABLE IF NOT EXISTS siq_finished (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, task_id TEXT NOT NULL,
+    finished_us INTEGER NOT NULL, PRIMARY KEY (prefix, queue, task_id)
+);
+CREATE INDEX IF NOT EXISTS siq_finished_by_time ON siq_finished (prefix, queue, finished_us);
+"""
+_FIELDS = ("epoch", "interval_us", "ticket", "current", "anchor_us", "last_start_us", "paused")
+
+
+class _SqliteTransaction(Transaction):
+    def __init__(self, backend: SqliteBackend, conn: sqlite3.Connection, queue: str, replace_corrupt: bool) -> None:
+        self._b, self._c, self._queue = backend, conn, queue
+        self._key = (backend.key_prefix, queue)
+        self.now_us = backend.now_us()
+        row = conn.execute(
+            f"SELECT {', '.join(_FIELDS)} FROM siq_queues WHERE prefix=? AND queue=?", self._key
+        ).fetchone()
+        self.state = None
+        if row is not None:
+            try:
+                self.state = state_from_fields(queue, self._where(), dict(zip(_FIELDS, row)))
+            except CorruptStateError:
+                if not replace_corrupt:
+                    raise
+        self._existed = row is not None
+
+    def _where(self) -> str:
+        return f"{self._b.path}: siq_queues[prefix={self._b.key_prefix!r}, queue={self._queue!r}]"
+
+    def is_finished(self, task_id: str) -> bool:
+        row = self._c.execute(
+            "SELECT 1 FROM siq_finished WHERE prefix=? AND queue=? AND task_id=?", (*self._key, task_id)
+        ).fetchone()
+        return row is not None
+
+    def add_finished(self, task_id: str) -> None:
+        c = self._c
+        c.execute("INSERT OR REPLACE INTO siq_finished VALUES (?, ?, ?, ?)", (*self._key, task_id, self.now_us))
+        c.execute(
+            "DELETE FROM siq_finished WHERE prefix=? AND queue=? AND finished_us < ?",
+            (*self._key, self.now_us - self._b.finished_retention_us),
+        )
+        excess = self.finished_count() - self._b.finished_max
+        if excess > 0:
+            c.execute(
+                "DELETE FROM siq_finished WHERE rowid IN (SELECT rowid FROM siq_finished "
+                "WHERE prefix=? AND queue=? ORDER BY finished_us LIMIT ?)",
+                (*self._key, excess),
+            )
+
+    def finished_count(self) -> int:
+        (n,) = self._c.execute(
+            "SELECT COUNT(*) FROM siq_finished WHERE prefix=? AND queue=?", self._key
+        ).fetchone()
+        return int(n)
+
+    def delete(self) -> bool:
+        self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key)
+        self._c.execute("DELETE FROM siq_finished WHERE prefix=? AND queue=?", self._key)
+        existed, self._existed = self._existed, False
+        return existed
+
+    def commit(self) -> None:
+        s = self.state
+        if s is None:
+            return
+        self._c.execute(
+            "INSERT OR REPLACE INTO siq_queues VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*self._key, s.epoch, s.interval_us, s.ticket, s.current, s.anchor_us, s.last_start_us, int(s.paused)),
+        )
+
+
+class SqliteBackend(ModelBackend):
+    schemes: ClassVar[tuple[str, ...]] = ("sqlite",)
+
+    def __init__(self, path: str, *, busy_timeout_s: float = 30.0, **options: Any) -> None:
+        super().__init__(**options)
+        if not path:
+            raise ConfigurationError("sqlite URL needs a file path: sqlite:///relative.db or sqlite:////abs.db")
+        self.path = path
+        self.busy_timeout_s = busy_timeout_s
+        self._local = threading.local()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> SqliteBackend:
+        parts = urlsplit(url)
+        if parts.netloc:
+            raise ConfigurationError(
+                f"sqlite URL {url!r} has a host part; write sqlite:///relative.db or sqlite:////abs/path.db"
+            )
+        path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+        return cls(path, **options)
+
+    def _connection(self) -> sqlite3.Connection:
+        # One connection per (process, thread): a connection opened before a fork must
+        # not be used by the child.
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None or getattr(self._local, "pid", None) != os.getpid():
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+            conn.executescript(_SCHEMA)
+            self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    @contextmanager
+    def transaction(self, queue: str, *, replace_corrupt: bool = False) -> Iterator[Transaction]:
+        self.keys(queue)  # validates the name
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            tx = _SqliteTransaction(self, conn, queue, replace_corrupt)
+            yield tx
+            tx.commit()
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def queues(self, pattern: str = "*") -> list[str]:
+        rows = self._connection().execute("SELECT queue FROM siq_queues WHERE prefix=?", (self.key_prefix,))
+        return match_names([r[0] for r in rows], pattern)
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "pid", None) == os.getpid():
+            conn.close()
+        self._local.conn = None
+

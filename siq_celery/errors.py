@@ -1,0 +1,64 @@
+"""One error hierarchy: every error siq_celery raises on purpose is a :class:`SiqError`.
+
+Messages name the queue (and the key, where state is involved) and say what to do.
+"""
+
+from __future__ import annotations
+
+
+class SiqError(Exception):
+    """Base class of every error raised by siq_celery."""
+
+
+class ConfigurationError(SiqError, ValueError):
+    """A setting, URL or argument is not usable (raised before anything is written)."""
+
+
+class InvalidIntervalError(ConfigurationError):
+    """An interval or rate that cannot be parsed or is out of range."""
+
+
+class InvalidQueueNameError(ConfigurationError):
+    """A queue name that is empty, too long, or contains characters that break keys."""
+
+
+class UnknownBackendError(ConfigurationError):
+    """A state-store URL whose scheme no registered backend handles."""
+
+
+class MissingDependencyError(ConfigurationError, ImportError):
+    """An optional dependency is needed for the chosen feature (the message says which extra)."""
+
+
+class QueueExistsError(SiqError):
+    """``ensure(..., fail_if_exists=True)`` found state for the queue already."""
+
+
+class QueueNotFoundError(SiqError, LookupError):
+    """An operation that needs existing state (pause, status, ...) found none."""
+
+
+class IntervalMismatchError(SiqError):
+    """``ensure(interval=...)`` differs from the interval stored for the queue.
+
+    The stored interval wins: it is shared by every worker and may have been changed on
+    purpose (``set_interval``, ``celery siq set-interval``); a process starting with an
+    older configuration must not silently override it.
+    """
+
+
+class CorruptStateError(SiqError):
+    """The store holds a value that is not what siq_celery wrote (say, text where a number
+    belongs). Nothing is started from corrupt state."""
+
+    def __init__(self, queue: str, key: str, field: str, value: object) -> None:
+        self.queue, self.key, self.field, self.value = queue, key, field, value
+        super().__init__(
+            f"queue {queue!r}: field {field!r} of {key!r} holds {value!r}, not a valid value; "
+            f"nothing was started. Inspect it, then run `IntervalQueue({queue!r}, url=...).reset()` "
+            f"or `celery siq reset {queue}` to start the queue's state afresh."
+        )
+
+
+class StoreUnavailableError(SiqError, ConnectionError):
+    """The state store could not be reached. Nothing starts unauthorized (fail closed)."""

@@ -1,0 +1,92 @@
+"""Parse intervals and rates into integer microseconds, and format them back.
+
+Accepted: ``float``/``int`` seconds, :class:`datetime.timedelta`, ``"200ms"``, ``"250us"``,
+``"2s"``, ``"1.5m"``, ``"1h"``, and rates ``"5/s"``, ``"300/m"``, ``"1000/h"`` (one start per
+``1/rate``). The store keeps microseconds (not milliseconds) so that a 2 ms cap is a 2 ms
+cap and not "anything that rounds to 2 ms".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import timedelta
+from typing import Union
+
+from .errors import InvalidIntervalError
+
+IntervalLike = Union[int, float, str, timedelta]
+
+US_PER_S = 1_000_000
+MIN_INTERVAL_US = 1_000  # 1 ms: below it a store round trip is a large share of the interval
+MAX_INTERVAL_US = 86_400 * US_PER_S  # one day
+
+_UNITS_US = {
+    "us": 1, "µs": 1, "ms": 1_000, "s": US_PER_S, "sec": US_PER_S,
+    "m": 60 * US_PER_S, "min": 60 * US_PER_S, "h": 3_600 * US_PER_S,
+}  # fmt: skip
+_RATE_PERIODS_US = {"s": US_PER_S, "m": 60 * US_PER_S, "h": 3_600 * US_PER_S, "d": 86_400 * US_PER_S}
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|µs|ms|sec|min|s|m|h)?\s*$")
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*/\s*(s|m|h|d)\s*$")
+
+
+def parse_interval(value: IntervalLike) -> int:
+    """Return ``value`` as whole microseconds, or raise :class:`InvalidIntervalError`.
+
+    A bare number is seconds. Accepts 1 ms to 1 day.
+    """
+    if isinstance(value, bool):  # bool is an int; True seconds is surely a mistake
+        raise InvalidIntervalError(f"interval {value!r} is a boolean, not a duration")
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        seconds = _parse_text(value)
+    else:
+        raise InvalidIntervalError(
+            f"interval {value!r} has type {type(value).__name__}; use seconds, a timedelta, "
+            f"'200ms', '2s', '1.5m' or a rate like '5/s'"
+        )
+    return _checked(value, seconds)
+
+
+def _parse_text(text: str) -> float:
+    if m := _RATE.match(text):
+        count = float(m.group(1))
+        if count <= 0:
+            raise InvalidIntervalError(f"rate {text!r} must allow at least some starts")
+        return _RATE_PERIODS_US[m.group(2)] / US_PER_S / count
+    if m := _DURATION.match(text):
+        unit = m.group(2) or "s"
+        return float(m.group(1)) * _UNITS_US[unit] / US_PER_S
+    raise InvalidIntervalError(
+        f"cannot parse interval {text!r}; write it like '200ms', '2s', '1.5m', '250us' or a "
+        f"rate like '5/s', '300/m', '1000/h'"
+    )
+
+
+def _checked(original: object, seconds: float) -> int:
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise InvalidIntervalError(f"interval {original!r} is not a finite duration")
+    us = round(seconds * US_PER_S)
+    if us < MIN_INTERVAL_US:
+        raise InvalidIntervalError(
+            f"interval {original!r} is below the minimum of 1 ms (at most 1000 starts per second)"
+        )
+    if us > MAX_INTERVAL_US:
+        raise InvalidIntervalError(f"interval {original!r} is longer than the maximum of one day")
+    return us
+
+
+def format_interval(us: int) -> str:
+    """Format microseconds the way users write intervals: ``200ms``, ``2s``, ``1.5m``."""
+    if us % 3_600_000_000 == 0:
+        return f"{us // 3_600_000_000}h"
+    if us >= 60 * US_PER_S and us % (6 * US_PER_S) == 0:
+        return f"{us / (60 * US_PER_S):g}m"
+    if us >= US_PER_S:
+        return f"{us / US_PER_S:g}s"
+    if us % 1_000 == 0:
+        return f"{us // 1_000}ms"
+    return f"{us / 1_000:g}ms"

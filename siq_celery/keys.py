@@ -1,0 +1,71 @@
+"""Queue names and the store keys derived from them.
+
+All keys of one queue share the Redis Cluster hash tag ``{<queue>}``, so every script of
+a queue runs on one cluster node: ``siq:{geocoder}:state``, ``siq:{geocoder}:finished``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import InvalidQueueNameError
+
+MAX_QUEUE_NAME = 200
+DEFAULT_KEY_PREFIX = "siq"
+# Braces would break the hash tag, whitespace and control characters break CLI use and
+# logs, and glob characters would make `siq status PATTERN` ambiguous.
+_FORBIDDEN = re.compile(r"[{}\s*?\[\]\\\x00-\x1f\x7f]")
+_PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def validate_queue_name(name: object) -> str:
+    """Return ``name`` if it is usable as a queue name, else raise InvalidQueueNameError."""
+    if not isinstance(name, str):
+        raise InvalidQueueNameError(f"queue name must be a string, not {type(name).__name__}")
+    if not name:
+        raise InvalidQueueNameError("queue name is empty")
+    if len(name) > MAX_QUEUE_NAME:
+        raise InvalidQueueNameError(
+            f"queue name {name[:40]!r}... is {len(name)} characters; the limit is {MAX_QUEUE_NAME}"
+        )
+    if bad := _FORBIDDEN.search(name):
+        raise InvalidQueueNameError(
+            f"queue name {name!r} contains {bad.group()!r}; braces, whitespace, control and "
+            f"glob characters (* ? [ ] \\) are not allowed"
+        )
+    return name
+
+
+def validate_key_prefix(prefix: str) -> str:
+    if not _PREFIX.match(prefix):
+        raise InvalidQueueNameError(
+            f"key prefix {prefix!r} must be 1-64 characters of letters, digits, '_', '.', ':', '-'"
+        )
+    return prefix
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """The store keys of one queue."""
+
+    prefix: str
+    queue: str
+
+    @property
+    def state(self) -> str:
+        return f"{self.prefix}:{{{self.queue}}}:state"
+
+    @property
+    def finished(self) -> str:
+        return f"{self.prefix}:{{{self.queue}}}:finished"
+
+    @classmethod
+    def for_queue(cls, queue: str, prefix: str = DEFAULT_KEY_PREFIX) -> QueueKeys:
+        return cls(validate_key_prefix(prefix), validate_queue_name(queue))
+
+    @staticmethod
+    def queue_from_state_key(key: str) -> str | None:
+        """Recover the queue name from a state key (for listing queues)."""
+        start, end = key.find(":{"), key.rfind("}:state")
+        return key[start + 2 : end] if start >= 0 and end > start else None

@@ -1,0 +1,112 @@
+"""The interval-queue rules as pure functions over :class:`QueueState`.
+
+This module is the reference semantics: the memory and SQLite backends run it inside a
+transaction, and the Redis Lua scripts (``backends/lua``) implement the same rules line
+for line. All times are integer microseconds on the store's clock.
+
+Rules (DESIGN.md, "The model"):
+
+* a ticket ``t > current`` is due at ``anchor + (t - current) * interval``; a ticket
+  ``t <= current`` (it turned up after a higher one started) takes the next free slot;
+* no start is authorized before ``last_start + interval`` (the rate cap);
+* an authorized start moves ``current`` and the anchor, never letting the anchor lag the
+  start by more than half an interval (so the order of later tickets is protected
+  against lateness, and an idle queue starts its next task at once);
+* a claim on a queue whose whole line is overdue re-bases the anchor so the new ticket is
+  due now (a burst after an idle period keeps ticket order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .types import ClaimResult, Decision, QueueState, Verdict
+
+
+def lag_tolerance(interval_us: int) -> int:
+    """How far the anchor may trail the latest start (half an interval)."""
+    return interval_us // 2
+
+
+def new_state(now_us: int, interval_us: int, epoch: str) -> QueueState:
+    # last_start = now: a state created from nothing (a new queue, or one whose store was
+    # wiped) cannot know when the last start happened, so the first start waits one
+    # interval. That is the whole cost of surviving a lost state without a burst.
+    return QueueState(epoch, interval_us, 0, 0, now_us, now_us, False)
+
+
+def claim(state: QueueState, count: int, now_us: int) -> ClaimResult:
+    """Issue ``count`` tickets (mutates ``state``)."""
+    first = state.ticket + 1
+    due_first = state.anchor_us + (first - state.current) * state.interval_us
+    if due_first < now_us:
+        state.anchor_us += now_us - due_first
+        due_first = now_us
+    state.ticket += count
+    return ClaimResult(
+        first=first,
+        count=count,
+        epoch=state.epoch,
+        base_us=due_first,
+        floor_us=max(now_us, state.last_start_us + state.interval_us),
+        interval_us=state.interval_us,
+        now_us=now_us,
+    )
+
+
+def slot_of(state: QueueState, ticket: int) -> int:
+    """The earliest store time at which ``ticket`` may start."""
+    if ticket > state.current:
+        due = state.anchor_us + (ticket - state.current) * state.interval_us
+    else:
+        due = 0  # passed over: the next free slot, i.e. the rate cap below
+    return max(due, state.last_start_us + state.interval_us)
+
+
+def start(
+    state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False
+) -> Decision:
+    """Decide whether ``ticket`` may start at ``now_us`` (mutates ``state`` if authorized)."""
+    if finished:
+        return Decision(Verdict.DUPLICATE, ticket, now_us)
+    if epoch != state.epoch or ticket < 1 or ticket > state.ticket:
+        return Decision(Verdict.RECLAIM, ticket, now_us)
+    if state.paused:
+        return Decision(Verdict.PAUSED, ticket, now_us)
+    slot = slot_of(state, ticket)
+    if now_us < slot:
+        return Decision(Verdict.WAIT, ticket, now_us, wait_us=slot - now_us, slot_us=slot)
+    floor = now_us - lag_tolerance(state.interval_us)
+    if ticket > state.current:
+        due = state.anchor_us + (ticket - state.current) * state.interval_us
+        state.anchor_us = max(due, floor)
+        state.current = ticket
+    else:
+        # A late ticket took a slot that ticket current+1 may have been due at: shift the
+        # line by one slot so the tickets behind keep their order.
+        state.anchor_us = max(state.anchor_us + state.interval_us, floor)
+    state.last_start_us = now_us
+    return Decision(Verdict.AUTHORIZED, ticket, now_us, slot_us=slot)
+
+
+def pause(state: QueueState) -> None:
+    state.paused = True
+
+
+def resume(state: QueueState, now_us: int) -> None:
+    state.paused = False
+    # The line continues from now: ticket current+1 is due at once (subject to the cap).
+    state.anchor_us = max(state.anchor_us, now_us - state.interval_us)
+
+
+def set_interval(state: QueueState, interval_us: int) -> None:
+    state.interval_us = interval_us
+
+
+def reset(state: QueueState, now_us: int, epoch: str, interval_us: int | None = None) -> QueueState:
+    """A new life for the queue: tickets and pause are forgotten, the last start is kept
+    (so a reset never allows a burst), finished-task records are kept (so a reset never
+    lets a finished task run again)."""
+    fresh = new_state(now_us, interval_us or state.interval_us, epoch)
+    # Ticket 1 of the new life is due at once, subject to the kept rate cap.
+    return replace(fresh, last_start_us=state.last_start_us, anchor_us=now_us - fresh.interval_us)

@@ -1,0 +1,279 @@
+"""IntervalQueue: one named interval shared by every process that uses the same store.
+
+>>> q = IntervalQueue("geocoder", url="redis://localhost:6379/0", interval="200ms")
+>>> with q.slot():          # blocks until this caller's turn
+...     call_api()
+
+Everything that decides is an atomic operation of the backend on the store's clock; this
+class only claims, asks, and sleeps precisely in between. Waits are always relative
+(microseconds the store says remain), so the caller's own clock never matters.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, ParamSpec, TypeVar
+
+from .backends import Backend, backend_from_url
+from .errors import (
+    ConfigurationError,
+    IntervalMismatchError,
+    QueueExistsError,
+    QueueNotFoundError,
+    SiqError,
+    StoreUnavailableError,
+)
+from .intervals import IntervalLike, format_interval, parse_interval
+from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
+from .types import ClaimResult, Decision, QueueState, QueueStatus, Ticket, Verdict
+
+logger = logging.getLogger("siq_celery")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+MAX_CLAIM = 100_000
+#: Waits longer than this are slept in steps that end this far before the slot, then the
+#: store is asked again (so a pause or an interval change is noticed in time).
+COARSE_WAIT_S = 0.005
+NEAR_SLOT_S = 0.002
+MAX_SLEEP_STEP_S = 0.5
+PAUSED_POLL_S = (0.05, 1.0)  # first and largest poll period while paused
+UNAVAILABLE_RETRY_S = (0.1, 5.0)  # first and largest retry period while the store is down
+
+
+class DuplicateTaskError(SiqError):
+    """The task id given to :meth:`IntervalQueue.wait_for_turn` already finished."""
+
+
+class SlotTimeoutError(SiqError, TimeoutError):
+    """No slot was authorized within the timeout (the claimed ticket is given up)."""
+
+
+def new_epoch() -> str:
+    return secrets.token_hex(8)
+
+
+class IntervalQueue:
+    """A named interval queue in a state store chosen by URL.
+
+    ``url``: ``redis://...``, ``rediss://...``, ``redis+cluster://...``,
+    ``redis+sentinel://...``, ``unix://...``, ``sqlite:///path.db`` or ``memory://``.
+    ``interval``: seconds, a ``timedelta``, ``"200ms"``, ``"2s"``, or a rate ``"5/s"``; used
+    to create the queue's state when it has none (the stored interval is shared and wins
+    afterwards: change it with :meth:`set_interval`). ``clock`` pins the store clock
+    (microseconds; tests), ``sleep`` and ``monotonic`` replace the local time functions.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        url: str | None = None,
+        interval: IntervalLike | None = None,
+        *,
+        backend: Backend | None = None,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        clock: Callable[[], int] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+        **backend_options: Any,
+    ) -> None:
+        self.name = validate_queue_name(name)
+        self.interval_us = parse_interval(interval) if interval is not None else None
+        if backend is None:
+            if url is None:
+                raise ConfigurationError(
+                    f"IntervalQueue({name!r}) needs a state store: url='redis://host:6379/0', "
+                    f"'sqlite:///path.db' or 'memory://'"
+                )
+            backend = backend_from_url(url, key_prefix=key_prefix, clock=clock, **backend_options)
+        self.backend = backend
+        self._sleep, self._monotonic = sleep, monotonic
+
+    def __repr__(self) -> str:
+        interval = format_interval(self.interval_us) if self.interval_us else "stored"
+        return f"<IntervalQueue {self.name!r} interval={interval} backend={type(self.backend).__name__}>"
+
+    # -- state ----------------------------------------------------------------------
+
+    def ensure(
+        self, interval: IntervalLike | None = None, *, reset: bool = False, fail_if_exists: bool = False
+    ) -> QueueState:
+        """Create the queue's shared state, or check the existing one.
+
+        An existing queue keeps its stored interval: a different ``interval`` here raises
+        IntervalMismatchError (nothing is changed) because the stored one may have been set
+        on purpose by an operator; use :meth:`set_interval` to change it, or
+        ``reset=True`` to start the queue afresh with this interval.
+        """
+        interval_us = parse_interval(interval) if interval is not None else self.interval_us
+        if interval_us is None:
+            raise ConfigurationError(f"queue {self.name!r}: ensure() needs an interval")
+        self.interval_us = interval_us
+        if reset:
+            return self.backend.reset(self.name, interval_us, new_epoch())
+        state, created = self.backend.ensure(self.name, interval_us, new_epoch())
+        if not created:
+            if fail_if_exists:
+                raise QueueExistsError(f"queue {self.name!r} already exists (fail_if_exists=True)")
+            if state.interval_us != interval_us:
+                raise IntervalMismatchError(
+                    f"queue {self.name!r} is stored with interval {format_interval(state.interval_us)}, "
+                    f"not {format_interval(interval_us)}; the stored one stays in force. Change it "
+                    f"for every worker with set_interval({format_interval(interval_us)!r}) or "
+                    f"`celery siq set-interval {self.name} {format_interval(interval_us)}`"
+                )
+        return state
+
+    def status(self) -> QueueStatus:
+        """Ticket, current, backlog, interval, paused, epoch, last and next start."""
+        status = self.backend.status(self.name)
+        if status is None:
+            raise QueueNotFoundError(f"queue {self.name!r} has no state in this store")
+        return status
+
+    def pause(self) -> QueueState:
+        """Stop all starts of this queue, for every worker, until :meth:`resume`."""
+        return self.backend.pause(self.name)
+
+    def resume(self) -> QueueState:
+        """Continue in ticket order from now."""
+        return self.backend.resume(self.name)
+
+    def set_interval(self, interval: IntervalLike) -> QueueState:
+        """Change the shared interval; applies from the next start."""
+        interval_us = parse_interval(interval)
+        state = self.backend.set_interval(self.name, interval_us)
+        self.interval_us = interval_us
+        return state
+
+    def reset(self) -> QueueState:
+        """Start afresh: new epoch (outstanding tickets re-claim), pause cleared; the last
+        start and finished-task records are kept, so no burst and no re-run follow."""
+        return self.backend.reset(self.name, self.interval_us, new_epoch())
+
+    def delete(self) -> bool:
+        """Remove the queue's state entirely. True if there was any."""
+        return self.backend.delete(self.name)
+
+    # -- tickets --------------------------------------------------------------------
+
+    def claim(self) -> Ticket:
+        """Take the next ticket (one round trip)."""
+        return self.claim_many(1)[0]
+
+    def claim_many(self, count: int) -> list[Ticket]:
+        """Take ``count`` consecutive tickets in one round trip."""
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_CLAIM:
+            raise ConfigurationError(f"claim_many(count) takes a whole number from 1 to {MAX_CLAIM}, not {count!r}")
+        result = self.backend.claim(self.name, count, self.interval_us or 0, new_epoch())
+        return self._tickets(result)
+
+    def _tickets(self, r: ClaimResult) -> list[Ticket]:
+        return [Ticket(self.name, n, r.epoch, r.estimate_us(n), r.now_us) for n in range(r.first, r.first + r.count)]
+
+    def start(self, ticket: Ticket, *, task_id: str | None = None) -> Decision:
+        """Ask the store whether ``ticket`` may start now (authorizes and records it if so)."""
+        return self.backend.start(
+            self.name,
+            ticket.number,
+            ticket.epoch,
+            task_id=task_id,
+            interval_us=self.interval_us or 0,
+            new_epoch=new_epoch(),
+        )
+
+    def finish(self, task_id: str) -> None:
+        """Record that ``task_id`` finished (a redelivered copy is then not started)."""
+        self.backend.finish(self.name, task_id)
+
+    # -- blocking helpers -----------------------------------------------------------
+
+    def wait_for_turn(
+        self, ticket: Ticket | None = None, *, task_id: str | None = None, timeout: float | None = None
+    ) -> Decision:
+        """Block until a start is authorized and return that decision.
+
+        Claims a ticket if none is given and claims anew if the queue's state changed
+        life (reset or lost). While paused it polls with backoff; while the store is
+        unreachable nothing starts: it logs and retries with backoff (fail closed).
+        """
+        deadline = None if timeout is None else self._monotonic() + timeout
+        paused_poll, unavailable_retry = PAUSED_POLL_S[0], UNAVAILABLE_RETRY_S[0]
+        while True:
+            try:
+                if ticket is None:
+                    ticket = self.claim()
+                sent = self._monotonic()
+                decision = self.start(ticket, task_id=task_id)
+                round_trip = self._monotonic() - sent
+            except StoreUnavailableError as exc:
+                logger.warning("queue %r: state store unreachable, nothing starts; retrying in %.1fs: %s",
+                               self.name, unavailable_retry, exc)  # fmt: skip
+                self._nap(unavailable_retry, deadline)
+                unavailable_retry = min(unavailable_retry * 2, UNAVAILABLE_RETRY_S[1])
+                continue
+            unavailable_retry = UNAVAILABLE_RETRY_S[0]
+            verdict = decision.verdict
+            if verdict is Verdict.AUTHORIZED:
+                return decision
+            if verdict is Verdict.WAIT:
+                self._nap(_sleep_before_asking(decision.wait, round_trip), deadline)
+            elif verdict is Verdict.PAUSED:
+                self._nap(paused_poll, deadline)
+                paused_poll = min(paused_poll * 2, PAUSED_POLL_S[1])
+            elif verdict is Verdict.RECLAIM:
+                logger.info("queue %r: ticket %s is from another epoch; claiming anew", self.name, ticket.number)
+                ticket = None
+            else:
+                raise DuplicateTaskError(f"queue {self.name!r}: task {task_id!r} already finished")
+
+    def _nap(self, seconds: float, deadline: float | None) -> None:
+        if deadline is not None:
+            left = deadline - self._monotonic()
+            if left <= 0 or seconds > left:
+                if left > 0:
+                    self._sleep(left)
+                raise SlotTimeoutError(f"queue {self.name!r}: no slot within the timeout")
+        if seconds > 0:
+            self._sleep(seconds)
+
+    @contextmanager
+    def slot(self, *, task_id: str | None = None, timeout: float | None = None) -> Iterator[Decision]:
+        """Block until this caller's turn, then run the ``with`` body."""
+        decision = self.wait_for_turn(task_id=task_id, timeout=timeout)
+        yield decision
+        if task_id is not None:
+            self.finish(task_id)
+
+    def limited(self, fn: Callable[P, R]) -> Callable[P, R]:
+        """Decorator: every call of ``fn`` takes its turn in this queue."""
+
+        @functools.wraps(fn)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            with self.slot():
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def _sleep_before_asking(wait: float, round_trip: float) -> float:
+    """How long to sleep before asking the store again after it said "wait".
+
+    Far from the slot: sleep to just before it (and ask again, which also notices a pause
+    or an interval change). Near it: aim for the request to *reach* the store at the slot,
+    i.e. leave one round trip early (the answer took half of one to come back, the next
+    request takes half of one to get there); if that is early, the store says so and the
+    remaining wait is tiny.
+    """
+    if wait > COARSE_WAIT_S:
+        return min(wait - NEAR_SLOT_S, MAX_SLEEP_STEP_S)
+    return max(wait - round_trip, 0.0)

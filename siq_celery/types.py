@@ -1,0 +1,140 @@
+"""Values passed between the queue, its backends and their callers.
+
+Times are integer microseconds on the *store's* clock (``*_us``); the properties that
+return seconds are for people and for Celery's countdowns.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+US = 1_000_000
+
+
+@dataclass
+class QueueState:
+    """The shared state of one queue (see DESIGN.md, "The model").
+
+    ``anchor_us`` is the slot at which ticket ``current`` was due; ticket ``t > current``
+    is due at ``anchor_us + (t - current) * interval_us``. ``last_start_us`` is the store
+    time of the last authorized start: no start is authorized before it plus the interval.
+    """
+
+    epoch: str
+    interval_us: int
+    ticket: int
+    current: int
+    anchor_us: int
+    last_start_us: int
+    paused: bool
+
+    @property
+    def backlog(self) -> int:
+        """Tickets claimed but not yet passed by ``current`` (some may be lost)."""
+        return self.ticket - self.current
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """A snapshot of one queue for people and dashboards."""
+
+    queue: str
+    state: QueueState
+    now_us: int
+    finished: int
+
+    @property
+    def next_start_us(self) -> int:
+        """Earliest store time at which the next ticket could start."""
+        s = self.state
+        return max(s.anchor_us + s.interval_us, s.last_start_us + s.interval_us)
+
+    def as_dict(self) -> dict[str, object]:
+        s = self.state
+        return {
+            "queue": self.queue,
+            "interval_s": s.interval_us / US,
+            "ticket": s.ticket,
+            "current": s.current,
+            "backlog": s.backlog,
+            "paused": s.paused,
+            "epoch": s.epoch,
+            "last_start": s.last_start_us / US,
+            "next_start": self.next_start_us / US,
+            "now": self.now_us / US,
+            "finished_recorded": self.finished,
+        }
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """Tickets ``first .. first + count - 1`` of one epoch, and what is needed to estimate
+    each one's slot without another round trip: ``max(base_us + (n - first) * interval_us,
+    floor_us)``."""
+
+    first: int
+    count: int
+    epoch: str
+    base_us: int
+    floor_us: int
+    interval_us: int
+    now_us: int
+
+    def estimate_us(self, number: int) -> int:
+        return max(self.base_us + (number - self.first) * self.interval_us, self.floor_us)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One claimed place in a queue's line."""
+
+    queue: str
+    number: int
+    epoch: str
+    estimated_start_us: int  #: store clock, microseconds since the Unix epoch
+    claimed_at_us: int  #: store clock at the claim
+
+    @property
+    def estimated_start(self) -> float:
+        """Estimated start, seconds since the Unix epoch on the store's clock."""
+        return self.estimated_start_us / US
+
+    @property
+    def delay(self) -> float:
+        """Seconds from the claim to the estimated start (clock-skew free: use this for
+        countdowns, not ``estimated_start - time.time()``)."""
+        return (self.estimated_start_us - self.claimed_at_us) / US
+
+
+class Verdict(enum.Enum):
+    AUTHORIZED = "authorized"  #: start now
+    WAIT = "wait"  #: too early: ask again after ``wait`` seconds
+    PAUSED = "paused"  #: the queue is paused: ask again later
+    RECLAIM = "reclaim"  #: the ticket is not of this state's life (epoch changed): claim anew
+    DUPLICATE = "duplicate"  #: this task id already finished: do not run it again
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The store's answer to "may ticket N start now?"."""
+
+    verdict: Verdict
+    ticket: int
+    now_us: int
+    wait_us: int = 0  #: with WAIT: microseconds until the slot
+    slot_us: int = 0  #: with AUTHORIZED/WAIT: the slot the start was measured against
+
+    @property
+    def authorized(self) -> bool:
+        return self.verdict is Verdict.AUTHORIZED
+
+    @property
+    def wait(self) -> float:
+        """Seconds to wait before asking again (WAIT only)."""
+        return self.wait_us / US
+
+    @property
+    def lateness(self) -> float:
+        """Seconds between the slot and the authorized start (AUTHORIZED only)."""
+        return (self.now_us - self.slot_us) / US
