@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -45,6 +46,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    for _ in range(200):
+        port = random.randint(20_000, 40_000)
+        if _is_free(port) and _is_free(port + 10_000):
+            return port
+    raise ConfigurationError("no free port pair for a Redis Cluster node")
+
+
 class EmbeddedRedis:
     """``with EmbeddedRedis() as r: r.url`` - a throwaway Redis server."""
 
@@ -69,8 +88,8 @@ class EmbeddedRedis:
             "--save", "", "--appendonly", "no", "--dir", self._dir.name, "--daemonize", "no",
             "--protected-mode", "no", *self.extra_args,
         ]  # fmt: skip
-        log = open(Path(self._dir.name) / "redis.log", "wb")  # noqa: SIM115 - lives with the process
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        with open(Path(self._dir.name) / "redis.log", "wb") as log:  # the child keeps its own copy
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -10,7 +10,7 @@ URLs: ``redis://[[user]:password@]host:port/db``, ``rediss://`` (TLS), ``unix://
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -87,15 +87,36 @@ class RedisBackend(Backend):
         "redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel",
     )  # fmt: skip
 
-    def __init__(self, client: Any, **options: Any) -> None:
+    def __init__(self, client: Any = None, *, connect: Callable[[], Any] | None = None, **options: Any) -> None:
+        """``client``: a redis-py client; or ``connect``, called on first use (a Cluster
+        or Sentinel client connects when built, and a worker must be able to import its
+        app while the store is down)."""
         super().__init__(**options)
-        self.client = client
-        self._scripts = {name: client.register_script(load_script_source(name)) for name in SCRIPTS}
+        if (client is None) == (connect is None):
+            raise ConfigurationError("RedisBackend takes exactly one of client= and connect=")
+        self._client, self._connect = client, connect
+        self._scripts: dict[str, Any] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
         client_options = options.pop("client_options", {})
-        return cls(redis_client_from_url(url, **client_options), **options)
+        return cls(connect=lambda: redis_client_from_url(url, **client_options), **options)
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            assert self._connect is not None
+            try:
+                self._client = self._connect()
+            except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
+                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        return self._client
+
+    def _script(self, name: str) -> Any:
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self.client.register_script(load_script_source(name))
+        return script
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -104,10 +125,10 @@ class RedisBackend(Backend):
 
     def _run(self, name: str, queue: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
-            return self._scripts[name](keys=list(keys), args=[self._now_arg(), *args])
+            return self._script(name)(keys=list(keys), args=[self._now_arg(), *args])
         except redis.ResponseError as exc:
             raise self._translate(exc, queue, keys[0]) from None
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
             raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
 
     @staticmethod
@@ -200,4 +221,5 @@ class RedisBackend(Backend):
             raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
 
     def close(self) -> None:
-        self.client.close()
+        if self._client is not None:
+            self._client.close()

