@@ -120,7 +120,7 @@ class Backend(ABC):
 
     @abstractmethod
     def delete(self, queue: str) -> bool:
-        """Remove all state of ``queue`` (tickets, finished records). True if it existed."""
+        """Remove all state of ``queue`` (tickets, finished records). True if anything was removed."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

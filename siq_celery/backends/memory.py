@@ -54,9 +54,9 @@ class _MemoryTransaction(Transaction):
         return len(self._store.finished.get(self._queue, {}))
 
     def delete(self) -> bool:
-        existed = self._store.states.pop(self._queue, None) is not None
-        self._store.finished.pop(self._queue, None)
-        return existed
+        had_state = self._store.states.pop(self._queue, None) is not None
+        had_records = bool(self._store.finished.pop(self._queue, None))
+        return had_state or had_records
 
     def commit(self) -> None:
         if self.state is not None:

@@ -54,7 +54,6 @@ class _SqliteTransaction(Transaction):
             except CorruptStateError:
                 if not replace_corrupt:
                     raise
-        self._existed = row is not None
 
     def _where(self) -> str:
         return f"{self._b.path}: siq_queues[prefix={self._b.key_prefix!r}, queue={self._queue!r}]"
@@ -87,10 +86,9 @@ class _SqliteTransaction(Transaction):
         return int(n)
 
     def delete(self) -> bool:
-        self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key)
-        self._c.execute("DELETE FROM siq_finished WHERE prefix=? AND queue=?", self._key)
-        existed, self._existed = self._existed, False
-        return existed
+        removed = self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key).rowcount
+        removed += self._c.execute("DELETE FROM siq_finished WHERE prefix=? AND queue=?", self._key).rowcount
+        return removed > 0
 
     def commit(self) -> None:
         s = self.state

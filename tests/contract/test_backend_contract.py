@@ -107,7 +107,7 @@ def test_copy_of_a_task_whose_worker_died_mid_run_runs_again(store: Store) -> No
 def test_ticket_arriving_after_current_passed_it_takes_the_next_free_slot(store: Store) -> None:
     q = store.queue()
     t0 = q.ensure().last_start_us
-    t1, t2, t3, t4 = q.claim_many(4)
+    t1, t2, t3, t4, t5 = q.claim_many(5)
     at(store, t0 + I)
     assert q.start(t1).authorized
     at(store, t0 + 3 * I)
@@ -119,6 +119,7 @@ def test_ticket_arriving_after_current_passed_it_takes_the_next_free_slot(store:
     assert q.start(t2).authorized  # ...not the back of the line
     d = q.start(t4)
     assert d.verdict is Verdict.WAIT and d.wait_us == I  # the line behind shifted one slot
+    assert q.start(t5).slot_us == t0 + 6 * I  # all of it, not just its head
     at(store, t0 + 5 * I)
     assert q.start(t4).authorized
 

@@ -1,0 +1,203 @@
+"""Model-based test: random sequences of claim / start / finish / pause / resume /
+set_interval / reset / state loss / clock moves, applied to the memory, SQLite and Redis
+stores side by side and to a small reference model written here from DESIGN.md. Every
+answer and every state must agree, and no two authorized starts may be closer than the
+interval in force."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from siq_celery.backends import Backend, backend_from_url
+from siq_celery.testing import PinnedClock
+
+EXAMPLES = int(os.environ.get("SIQ_HYPOTHESIS_EXAMPLES", "200"))
+INTERVALS = [10_000, 25_000, 100_000]
+TASKS = ["a", "b", "c", "d"]
+_run = itertools.count()
+
+
+@dataclass
+class Reference:
+    """The rules of DESIGN.md "The model", written independently of siq_celery.model."""
+
+    clock: PinnedClock
+    q: dict[str, object] | None = None
+    finished: set[str] = field(default_factory=set)
+
+    def _new(self, interval: int, epoch: str) -> dict[str, object]:
+        now = self.clock.now_us
+        return {"epoch": epoch, "I": interval, "ticket": 0, "cur": 0, "anchor": now, "last": now, "paused": False}
+
+    def state(self) -> tuple[object, ...] | None:
+        q = self.q
+        if q is None:
+            return None
+        return (q["epoch"], q["I"], q["ticket"], q["cur"], q["anchor"], q["last"], q["paused"])
+
+    def claim(self, n: int, interval: int, epoch: str) -> tuple[int, str, int, int]:
+        now = self.clock.now_us
+        q = self.q = self.q or self._new(interval, epoch)
+        first = q["ticket"] + 1  # type: ignore[operator]
+        due = q["anchor"] + (first - q["cur"]) * q["I"]  # type: ignore[operator]
+        if due < now:
+            q["anchor"] = q["anchor"] + now - due  # type: ignore[operator]
+            due = now
+        q["ticket"] = q["ticket"] + n  # type: ignore[operator]
+        return first, str(q["epoch"]), due, max(now, q["last"] + q["I"])  # type: ignore[operator]
+
+    def start(self, number: int, epoch: str, task: str | None, interval: int, new_epoch: str) -> tuple[str, int, int]:
+        now = self.clock.now_us
+        q = self.q = self.q or self._new(interval, new_epoch)
+        if task is not None and task in self.finished:
+            return "duplicate", 0, 0
+        if epoch != q["epoch"] or not 1 <= number <= q["ticket"]:  # type: ignore[operator]
+            return "reclaim", 0, 0
+        if q["paused"]:
+            return "paused", 0, 0
+        I, cur = q["I"], q["cur"]
+        due = q["anchor"] + (number - cur) * I if number > cur else 0  # type: ignore[operator]
+        slot = max(due, q["last"] + I)  # type: ignore[operator]
+        if now < slot:
+            return "wait", slot - now, slot
+        if number > cur:  # type: ignore[operator]
+            q["anchor"], q["cur"] = max(due, now - I // 2), number  # type: ignore[operator]
+        else:
+            q["anchor"] = max(q["anchor"] + I, now - I // 2)  # type: ignore[operator]
+        q["last"] = now
+        return "authorized", 0, slot
+
+
+class StoresAgree(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        run = next(_run)
+        self.clock = PinnedClock()
+        self.ref = Reference(self.clock)
+        self.dir = tempfile.TemporaryDirectory()
+        prefix = f"hyp{run}"
+        urls = [f"memory://hyp-{os.getpid()}-{run}", f"sqlite:///{self.dir.name}/siq.db", REDIS_URL[0]]
+        self.stores: list[Backend] = [backend_from_url(u, clock=self.clock, key_prefix=prefix) for u in urls]
+        self.tickets: list[tuple[int, str]] = []
+        self.epochs = (f"e{i}" for i in itertools.count())
+        self.interval = INTERVALS[0]
+        self.starts: list[tuple[int, int]] = []  # (time, interval in force)
+
+    def teardown(self) -> None:
+        for s in self.stores:
+            s.delete("q")
+            s.close()
+        self.dir.cleanup()
+
+    def _all(self, op: str, *args: object, **kwargs: object) -> object:
+        answers = [getattr(s, op)("q", *args, **kwargs) for s in self.stores]
+        assert all(a == answers[0] for a in answers), (op, answers)
+        return answers[0]
+
+    @rule(us=st.integers(0, 250_000))
+    def advance(self, us: int) -> None:
+        self.clock.advance(us=us)
+
+    @rule(n=st.integers(1, 3))
+    def claim(self, n: int) -> None:
+        epoch = next(self.epochs)
+        results = [s.claim("q", n, self.interval, epoch) for s in self.stores]
+        expected = self.ref.claim(n, self.interval, epoch)
+        for r in results:
+            assert (r.first, r.epoch, r.base_us, r.floor_us) == expected
+        self.tickets += [(expected[0] + i, expected[1]) for i in range(n)]
+
+    @precondition(lambda self: self.tickets)
+    @rule(data=st.data(), task=st.sampled_from([None, *TASKS]))
+    def start(self, data: st.DataObject, task: str | None) -> None:
+        number, epoch = data.draw(st.sampled_from(self.tickets))
+        new_epoch = next(self.epochs)
+        decisions = [
+            s.start("q", number, epoch, task_id=task, interval_us=self.interval, new_epoch=new_epoch)
+            for s in self.stores
+        ]
+        verdict, wait, slot = self.ref.start(number, epoch, task, self.interval, new_epoch)
+        for d in decisions:
+            assert (d.verdict.value, d.wait_us, d.slot_us) == (verdict, wait, slot)
+        if verdict == "authorized":
+            self.starts.append((self.clock.now_us, self.ref.q["I"]))  # type: ignore[index]
+
+    @rule(task=st.sampled_from(TASKS))
+    def finish(self, task: str) -> None:
+        self._all("finish", task)
+        self.ref.finished.add(task)
+
+    @precondition(lambda self: self.ref.q is not None)
+    @rule()
+    def pause(self) -> None:
+        self._all("pause")
+        self.ref.q["paused"] = True  # type: ignore[index]
+
+    @precondition(lambda self: self.ref.q is not None)
+    @rule()
+    def resume(self) -> None:
+        self._all("resume")
+        q = self.ref.q
+        q["paused"] = False  # type: ignore[index]
+        q["anchor"] = max(q["anchor"], self.clock.now_us - q["I"])  # type: ignore[index, operator]
+
+    @precondition(lambda self: self.ref.q is not None)
+    @rule(interval=st.sampled_from(INTERVALS))
+    def set_interval(self, interval: int) -> None:
+        self._all("set_interval", interval)
+        self.ref.q["I"] = interval  # type: ignore[index]
+
+    @precondition(lambda self: self.ref.q is not None)
+    @rule(interval=st.sampled_from([None, *INTERVALS]))
+    def reset(self, interval: int | None) -> None:
+        epoch = next(self.epochs)
+        self._all("reset", interval, epoch)
+        old = self.ref.q
+        q = self.ref._new(interval or old["I"], epoch)  # type: ignore[index, arg-type]
+        q["last"], q["anchor"] = old["last"], self.clock.now_us - q["I"]  # type: ignore[index, operator]
+        self.ref.q = q
+
+    @rule()
+    def lose_state(self) -> None:
+        self._all("delete")
+        self.ref.q = None
+        self.ref.finished.clear()
+
+    @invariant()
+    def states_agree(self) -> None:
+        expected = self.ref.state()
+        for s in self.stores:
+            status = s.status("q")
+            got = None
+            if status is not None:
+                st_ = status.state
+                got = (st_.epoch, st_.interval_us, st_.ticket, st_.current, st_.anchor_us, st_.last_start_us, st_.paused)
+            assert got == expected, (type(s).__name__, got, expected)
+
+    @invariant()
+    def starts_never_closer_than_the_interval(self) -> None:
+        for (a, _), (b, interval) in zip(self.starts, self.starts[1:]):
+            assert b - a >= interval
+
+
+REDIS_URL: list[str] = []
+
+
+@pytest.mark.slow
+def test_memory_sqlite_and_redis_agree_with_the_reference_model(redis_url: str) -> None:
+    REDIS_URL[:] = [redis_url]
+    StoresAgree.TestCase.settings = settings(
+        max_examples=EXAMPLES,
+        stateful_step_count=40,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    StoresAgree.TestCase().runTest()
