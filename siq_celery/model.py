@@ -9,9 +9,11 @@ Rules (DESIGN.md, "The model"):
 * a ticket ``t > current`` is due at ``anchor + (t - current) * interval``; a ticket
   ``t <= current`` (it turned up after a higher one started) takes the next free slot;
 * no start is authorized before ``last_start + interval`` (the rate cap);
-* an authorized start moves ``current`` and the anchor, never letting the anchor lag the
-  start by more than half an interval (so the order of later tickets is protected
-  against lateness, and an idle queue starts its next task at once);
+* an authorized start moves ``current``, and the anchor to the start itself. (A lagging
+  anchor would gain nothing for the next ticket, which the cap holds to last start +
+  interval anyway, and it would shrink the margin that keeps later tickets from
+  overtaking a late head: with the anchor at the start, ticket ``current + 2`` is due a
+  full interval after the head's slot.)
 * a claim on a queue whose whole line is overdue re-bases the anchor so the new ticket is
   due now (a burst after an idle period keeps ticket order).
 """
@@ -21,11 +23,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .types import ClaimResult, Decision, QueueState, Verdict
-
-
-def lag_tolerance(interval_us: int) -> int:
-    """How far the anchor may trail the latest start (half an interval)."""
-    return interval_us // 2
 
 
 def new_state(now_us: int, interval_us: int, epoch: str) -> QueueState:
@@ -76,15 +73,11 @@ def start(
     slot = slot_of(state, ticket)
     if now_us < slot:
         return Decision(Verdict.WAIT, ticket, now_us, wait_us=slot - now_us, slot_us=slot)
-    floor = now_us - lag_tolerance(state.interval_us)
-    if ticket > state.current:
-        due = state.anchor_us + (ticket - state.current) * state.interval_us
-        state.anchor_us = max(due, floor)
-        state.current = ticket
-    else:
-        # A late ticket took a slot that ticket current+1 may have been due at: shift the
-        # line by one slot so the tickets behind keep their order.
-        state.anchor_us = max(state.anchor_us + state.interval_us, floor)
+    # The line continues from this start. For a late ticket (ticket <= current) that
+    # means it took the slot ticket current+1 was due at, and the line behind it shifts
+    # by one slot, keeping its order.
+    state.current = max(state.current, ticket)
+    state.anchor_us = now_us
     state.last_start_us = now_us
     return Decision(Verdict.AUTHORIZED, ticket, now_us, slot_us=slot)
 

@@ -68,11 +68,8 @@ class Reference:
         slot = max(due, q["last"] + I)  # type: ignore[operator]
         if now < slot:
             return "wait", slot - now, slot
-        if number > cur:  # type: ignore[operator]
-            q["anchor"], q["cur"] = max(due, now - I // 2), number  # type: ignore[operator]
-        else:
-            q["anchor"] = max(q["anchor"] + I, now - I // 2)  # type: ignore[operator]
-        q["last"] = now
+        q["cur"] = max(cur, number)  # type: ignore[call-overload]
+        q["anchor"] = q["last"] = now
         return "authorized", 0, slot
 
 

@@ -32,14 +32,10 @@ if ticket > s.current then due = s.anchor_us + (ticket - s.current) * interval e
 local slot = math.max(due, s.last_start_us + interval)
 if now < slot then return {'wait', ticket, now, slot - now, slot} end
 
-local floor = now - math.floor(interval / 2)
-if ticket > s.current then
-  s.anchor_us = math.max(due, floor)
-  s.current = ticket
-else
-  -- shift the line one slot so the tickets behind keep their order
-  s.anchor_us = math.max(s.anchor_us + interval, floor)
-end
+-- The line continues from this start (for a late ticket: the line behind it shifts one
+-- slot and keeps its order). See siq_celery/model.py for why the anchor does not lag.
+if ticket > s.current then s.current = ticket end
+s.anchor_us = now
 s.last_start_us = now
 siq_save(KEYS[1], s)
 return {'authorized', ticket, now, 0, slot}

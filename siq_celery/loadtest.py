@@ -1,0 +1,98 @@
+"""Run many OS processes through one interval queue and measure what happened.
+
+Used by the many-process tests, ``make bench`` and the standalone demo. Each process
+makes ``calls`` ``with queue.slot()`` calls and records, inside the body, its wall time;
+the store's authorized start time and slot come from the decision.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .queue import IntervalQueue
+
+
+@dataclass(frozen=True)
+class StartRecord:
+    process: int
+    call: int
+    ticket: int
+    store_start_us: int  #: authorized start, store clock
+    slot_us: int  #: the slot it was measured against, store clock
+    body_time: float  #: time.time() at the top of the body, this host's clock
+
+
+def _worker(index: int, url: str, queue: str, interval: str, calls: int, go: Any, out: Any) -> None:
+    q = IntervalQueue(queue, url=url, interval=interval)
+    q.status()  # connected and imported before the start line
+    records = []
+    go.wait()
+    for call in range(calls):
+        with q.slot() as d:
+            body_time = time.time()
+        records.append(StartRecord(index, call, d.ticket, d.now_us, d.slot_us, body_time))
+    q.close()
+    out.put(records)
+
+
+def run_slot_processes(
+    url: str, queue: str, interval: str, *, processes: int = 8, calls: int = 50, timeout: float = 300.0
+) -> list[StartRecord]:
+    """Start ``processes`` processes, release them together, return every start record."""
+    IntervalQueue(queue, url=url, interval=interval).ensure(reset=True)
+    ctx = mp.get_context("spawn")  # no inherited connections or locks
+    go, out = ctx.Barrier(processes + 1), ctx.Queue()
+    workers = [ctx.Process(target=_worker, args=(i, url, queue, interval, calls, go, out)) for i in range(processes)]
+    for w in workers:
+        w.start()
+    go.wait(timeout=60)
+    records: list[StartRecord] = []
+    deadline = time.monotonic() + timeout
+    for _ in workers:
+        records += out.get(timeout=max(deadline - time.monotonic(), 1.0))
+    for w in workers:
+        w.join(10)
+    return records
+
+
+@dataclass(frozen=True)
+class Summary:
+    starts: int
+    span_s: float
+    achieved_pct: float  #: achieved rate as a percentage of 1/interval
+    min_store_gap_ms: float
+    min_body_gap_ms: float
+    store_gaps_below_interval: int
+    lateness_p50_ms: float
+    lateness_p99_ms: float
+    order_inversions: int  #: starts whose ticket is lower than an earlier start's
+
+
+def summarize(records: list[StartRecord], interval_us: int) -> Summary:
+    by_store = sorted(records, key=lambda r: r.store_start_us)
+    store = [r.store_start_us for r in by_store]
+    body = sorted(r.body_time for r in records)
+    store_gaps = [b - a for a, b in zip(store, store[1:])]
+    body_gaps = [b - a for a, b in zip(body, body[1:])]
+    lateness = sorted((r.store_start_us - r.slot_us) / 1000 for r in records)
+    span_us = store[-1] - store[0]
+    highest, inversions = 0, 0
+    for r in by_store:
+        if r.ticket < highest:
+            inversions += 1
+        highest = max(highest, r.ticket)
+    return Summary(
+        starts=len(records),
+        span_s=span_us / 1e6,
+        achieved_pct=100.0 * (len(records) - 1) * interval_us / span_us if span_us else 0.0,
+        min_store_gap_ms=min(store_gaps) / 1000,
+        min_body_gap_ms=min(body_gaps) * 1000,
+        store_gaps_below_interval=sum(g < interval_us for g in store_gaps),
+        lateness_p50_ms=statistics.median(lateness),
+        lateness_p99_ms=lateness[min(len(lateness) - 1, int(len(lateness) * 0.99))],
+        order_inversions=inversions,
+    )

@@ -1,0 +1,124 @@
+"""Bad input gets a clear SiqError and changes nothing."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from siq_celery import (
+    ConfigurationError,
+    IntervalQueue,
+    InvalidIntervalError,
+    InvalidQueueNameError,
+    SiqError,
+    UnknownBackendError,
+    format_interval,
+    parse_interval,
+)
+from siq_celery.backends import backend_from_url
+from siq_celery.keys import QueueKeys
+
+
+@pytest.mark.parametrize(
+    ("text", "us"),
+    [
+        (0.2, 200_000),
+        (2, 2_000_000),
+        (timedelta(milliseconds=250), 250_000),
+        ("200ms", 200_000),
+        ("2s", 2_000_000),
+        ("1.5m", 90_000_000),
+        ("1h", 3_600_000_000),
+        ("2500us", 2_500),
+        (" 10 ms ", 10_000),
+        ("0.5", 500_000),
+        ("5/s", 200_000),
+        ("300/m", 200_000),
+        ("1000/h", 3_600_000),
+        ("1/d", 86_400_000_000),
+    ],
+)
+def test_intervals_and_rates_parse_to_microseconds(text: object, us: int) -> None:
+    assert parse_interval(text) == us  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [0, -1, "0ms", "-5ms", math.nan, math.inf, -math.inf, "nan", "inf", "25h", 86_401, "2 days",
+     "fast", "", "5/", "/s", "0/s", "5/y", "ms", None, [1], True, "0.5us", "2000/s"],
+)  # fmt: skip
+def test_bad_intervals_are_refused_with_a_message_that_says_what_works(bad: object) -> None:
+    with pytest.raises(InvalidIntervalError) as info:
+        parse_interval(bad)  # type: ignore[arg-type]
+    assert isinstance(info.value, SiqError)
+    assert str(info.value)
+
+
+@given(st.text(max_size=20))
+def test_any_text_either_parses_in_range_or_raises_invalid_interval(text: str) -> None:
+    try:
+        us = parse_interval(text)
+    except InvalidIntervalError:
+        return
+    assert 1_000 <= us <= 86_400_000_000
+
+
+@pytest.mark.parametrize("us", [1_000, 2_000, 2_500, 200_000, 2_000_000, 90_000_000, 3_600_000_000])
+def test_format_interval_round_trips(us: int) -> None:
+    assert parse_interval(format_interval(us)) == us
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "a{b", "a}b", "with space", "tab\there", "new\nline", "nul\x00", "bell\x07", "star*", "q?", "[x]",
+     "x" * 201, 42, None],
+)  # fmt: skip
+def test_bad_queue_names_are_refused_before_anything_is_written(name: object, tmp_path: object) -> None:
+    url = f"sqlite:///{tmp_path}/siq.db"
+    with pytest.raises(InvalidQueueNameError):
+        IntervalQueue(name, url=url, interval="1s")  # type: ignore[arg-type]
+    assert backend_from_url(url).queues() == []
+
+
+@pytest.mark.parametrize("name", ["geocoder", "shopify:shop-1", "a.b_c-d", "ünïcode", "x" * 200])
+def test_good_queue_names_make_hash_tagged_keys(name: str) -> None:
+    keys = QueueKeys.for_queue(name)
+    assert keys.state == f"siq:{{{name}}}:state" and keys.finished == f"siq:{{{name}}}:finished"
+    assert QueueKeys.queue_from_state_key(keys.state) == name
+
+
+@pytest.mark.parametrize("url", ["mysql://localhost/db", "http://x", "nourl", "", "memcached://h:1"])
+def test_unknown_store_urls_name_the_known_schemes(url: str) -> None:
+    with pytest.raises(UnknownBackendError, match="redis"):
+        IntervalQueue("q", url=url, interval="1s")
+
+
+def test_a_queue_without_a_store_says_what_to_pass() -> None:
+    with pytest.raises(ConfigurationError, match="redis://"):
+        IntervalQueue("q", interval="1s")
+
+
+@pytest.mark.parametrize("count", [0, -1, 100_001, 1.5, "3", True])
+def test_claim_many_refuses_bad_counts_without_claiming(count: object) -> None:
+    q = IntervalQueue("q", url="memory://bad-counts", interval="1s")
+    q.ensure()
+    with pytest.raises(ConfigurationError):
+        q.claim_many(count)  # type: ignore[arg-type]
+    assert q.status().state.ticket == 0
+
+
+def test_sqlite_url_with_a_host_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="sqlite:///"):
+        backend_from_url("sqlite://host/path.db")
+
+
+@pytest.mark.parametrize("url", ["redis+cluster://nohostport", "redis+sentinel://127.0.0.1:26379"])
+def test_malformed_redis_urls_are_refused(url: str) -> None:
+    from siq_celery.backends.redis import redis_client_from_url
+
+    with pytest.raises(ConfigurationError):
+        redis_client_from_url(url)
