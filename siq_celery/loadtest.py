@@ -16,6 +16,9 @@ from typing import Any
 from .queue import IntervalQueue
 
 
+ARRIVAL_SPREAD_S = 0.002
+
+
 @dataclass(frozen=True)
 class StartRecord:
     process: int
@@ -26,15 +29,19 @@ class StartRecord:
     body_time: float  #: time.time() at the top of the body, this host's clock
 
 
-def _worker(index: int, url: str, queue: str, interval: str, calls: int, go: Any, out: Any) -> None:
+def _worker(index: int, url: str, queue: str, interval: str, calls: int, line: Any, out: Any) -> None:
     q = IntervalQueue(queue, url=url, interval=interval)
     q.status()  # connected and imported before the start line
     records = []
-    go.wait()
+    line.wait()  # everyone starts together...
+    # ...arriving a little apart, as real workers do: eight interpreters leaving one
+    # barrier in the same millisecond on two cores delay the first reply by milliseconds.
+    time.sleep(index * ARRIVAL_SPREAD_S)
     for call in range(calls):
         with q.slot() as d:
             body_time = time.time()
         records.append(StartRecord(index, call, d.ticket, d.now_us, d.slot_us, body_time))
+    line.wait()  # ...and nobody exits (interpreter teardown takes CPU) while others still start
     q.close()
     out.put(records)
 
@@ -45,11 +52,10 @@ def run_slot_processes(
     """Start ``processes`` processes, release them together, return every start record."""
     IntervalQueue(queue, url=url, interval=interval).ensure(reset=True)
     ctx = mp.get_context("spawn")  # no inherited connections or locks
-    go, out = ctx.Barrier(processes + 1), ctx.Queue()
-    workers = [ctx.Process(target=_worker, args=(i, url, queue, interval, calls, go, out)) for i in range(processes)]
+    line, out = ctx.Barrier(processes), ctx.Queue()
+    workers = [ctx.Process(target=_worker, args=(i, url, queue, interval, calls, line, out)) for i in range(processes)]
     for w in workers:
         w.start()
-    go.wait(timeout=60)
     records: list[StartRecord] = []
     deadline = time.monotonic() + timeout
     for _ in workers:
