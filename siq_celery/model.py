@@ -53,16 +53,13 @@ def claim(state: QueueState, count: int, now_us: int) -> ClaimResult:
 
 def slot_of(state: QueueState, ticket: int) -> int:
     """The earliest store time at which ``ticket`` may start."""
-    if ticket > state.current:
-        due = state.anchor_us + (ticket - state.current) * state.interval_us
-    else:
-        due = 0  # passed over: the next free slot, i.e. the rate cap below
-    return max(due, state.last_start_us + state.interval_us)
+    cap = state.last_start_us + state.interval_us
+    if ticket <= state.current:
+        return cap  # passed over: the next free slot
+    return max(state.anchor_us + (ticket - state.current) * state.interval_us, cap)
 
 
-def start(
-    state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False
-) -> Decision:
+def start(state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False) -> Decision:
     """Decide whether ``ticket`` may start at ``now_us`` (mutates ``state`` if authorized)."""
     if finished:
         return Decision(Verdict.DUPLICATE, ticket, now_us)

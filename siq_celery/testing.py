@@ -37,9 +37,15 @@ class EmbeddedRedisCluster:
         self.nodes = [
             EmbeddedRedis(
                 port=free_cluster_port(),
-                extra_args=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                            "--cluster-node-timeout", "2000"),
-            )  # fmt: skip
+                extra_args=(
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ),
+            )
             for _ in range(nodes)
         ]
 
@@ -62,7 +68,9 @@ class EmbeddedRedisCluster:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             infos = [c.execute_command("CLUSTER INFO") for c in clients]
-            if all(i.get("cluster_state") == "ok" and int(i.get("cluster_known_nodes", 0)) == len(clients) for i in infos):
+            if all(
+                i.get("cluster_state") == "ok" and int(i.get("cluster_known_nodes", 0)) == len(clients) for i in infos
+            ):
                 for c in clients:
                     c.close()
                 return self

@@ -176,12 +176,20 @@ class StoresAgree(RuleBasedStateMachine):
             got = None
             if status is not None:
                 st_ = status.state
-                got = (st_.epoch, st_.interval_us, st_.ticket, st_.current, st_.anchor_us, st_.last_start_us, st_.paused)
+                got = (
+                    st_.epoch,
+                    st_.interval_us,
+                    st_.ticket,
+                    st_.current,
+                    st_.anchor_us,
+                    st_.last_start_us,
+                    st_.paused,
+                )
             assert got == expected, (type(s).__name__, got, expected)
 
     @invariant()
     def starts_never_closer_than_the_interval(self) -> None:
-        for (a, _), (b, interval) in zip(self.starts, self.starts[1:]):
+        for (a, _), (b, interval) in zip(self.starts, self.starts[1:], strict=False):
             assert b - a >= interval
 
 

@@ -66,7 +66,7 @@ def test_limited_takes_a_turn_per_call_and_keeps_the_function() -> None:
 
     assert [call_api(i, y=1) for i in range(3)] == [1, 2, 3]
     assert call_api.__doc__ == "Doc." and call_api.__name__ == "call_api"
-    assert [b - a for a, b in zip(seen, seen[1:])] == [100_000, 100_000]
+    assert [b - a for a, b in itertools.pairwise(seen)] == [100_000, 100_000]
 
 
 def test_paused_queue_polls_with_backoff_and_starts_after_resume() -> None:

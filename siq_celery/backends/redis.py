@@ -30,9 +30,7 @@ try:
     from redis.cluster import ClusterNode, RedisCluster
     from redis.sentinel import Sentinel
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependencyError(
-        "the Redis state store needs redis-py: pip install 'siq_celery[redis]'"
-    ) from exc
+    raise MissingDependencyError("the Redis state store needs redis-py: pip install 'siq_celery[redis]'") from exc
 
 SCRIPTS = ("claim", "start", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status")
 
@@ -160,7 +158,9 @@ class RedisBackend(Backend):
 
     def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
         k = self.keys(queue)
-        first, n, got_epoch, base, floor, interval, now = self._run("claim", queue, [k.state], [count, interval_us, epoch])
+        first, n, got_epoch, base, floor, interval, now = self._run(
+            "claim", queue, [k.state], [count, interval_us, epoch]
+        )
         return ClaimResult(int(first), int(n), got_epoch.decode(), int(base), int(floor), int(interval), int(now))
 
     def start(
@@ -208,7 +208,9 @@ class RedisBackend(Backend):
 
         match = f"{self.key_prefix}:{{{pattern}}}:state"
         try:
-            names = {QueueKeys.queue_from_state_key(key.decode()) for key in self.client.scan_iter(match=match, count=1000)}
+            names = {
+                QueueKeys.queue_from_state_key(key.decode()) for key in self.client.scan_iter(match=match, count=1000)
+            }
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
         return sorted(n for n in names if n)

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError
-from ..types import ClaimResult, QueueState
+from ..types import ClaimResult
 from .base import ModelBackend, Transaction, match_names, state_from_fields
 
 _SCHEMA = """
@@ -56,7 +56,7 @@ class _SqliteTransaction(Transaction):
         self.state = None
         if row is not None:
             try:
-                self.state = state_from_fields(queue, self._where(), dict(zip(_FIELDS, row)))
+                self.state = state_from_fields(queue, self._where(), dict(zip(_FIELDS, row, strict=False)))
             except CorruptStateError:
                 if not replace_corrupt:
                     raise
@@ -86,9 +86,7 @@ class _SqliteTransaction(Transaction):
             )
 
     def finished_count(self) -> int:
-        (n,) = self._c.execute(
-            "SELECT COUNT(*) FROM siq_finished WHERE prefix=? AND queue=?", self._key
-        ).fetchone()
+        (n,) = self._c.execute("SELECT COUNT(*) FROM siq_finished WHERE prefix=? AND queue=?", self._key).fetchone()
         return int(n)
 
     def delete(self) -> bool:
@@ -148,7 +146,9 @@ class SqliteBackend(ModelBackend):
         # not be used by the child.
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None or getattr(self._local, "pid", None) != os.getpid():
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(
+                self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
@@ -180,7 +180,7 @@ class SqliteBackend(ModelBackend):
                 conn.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
                     raise
                 time.sleep(LOCK_RETRY_S)
 
@@ -202,7 +202,9 @@ class SqliteBackend(ModelBackend):
 
     def queues(self, pattern: str = "*") -> list[str]:
         with _unavailable_on_lock(self.path, pattern):
-            rows = self._connection().execute("SELECT queue FROM siq_queues WHERE prefix=?", (self.key_prefix,)).fetchall()
+            rows = (
+                self._connection().execute("SELECT queue FROM siq_queues WHERE prefix=?", (self.key_prefix,)).fetchall()
+            )
         return match_names([r[0] for r in rows], pattern)
 
     def close(self) -> None:
@@ -210,4 +212,3 @@ class SqliteBackend(ModelBackend):
         if conn is not None and getattr(self._local, "pid", None) == os.getpid():
             conn.close()
         self._local.conn = None
-

@@ -7,6 +7,7 @@ clock is pinned (``store.clock``), nothing sleeps, and every figure is exact. In
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -208,7 +209,7 @@ def test_state_lost_mid_run_gives_a_new_epoch_and_no_burst(store: Store) -> None
         at(store, t0 + I + 1_000 + step)
         starts += [store.clock.now_us for t in fresh if q.start(t).authorized]
     assert starts[0] >= t0 + I + 1_000 + I  # the new state waits one interval: no burst
-    assert all(b - a >= I for a, b in zip(starts, starts[1:]))
+    assert all(b - a >= I for a, b in itertools.pairwise(starts))
     assert len(starts) >= 4  # ... and everything still starts (re-asks of a started ticket run again)
 
 
@@ -269,7 +270,7 @@ def test_ensure_creates_checks_and_never_overrides_the_stored_interval(store: St
     with pytest.raises(QueueExistsError):
         q.ensure(fail_if_exists=True)
     other = store.queue(interval="250ms")
-    with pytest.raises(IntervalMismatchError, match="100ms.*250ms"):
+    with pytest.raises(IntervalMismatchError, match=r"100ms.*250ms"):
         other.ensure()
     assert q.status().state.interval_us == I  # nothing changed
     replaced = other.ensure(reset=True)

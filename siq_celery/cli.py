@@ -1,0 +1,200 @@
+"""The ``siq`` command: operate interval queues in a state store.
+
+    siq --url redis://localhost:6379/0 status [QUEUE...] [--json]
+    siq --url ... pause QUEUE | resume QUEUE | set-interval QUEUE 250ms | reset QUEUE [--yes]
+    siq demo [--processes 4 --calls 15 --interval 100ms]
+
+``--url`` defaults to ``$SIQ_URL``. Errors are one line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from .backends import Backend, backend_from_url
+from .errors import CorruptStateError, QueueNotFoundError, SiqError
+from .intervals import format_interval, parse_interval
+from .keys import DEFAULT_KEY_PREFIX
+from .queue import IntervalQueue, new_epoch
+from .types import QueueStatus
+
+
+class StoreOptions:
+    """How a command reaches the store (a URL here; the Celery app in ``celery siq``)."""
+
+    def __init__(self, make_backend: Callable[[], Backend]) -> None:
+        self.make_backend = make_backend
+        self._backend: Backend | None = None
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = self.make_backend()
+        return self._backend
+
+    def queue(self, name: str) -> IntervalQueue:
+        return IntervalQueue(name, backend=self.backend)
+
+
+@contextmanager
+def one_line_errors() -> Iterator[None]:
+    try:
+        yield
+    except SiqError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _when(us: int, now_us: int) -> str:
+    stamp = datetime.fromtimestamp(us / 1e6, tz=UTC).strftime("%H:%M:%S.%f")[:-3]
+    delta = (us - now_us) / 1e6
+    return f"{stamp} ({'+' if delta >= 0 else ''}{delta:.3f}s)"
+
+
+def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
+    rows = [["queue", "interval", "ticket", "current", "backlog", "paused", "last start", "next start"]]
+    for st in statuses:
+        s = st.state
+        rows.append([
+            st.queue, format_interval(s.interval_us), str(s.ticket), str(s.current), str(s.backlog),
+            "yes" if s.paused else "no", _when(s.last_start_us, st.now_us), _when(st.next_start_us, st.now_us),
+        ])  # fmt: skip
+    return rows
+
+
+def render_table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows)
+
+
+def _interval(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
+    try:
+        return parse_interval(value)
+    except SiqError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command("status")
+@click.argument("queues", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per queue, in a list.")
+@click.pass_obj
+def status_command(store: StoreOptions, queues: tuple[str, ...], as_json: bool) -> None:
+    """Show queues (all, or those named; glob patterns like 'shop:*' work)."""
+    with one_line_errors():
+        names: list[str] = []
+        for q in queues or ("*",):
+            if any(c in q for c in "*?["):
+                names += store.backend.queues(q)
+            else:
+                names.append(q)
+        statuses = []
+        for name in dict.fromkeys(names):
+            st = store.backend.status(name)
+            if st is None:
+                raise QueueNotFoundError(f"queue {name!r} has no state in this store")
+            statuses.append(st)
+    if as_json:
+        click.echo(json.dumps([s.as_dict() for s in statuses], indent=2))
+    elif statuses:
+        click.echo(render_table(status_rows(statuses)))
+    else:
+        click.echo("no queues")
+
+
+@click.command("pause")
+@click.argument("queue")
+@click.pass_obj
+def pause_command(store: StoreOptions, queue: str) -> None:
+    """Stop every start of QUEUE, on every worker, until resume."""
+    with one_line_errors():
+        store.queue(queue).pause()
+    click.echo(f"paused {queue}")
+
+
+@click.command("resume")
+@click.argument("queue")
+@click.pass_obj
+def resume_command(store: StoreOptions, queue: str) -> None:
+    """Continue QUEUE in ticket order from now."""
+    with one_line_errors():
+        store.queue(queue).resume()
+    click.echo(f"resumed {queue}")
+
+
+@click.command("set-interval")
+@click.argument("queue")
+@click.argument("interval", callback=_interval)
+@click.pass_obj
+def set_interval_command(store: StoreOptions, queue: str, interval: int) -> None:
+    """Change QUEUE's interval (200ms, 2s, 5/s ...); applies from the next start."""
+    with one_line_errors():
+        store.queue(queue).set_interval(interval / 1e6)
+    click.echo(f"{queue}: interval {format_interval(interval)}")
+
+
+@click.command("reset")
+@click.argument("queue")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--interval", help="Interval to reset with (needed when the stored state is corrupt).")
+@click.pass_obj
+def reset_command(store: StoreOptions, queue: str, yes: bool, interval: str | None) -> None:
+    """Start QUEUE's state afresh (outstanding tickets re-claim; rate cap kept).
+
+    This is also the way out of corrupt state."""
+    with one_line_errors():
+        interval_us = parse_interval(interval) if interval else None
+        try:
+            exists = store.backend.status(queue) is not None
+        except CorruptStateError:
+            exists = True
+            if interval_us is None:
+                raise click.ClickException(f"queue {queue!r} has corrupt state: reset it with --interval") from None
+        if not exists:
+            raise QueueNotFoundError(f"queue {queue!r} has no state in this store")
+    if not yes and not click.confirm(f"Reset queue {queue!r}? Outstanding tickets will re-claim", default=False):
+        raise click.ClickException("not reset")
+    with one_line_errors():
+        store.backend.reset(queue, interval_us, new_epoch())
+    click.echo(f"reset {queue}")
+
+
+QUEUE_COMMANDS = [status_command, pause_command, resume_command, set_interval_command, reset_command]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--url", envvar="SIQ_URL", help="State store URL (default: $SIQ_URL).")
+@click.option("--key-prefix", default=DEFAULT_KEY_PREFIX, show_default=True)
+@click.pass_context
+def siq(ctx: click.Context, url: str | None, key_prefix: str) -> None:
+    """Operate siq_celery interval queues."""
+
+    def make() -> Backend:
+        if not url:
+            raise click.ClickException("no state store: pass --url redis://host:6379/0 or set SIQ_URL")
+        with one_line_errors():
+            return backend_from_url(url, key_prefix=key_prefix)
+
+    ctx.obj = StoreOptions(make)
+
+
+for _command in QUEUE_COMMANDS:
+    siq.add_command(_command)
+
+
+@siq.command("demo", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def demo_command(ctx: click.Context) -> None:
+    """Run the demo (see `siq demo -- --help`)."""
+    from .demo import main as demo_main
+
+    sys.exit(demo_main(list(ctx.args)))
+
+
+def main(argv: list[str] | None = None) -> Any:
+    return siq.main(args=argv, prog_name="siq")

@@ -1,0 +1,75 @@
+"""The ``siq`` command on a real SQLite store and a real (private) Redis."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from siq_celery import IntervalQueue
+from siq_celery.cli import siq
+from siq_celery.embedded import free_port
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def url(request: pytest.FixtureRequest, tmp_path: object) -> str:
+    if request.param == "redis":
+        return str(request.getfixturevalue("redis_url"))
+    return f"sqlite:///{tmp_path}/siq.db"
+
+
+def run(url: str, *args: str, input: str | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(siq, ["--url", url, *args], input=input)
+    return result.exit_code, result.output
+
+
+def test_status_lists_queues_as_a_table_and_as_json(url: str) -> None:
+    geo = IntervalQueue("geo", url=url, interval="200ms")
+    geo.ensure()
+    geo.claim_many(5)
+    IntervalQueue("shop:a", url=url, interval="5/s").ensure()
+    code, out = run(url, "status")
+    assert code == 0
+    header, *rows = out.strip().splitlines()
+    assert header.split()[:6] == ["queue", "interval", "ticket", "current", "backlog", "paused"]
+    assert rows[0].split()[:6] == ["geo", "200ms", "5", "0", "5", "no"] and rows[1].startswith("shop:a")
+    code, out = run(url, "status", "shop:*", "--json")
+    assert code == 0 and [q["queue"] for q in json.loads(out)] == ["shop:a"]
+
+
+def test_pause_resume_set_interval_and_reset_change_the_shared_state(url: str) -> None:
+    q = IntervalQueue("geo", url=url, interval="200ms")
+    q.ensure()
+    assert run(url, "pause", "geo") == (0, "paused geo\n") and q.status().state.paused
+    assert run(url, "resume", "geo") == (0, "resumed geo\n") and not q.status().state.paused
+    assert run(url, "set-interval", "geo", "250ms")[0] == 0 and q.status().state.interval_us == 250_000
+    epoch = q.status().state.epoch
+    assert run(url, "reset", "geo", input="n\n")[0] == 1 and q.status().state.epoch == epoch  # asked, refused
+    assert run(url, "reset", "geo", "--yes")[0] == 0 and q.status().state.epoch != epoch
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["pause", "nope"], "no state"),
+        (["status", "nope"], "no state"),
+        (["set-interval", "nope", "fast"], "cannot parse interval"),
+        (["set-interval", "nope", "0ms"], "minimum"),
+        (["reset", "nope", "--yes"], "no state"),
+    ],
+)
+def test_bad_input_is_one_line_and_a_nonzero_exit(url: str, args: list[str], message: str) -> None:
+    code, out = run(url, *args)
+    assert code != 0 and message in out and "Traceback" not in out
+
+
+def test_unreachable_store_is_one_line_and_a_nonzero_exit() -> None:
+    code, out = run(f"redis://127.0.0.1:{free_port()}/0", "status")
+    assert code == 1 and "cannot reach" in out and "Traceback" not in out
+
+
+def test_missing_url_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SIQ_URL", raising=False)
+    result = CliRunner().invoke(siq, ["status"])
+    assert result.exit_code == 1 and "SIQ_URL" in result.output
