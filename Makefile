@@ -19,8 +19,8 @@ demo: install
 	$(PY) -m siq_celery.demo
 
 lint: install
-	$(PY) -m ruff check siq_celery tests bench
-	$(PY) -m ruff format --check siq_celery tests bench
+	$(PY) -m ruff check siq_celery tests bench examples
+	$(PY) -m ruff format --check siq_celery tests bench examples
 	$(PY) -m mypy
 
 # pytest exits 5 when a selection collects nothing (say, PYTEST_ARGS="-m spark" before

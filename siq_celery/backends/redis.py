@@ -32,6 +32,14 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError("the Redis state store needs redis-py: pip install 'siq_celery[redis]'") from exc
 
+#: The Redis ACL a siq_celery user needs (README, "Redis ACL"): its scripts, the commands
+#: they call, and SCAN/DEL for listing and deleting queues, on its own keys only.
+ACL_RULES = (
+    "~siq:*",
+    "+evalsha", "+eval", "+script|load", "+ping", "+scan", "+del",
+    "+time", "+hmget", "+hset", "+zscore", "+zadd", "+zremrangebyscore", "+zremrangebyrank", "+zcard",
+)  # fmt: skip
+
 SCRIPTS = ("claim", "start", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status")
 
 
@@ -138,6 +146,11 @@ class RedisBackend(Backend):
             _, _, rest = text.partition("SIQCORRUPT ")
             field, _, value = rest.partition(" ")
             return CorruptStateError(queue, key, field, value.split(" script:")[0])
+        if "NOPERM" in text or "can't run this command" in text or "no permissions" in text:
+            return ConfigurationError(
+                f"queue {queue!r}: the Redis user may not run what siq_celery needs ({text.split(' script:')[0]}); "
+                f"grant: ACL SETUSER <user> {' '.join(ACL_RULES)}"
+            )
         if "WRONGTYPE" in text:
             return CorruptStateError(queue, key, "(key type)", "not a siq_celery value")
         return exc

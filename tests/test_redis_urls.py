@@ -1,0 +1,76 @@
+"""Every Redis URL form reaches a real server: Unix socket, ACL user/password, Sentinel.
+
+(Cluster is covered by the contract suite; TLS has its own test with a TLS server.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from siq_celery import ConfigurationError, IntervalQueue, StoreUnavailableError
+from siq_celery.backends.redis import ACL_RULES
+from siq_celery.embedded import EmbeddedRedis, free_port, redis_server_binary
+
+
+def exercise(url: str) -> None:
+    q = IntervalQueue("urls", url=url, interval="10ms")
+    q.ensure(reset=True)
+    with q.slot() as decision:
+        assert decision.authorized
+    assert q.status().state.current == 1
+    q.delete()
+
+
+def test_unix_socket_url(tmp_path: Path) -> None:
+    sock = tmp_path / "redis.sock"
+    with EmbeddedRedis(extra_args=("--unixsocket", str(sock), "--unixsocketperm", "700")):
+        exercise(f"unix://{sock}?db=0")
+
+
+def test_acl_user_and_password_url(redis_server: EmbeddedRedis, redis_url: str) -> None:
+    admin = redis.Redis.from_url(redis_url)
+    # Exactly the documented ACL: siq_celery's scripts and commands on its own keys.
+    admin.execute_command("ACL", "SETUSER", "siq", "reset", "on", ">s3cret", *ACL_RULES)
+    admin.execute_command("ACL", "SETUSER", "narrow", "reset", "on", ">s3cret", "~siq:*", "+evalsha", "+eval")
+    try:
+        exercise(f"redis://siq:s3cret@127.0.0.1:{redis_server.port}/0")
+        with pytest.raises(StoreUnavailableError):
+            exercise(f"redis://siq:wrong@127.0.0.1:{redis_server.port}/0")
+        with pytest.raises(ConfigurationError, match="ACL SETUSER"):
+            exercise(f"redis://narrow:s3cret@127.0.0.1:{redis_server.port}/0")
+    finally:
+        admin.execute_command("ACL", "DELUSER", "siq", "narrow")
+
+
+@pytest.fixture
+def sentinel(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[int]:
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nsentinel monitor mymaster 127.0.0.1 {redis_server.port} 1\n"
+    )
+    proc = subprocess.Popen([redis_server_binary(), str(conf), "--sentinel"], stdout=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if client.execute_command("SENTINEL", "get-master-addr-by-name", "mymaster"):
+                    break
+            except redis.ConnectionError:
+                pass
+            time.sleep(0.05)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(5)
+
+
+def test_sentinel_url(sentinel: int, redis_url: str) -> None:
+    exercise(f"redis+sentinel://127.0.0.1:{sentinel}/mymaster/0")
