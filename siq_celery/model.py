@@ -100,3 +100,17 @@ def reset(state: QueueState, now_us: int, epoch: str, interval_us: int | None = 
     fresh = new_state(now_us, interval_us or state.interval_us, epoch)
     # Ticket 1 of the new life is due at once, subject to the kept rate cap.
     return replace(fresh, last_start_us=state.last_start_us, anchor_us=now_us - fresh.interval_us)
+
+
+def restamp(state: QueueState, epoch: str, started_us: int, now_us: int) -> int | None:
+    """Move the last start from ``started_us`` to ``now_us`` if it is still the last start
+    of this epoch; return the new start time, else None.
+
+    A caller whose authorization reply came back slowly (its process was descheduled)
+    starts its body later than the store recorded; re-stamping makes the next start wait
+    a full interval from (nearly) the real start. It can only delay later starts.
+    """
+    if state.epoch != epoch or state.last_start_us != started_us or now_us < started_us:
+        return None
+    state.last_start_us = state.anchor_us = now_us
+    return now_us

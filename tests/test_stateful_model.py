@@ -127,6 +127,21 @@ class StoresAgree(RuleBasedStateMachine):
         if verdict == "authorized":
             self.starts.append((self.clock.now_us, self.ref.q["I"]))  # type: ignore[index]
 
+    @precondition(lambda self: self.ref.q is not None)
+    @rule(stale=st.booleans(), same_epoch=st.booleans())
+    def restamp(self, stale: bool, same_epoch: bool) -> None:
+        q = self.ref.q
+        epoch = q["epoch"] if same_epoch else "other"  # type: ignore[index]
+        started = q["last"] - (1 if stale else 0)  # type: ignore[index, operator]
+        got = self._all("restamp", epoch, started)
+        now = self.clock.now_us
+        expected = None
+        if epoch == q["epoch"] and started == q["last"] and now >= started:  # type: ignore[index, operator]
+            q["last"] = q["anchor"] = expected = now  # type: ignore[index]
+            if self.starts:
+                self.starts[-1] = (now, self.starts[-1][1])
+        assert got == expected
+
     @rule(task=st.sampled_from(TASKS))
     def finish(self, task: str) -> None:
         self._all("finish", task)

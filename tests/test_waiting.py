@@ -135,3 +135,34 @@ def test_unreachable_store_fails_closed_retries_with_backoff_and_logs(caplog: py
     assert sim.sleeps[:6] == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2]
     assert sum("unreachable" in r.message for r in caplog.records) == 6
     assert q.status().state.current == 1  # authorized once, after the store came back
+
+
+class SlowReplyBackend(MemoryBackend):
+    """The reply to the first authorizing start takes 3 ms to reach the caller."""
+
+    def __init__(self, sim: SimulatedTime, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.sim, self.slow = sim, True
+
+    def start(self, *args: Any, **kwargs: Any) -> Any:
+        decision = super().start(*args, **kwargs)
+        if decision.authorized and self.slow:
+            self.slow = False
+            self.sim.sleep(0.003)
+        return decision
+
+
+def test_a_slowly_delivered_authorization_is_restamped_so_the_next_start_counts_from_it() -> None:
+    clock = PinnedClock()
+    sim = SimulatedTime(clock)
+    backend = SlowReplyBackend(sim, clock=clock)
+    q = IntervalQueue("slow", interval="10ms", backend=backend, sleep=sim.sleep, monotonic=sim.monotonic)
+    t0 = q.ensure().last_start_us
+    bodies = []
+    for _ in range(3):
+        with q.slot() as d:
+            bodies.append(clock.now_us)
+    assert d.authorized
+    assert bodies[0] == t0 + 10_000 + 3_000  # the first body ran 3 ms after its authorization...
+    assert bodies[1] - bodies[0] >= 10_000  # ...and the next still came a full interval later
+    assert bodies[2] - bodies[1] == 10_000

@@ -94,6 +94,11 @@ class Backend(ABC):
         created with ``new_epoch`` (so the answer is RECLAIM)."""
 
     @abstractmethod
+    def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
+        """Move the queue's last start from ``started_us`` to now if it is still the last
+        start of ``epoch`` (see :func:`siq_celery.model.restamp`); the new time or None."""
+
+    @abstractmethod
     def finish(self, queue: str, task_id: str) -> None:
         """Record that ``task_id`` finished, so a redelivered copy is not run again."""
 
@@ -230,6 +235,10 @@ class ModelBackend(Backend):
             state = self._created(tx, queue, interval_us, new_epoch)
             finished = task_id is not None and tx.is_finished(task_id)
             return model.start(state, ticket, epoch, tx.now_us, finished=finished)
+
+    def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
+        with self.transaction(queue) as tx:
+            return None if tx.state is None else model.restamp(tx.state, epoch, started_us, tx.now_us)
 
     def finish(self, queue: str, task_id: str) -> None:
         with self.transaction(queue) as tx:

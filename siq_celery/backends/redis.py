@@ -40,7 +40,7 @@ ACL_RULES = (
     "+time", "+hmget", "+hset", "+zscore", "+zadd", "+zremrangebyscore", "+zremrangebyrank", "+zcard",
 )  # fmt: skip
 
-SCRIPTS = ("claim", "start", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status")
+SCRIPTS = ("claim", "start", "restamp", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status")
 
 
 def load_script_source(name: str) -> str:
@@ -191,6 +191,10 @@ class RedisBackend(Backend):
             "start", queue, [k.state, k.finished], [ticket, epoch, task_id or "", interval_us, new_epoch]
         )
         return Decision(Verdict(verdict.decode()), int(number), int(now), int(wait), int(slot))
+
+    def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
+        now = int(self._run("restamp", queue, [self.keys(queue).state], [epoch, started_us]))
+        return now or None
 
     def finish(self, queue: str, task_id: str) -> None:
         k = self.keys(queue)

@@ -75,6 +75,24 @@ def test_claimed_ticket_that_never_starts_costs_one_slot_and_no_more(store: Stor
     assert q.start(t4).authorized
 
 
+def test_restamp_moves_only_the_callers_own_last_start(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    t1, t2 = q.claim_many(2)
+    at(store, t0 + I)
+    started = q.start(t1).now_us
+    at(store, t0 + I + 3_000)  # the reply reached the caller 3 ms late
+    backend = q.backend
+    assert backend.restamp("q", t1.epoch, started) == t0 + I + 3_000
+    assert q.start(t2).slot_us == t0 + 2 * I + 3_000  # the next start counts from the real start
+    assert backend.restamp("q", "other-epoch", t0 + I + 3_000) is None
+    assert backend.restamp("q", t1.epoch, started) is None  # no longer the last start
+    at(store, t0 + 2 * I + 3_000)
+    assert q.start(t2).authorized
+    at(store, t0 + 2 * I + 4_000)
+    assert backend.restamp("q", t1.epoch, t0 + I + 3_000) is None  # someone else started since
+
+
 def test_redelivered_copy_of_a_finished_task_is_not_run_again(store: Store) -> None:
     q = store.queue()
     t0 = q.ensure().last_start_us
