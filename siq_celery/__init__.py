@@ -20,6 +20,7 @@ from .errors import (
 )
 from .intervals import format_interval, parse_interval
 from .queue import DuplicateTaskError, IntervalQueue, SlotTimeoutError
+from .task import IntervalTask
 from .types import ClaimResult, Decision, QueueState, QueueStatus, Ticket, Verdict
 
 __version__ = "0.1.0"
@@ -29,6 +30,6 @@ __all__ = [
     "ConfigurationError", "CorruptStateError", "IntervalMismatchError", "InvalidIntervalError",
     "InvalidQueueNameError", "MissingDependencyError", "QueueExistsError", "QueueNotFoundError",
     "SiqError", "StoreUnavailableError", "UnknownBackendError", "DuplicateTaskError", "SlotTimeoutError",
-    "format_interval", "parse_interval", "IntervalQueue",
+    "format_interval", "parse_interval", "IntervalQueue", "IntervalTask",
     "ClaimResult", "Decision", "QueueState", "QueueStatus", "Ticket", "Verdict",
 ]  # fmt: skip

@@ -57,6 +57,15 @@ class SlotTimeoutError(SiqError, TimeoutError):
     """No slot was authorized within the timeout (the claimed ticket is given up)."""
 
 
+class DeferralNeeded(Exception):
+    """Raised by :meth:`IntervalQueue.wait_for_turn` when told not to wait this out here
+    (a long wait, or a paused queue): the caller re-schedules ``ticket`` elsewhere."""
+
+    def __init__(self, ticket: Ticket, decision: Decision) -> None:
+        super().__init__(f"ticket {ticket.number} of {ticket.queue!r}: {decision.verdict.value}")
+        self.ticket, self.decision = ticket, decision
+
+
 def new_epoch() -> str:
     return secrets.token_hex(8)
 
@@ -197,13 +206,21 @@ class IntervalQueue:
     # -- blocking helpers -----------------------------------------------------------
 
     def wait_for_turn(
-        self, ticket: Ticket | None = None, *, task_id: str | None = None, timeout: float | None = None
+        self,
+        ticket: Ticket | None = None,
+        *,
+        task_id: str | None = None,
+        timeout: float | None = None,
+        max_sleep: float | None = None,
+        defer_paused: bool = False,
     ) -> Decision:
         """Block until a start is authorized and return that decision.
 
         Claims a ticket if none is given and claims anew if the queue's state changed
         life (reset or lost). While paused it polls with backoff; while the store is
         unreachable nothing starts: it logs and retries with backoff (fail closed).
+        With ``max_sleep`` (seconds), a longer wait raises DeferralNeeded instead; with
+        ``defer_paused``, so does a paused queue.
         """
         deadline = None if timeout is None else self._monotonic() + timeout
         paused_poll, unavailable_retry = PAUSED_POLL_S[0], UNAVAILABLE_RETRY_S[0]
@@ -225,8 +242,12 @@ class IntervalQueue:
             if verdict is Verdict.AUTHORIZED:
                 return self._settle(decision, ticket.epoch, round_trip)
             if verdict is Verdict.WAIT:
+                if max_sleep is not None and decision.wait > max_sleep:
+                    raise DeferralNeeded(ticket, decision)
                 self._nap(_sleep_before_asking(decision.wait, round_trip), deadline)
             elif verdict is Verdict.PAUSED:
+                if defer_paused:
+                    raise DeferralNeeded(ticket, decision)
                 self._nap(paused_poll, deadline)
                 paused_poll = min(paused_poll * 2, PAUSED_POLL_S[1])
             elif verdict is Verdict.RECLAIM:

@@ -130,6 +130,10 @@ class Backend(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
+    def warm(self) -> None:  # noqa: B027 - optional hook
+        """Connect and prepare now (a worker process does this at start, so that its first
+        task is not late)."""
+
 
 def state_from_fields(queue: str, key: str, fields: Mapping[str, Any]) -> QueueState:
     """Build a QueueState from stored fields, or raise CorruptStateError naming the field."""

@@ -239,6 +239,14 @@ class RedisBackend(Backend):
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
 
+    def warm(self) -> None:
+        try:
+            for name in SCRIPTS:
+                script = self._script(name)
+                script.sha = self.client.script_load(script.script)
+        except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
+            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()

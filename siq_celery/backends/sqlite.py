@@ -207,6 +207,10 @@ class SqliteBackend(ModelBackend):
             )
         return match_names([r[0] for r in rows], pattern)
 
+    def warm(self) -> None:
+        with _unavailable_on_lock(self.path, "(warm)"):
+            self._connection()
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None and getattr(self._local, "pid", None) == os.getpid():

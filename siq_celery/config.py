@@ -1,0 +1,128 @@
+"""siq_celery's Celery settings: lowercase ``siq_*`` keys in ``app.conf``.
+
+| setting | default | meaning |
+|---|---|---|
+| ``siq_url`` | the broker URL if it is Redis | state store URL (``redis://``, ``sqlite:///``, ...) |
+| ``siq_default_interval`` | ``None`` | interval of tasks that set none |
+| ``siq_key_prefix`` | ``"siq"`` | prefix of every store key (two apps on one Redis) |
+| ``siq_max_sleep`` | ``1.0`` s | waits up to this are slept in the worker process; longer ones go back to the broker by countdown |
+| ``siq_countdown_margin`` | ``0.02`` s | the countdown brings a task this much before its estimated slot |
+| ``siq_paused_poll`` | ``1.0`` s | a task of a paused queue looks again after this (aligned to the store clock, so a resumed queue's tasks come back together, in order) |
+| ``siq_finished_retention`` | ``86400`` s | finished task ids are remembered this long (redelivered copies are skipped) |
+
+Precedence: task attribute > app setting > default. The store client and the
+:class:`IntervalQueue` objects are cached on the app (never in a module global), and
+rebuilt lazily after a fork.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from .backends import Backend, backend_from_url
+from .errors import ConfigurationError
+from .intervals import IntervalLike, parse_interval
+from .keys import DEFAULT_KEY_PREFIX
+from .queue import IntervalQueue
+
+REDIS_BROKER_SCHEMES = {"redis", "rediss", "unix"}
+
+
+@dataclass(frozen=True)
+class SiqSettings:
+    url: str
+    default_interval_us: int | None
+    key_prefix: str
+    max_sleep: float
+    countdown_margin: float
+    paused_poll: float
+    finished_retention: float
+
+    @classmethod
+    def from_app(cls, app: Any) -> SiqSettings:
+        conf = app.conf
+        url = conf.get("siq_url") or _url_from_broker(conf.get("broker_url"))
+        default = conf.get("siq_default_interval")
+        return cls(
+            url=url,
+            default_interval_us=parse_interval(default) if default is not None else None,
+            key_prefix=conf.get("siq_key_prefix") or DEFAULT_KEY_PREFIX,
+            max_sleep=_seconds(conf, "siq_max_sleep", 1.0),
+            countdown_margin=_seconds(conf, "siq_countdown_margin", 0.02),
+            paused_poll=_seconds(conf, "siq_paused_poll", 1.0, minimum=0.05),
+            finished_retention=_seconds(conf, "siq_finished_retention", 86_400.0, minimum=1.0),
+        )
+
+
+def _url_from_broker(broker: object) -> str:
+    first = str(broker or "").split(";")[0].strip()
+    if urlsplit(first).scheme in REDIS_BROKER_SCHEMES:
+        return first
+    raise ConfigurationError(
+        f"siq_celery needs a state store: the broker ({first or 'not set'}) is not Redis, so set "
+        f"app.conf.siq_url = 'redis://host:6379/1' (or 'sqlite:///path.db' on one host)"
+    )
+
+
+def _seconds(conf: Any, key: str, default: float, minimum: float = 0.0) -> float:
+    value = conf.get(key)
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"app.conf.{key} = {value!r}: expected seconds (a number)") from None
+    if not seconds >= minimum or seconds != seconds or seconds == float("inf"):
+        raise ConfigurationError(f"app.conf.{key} = {value!r}: expected a number of seconds >= {minimum}")
+    return seconds
+
+
+class SiqState:
+    """Per-app cache: settings, the store client and one IntervalQueue per queue name."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._settings: SiqSettings | None = None
+        self._backend: Backend | None = None
+        self._queues: dict[tuple[str, int | None], IntervalQueue] = {}
+
+    @property
+    def settings(self) -> SiqSettings:
+        if self._settings is None:
+            self._settings = SiqSettings.from_app(self.app)
+        return self._settings
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            s = self.settings
+            self._backend = backend_from_url(
+                s.url, key_prefix=s.key_prefix, finished_retention_us=round(s.finished_retention * 1e6)
+            )
+        return self._backend
+
+    def queue(self, name: str, interval: IntervalLike | None) -> IntervalQueue:
+        """The IntervalQueue ``name``; ``interval`` (or siq_default_interval) is used only to
+        create its state. Raises ConfigurationError when neither is set."""
+        interval_us = parse_interval(interval) if interval is not None else self.settings.default_interval_us
+        if interval_us is None:
+            raise ConfigurationError(
+                f"interval queue {name!r} has no interval: give the task interval='200ms' "
+                f"(or a rate like '5/s'), or set app.conf.siq_default_interval"
+            )
+        key = (name, interval_us)
+        q = self._queues.get(key)
+        if q is None:
+            q = self._queues[key] = IntervalQueue(name, interval=interval_us / 1e6, backend=self.backend)
+        return q
+
+
+def siq_state(app: Any) -> SiqState:
+    """The app's SiqState, created on first use."""
+    state: SiqState | None = getattr(app, "_siq_state", None)
+    if state is None:
+        state = SiqState(app)
+        app._siq_state = state
+    return state

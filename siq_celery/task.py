@@ -1,0 +1,169 @@
+"""IntervalTask: every start of the task takes its turn in a shared interval queue.
+
+>>> @app.task(base=IntervalTask, interval="200ms", interval_queue="geocoder", acks_late=True)
+... def geocode(address): ...
+
+**Producer side** (``apply_async``/``delay``, canvases, ``retry``, Flower's HTTP API, which
+calls ``apply_async``): claims a ticket, puts it in three message headers (see
+:mod:`siq_celery.messages`) and sets a countdown that brings the task
+``siq_countdown_margin`` before its estimated slot. If the store is unreachable at
+publish, the task is published without a ticket and the worker claims one (nothing is
+lost; the worker then waits for the store).
+
+**Worker side** (``before_start``, inside Celery's trace): asks the store for the start.
+Waits up to ``siq_max_sleep`` are slept precisely in the worker process; longer ones,
+and paused queues, re-publish the same task (same id, same ticket, same retry count) by
+countdown and end this delivery with ``Ignore``: a deferral never counts against
+``max_retries`` and never shows as a failure. A message without a valid ticket (sent by
+name, from another language, tampered) claims one here. A redelivered copy of a task
+that already finished is skipped and logged; a copy whose worker died mid-run runs
+again, as a new start. A ``self.retry()`` is a new start with a new ticket.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Task, signals
+from celery.exceptions import Ignore
+
+from .config import siq_state
+from .errors import StoreUnavailableError
+from .intervals import IntervalLike
+from .messages import HEADER_NAMES, ticket_from_headers, ticket_headers
+from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue
+from .types import Decision, Ticket, Verdict
+
+logger = logging.getLogger("siq_celery")
+
+#: apply_async option (popped, never sent) that re-publishes with the ticket in headers.
+KEEP_TICKET = "siq_keep_ticket"
+
+
+class IntervalTask(Task):  # type: ignore[misc]
+    """A Celery task whose starts share one interval with every worker of its queue."""
+
+    #: Least time between two starts of this task's interval queue: seconds, a timedelta,
+    #: "200ms", "2s", or a rate "5/s". Falls back to ``app.conf.siq_default_interval``.
+    #: Used to create the queue's state; afterwards the stored interval is shared.
+    interval: IntervalLike | None = None
+
+    #: The interval queue's name; several task types may share one queue (one API, one
+    #: quota). Defaults to the task's name.
+    interval_queue: str | None = None
+
+    def siq_queue(self) -> IntervalQueue:
+        """This task's IntervalQueue (cached on the app)."""
+        return siq_state(self.app).queue(self.interval_queue or self.name, self.interval)
+
+    # -- producer -------------------------------------------------------------------
+
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> Any:
+        keep_ticket = options.pop(KEEP_TICKET, False)
+        if not keep_ticket and not self.app.conf.task_always_eager:
+            self._claim_into(options)
+        return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+
+    def _claim_into(self, options: dict[str, Any]) -> None:
+        queue = self.siq_queue()  # a queue with no interval anywhere fails here, at publish
+        headers = {k: v for k, v in (options.get("headers") or {}).items() if k not in HEADER_NAMES}
+        options["headers"] = headers
+        try:
+            ticket = queue.claim()
+        except StoreUnavailableError as exc:
+            logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", self.name, exc)
+            return
+        headers.update(ticket_headers(ticket))
+        lead = ticket.delay - siq_state(self.app).settings.countdown_margin
+        if lead > 0 and options.get("eta") is None:
+            options["countdown"] = max(float(options.get("countdown") or 0), lead)
+
+    # -- worker ---------------------------------------------------------------------
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        request = self.request
+        queue = self.siq_queue()
+        ticket, problem = ticket_from_headers(request.headers, queue.name)
+        if problem:
+            logger.warning("%s[%s]: %s; claiming a fresh ticket", self.name, task_id, problem)
+        eager = bool(request.is_eager)
+        settings = siq_state(self.app).settings
+        try:
+            decision = queue.wait_for_turn(
+                ticket, task_id=task_id, max_sleep=None if eager else settings.max_sleep, defer_paused=not eager
+            )
+        except DeferralNeeded as deferral:
+            self._defer(deferral.ticket, deferral.decision)
+        except DuplicateTaskError:
+            logger.info("%s[%s] already finished: a redelivered copy, not run again", self.name, task_id)
+            raise Ignore() from None
+        request.siq_decision = decision
+        super().before_start(task_id, args, kwargs)
+
+    def _defer(self, ticket: Ticket, decision: Decision) -> None:
+        """Re-publish this very task (same id, ticket, retry count) later; end this delivery."""
+        settings = siq_state(self.app).settings
+        if decision.verdict is Verdict.PAUSED:
+            # Aligned to the store clock: every paused task looks again at the same
+            # moments, so after a resume they come back together and start in order.
+            poll = settings.paused_poll
+            countdown = poll - (decision.now_us / 1e6) % poll
+            countdown += poll if countdown < 0.05 else 0.0
+        else:
+            countdown = max(decision.wait - settings.countdown_margin, 0.0)
+        request = self.request
+        headers = {**(request.headers or {}), **ticket_headers(ticket)}
+        signature = self.signature_from_request(
+            request, request.args, request.kwargs, countdown=countdown, headers=headers
+        )
+        signature.apply_async(**{KEEP_TICKET: True})
+        logger.info("%s[%s]: %s; ticket %s of %r deferred %.3fs",
+                    self.name, request.id, decision.verdict.value, ticket.number, ticket.queue, countdown)  # fmt: skip
+        raise Ignore()
+
+    def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        # Called for SUCCESS and FAILURE only (not RETRY, not our Ignore): the task is done,
+        # so a redelivered copy of it must not run again.
+        try:
+            self.siq_queue().finish(task_id)
+        except StoreUnavailableError as exc:
+            logger.warning("%s[%s]: could not record the finish (a redelivered copy may run again): %s",
+                           self.name, task_id, exc)  # fmt: skip
+        super().after_return(status, retval, task_id, args, kwargs, einfo)
+
+
+def warm_interval_queues(app: Any) -> None:
+    """Connect to the store and load its scripts for every IntervalTask of ``app``, so the
+    first task a fresh worker process runs is not late (a cold start took 60 ms)."""
+    queues = {task.siq_queue() for task in app.tasks.values() if isinstance(task, IntervalTask)}
+    for queue in queues:
+        try:
+            queue.backend.warm()
+        except Exception as exc:
+            logger.warning("siq_celery: could not warm the state store for %r: %s", queue.name, exc)
+            return
+
+
+@signals.worker_process_init.connect(weak=False)
+def _warm_pool_process(**_: Any) -> None:
+    from celery import current_app
+
+    warm_interval_queues(current_app)
+
+
+@signals.worker_ready.connect(weak=False)
+def _warm_worker(sender: Any = None, **_: Any) -> None:
+    # threads and solo pools run tasks in the worker process itself
+    if sender is not None and hasattr(sender, "app"):
+        warm_interval_queues(sender.app)

@@ -1,0 +1,121 @@
+"""Real ``celery worker`` processes on a private Redis (broker db 1, siq store db 2,
+start records db 3), or RabbitMQ as the broker when ``SIQ_TEST_AMQP_URL`` is set."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from siq_celery.embedded import EmbeddedRedis
+from siq_celery.workers import WorkerProcess
+from tests.apps.geo import STARTS, make_app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class CeleryRun:
+    env: dict[str, str]
+    logdir: Path
+    workers: list[WorkerProcess] = field(default_factory=list)
+    _app: Celery | None = None
+
+    @property
+    def app(self) -> Celery:
+        """The publisher: the same app the workers run, built in this process."""
+        if self._app is None:
+            self._app = make_app(self.env)
+        return self._app
+
+    @property
+    def records(self) -> redis.Redis:
+        return redis.Redis.from_url(self.env["SIQ_TEST_RECORD"])
+
+    def start_worker(self, name: str, concurrency: int = 2, pool: str = "prefork", *extra: str) -> WorkerProcess:
+        worker = WorkerProcess(
+            "tests.apps.geo", f"{name}@siq-test", self.logdir / f"{name}.log",
+            concurrency=concurrency, pool=pool, env=self.env, extra_args=extra, cwd=ROOT,
+        )  # fmt: skip
+        self.workers.append(worker.start())
+        return worker
+
+    def start_workers(
+        self, nodes: int, concurrency: int = 2, pool: str = "prefork", *extra: str
+    ) -> list[WorkerProcess]:
+        started = [self.start_worker(f"node{i}", concurrency, pool, *extra) for i in range(nodes)]
+        for w in started:
+            w.wait_ready()
+        return started
+
+    def starts(self) -> list[dict[str, Any]]:
+        return [json.loads(raw) for raw in self.records.lrange(STARTS, 0, -1)]
+
+    def wait_for(
+        self, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float, what: str
+    ) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            starts = self.starts()
+            if predicate(starts):
+                return starts
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {w.name}\n{w.log()[-2000:]}" for w in self.workers)
+                raise AssertionError(f"timed out waiting for {what}: {len(starts)} starts\n{logs}")
+            time.sleep(0.1)
+
+    def wait_for_count(self, count: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+        return self.wait_for(lambda s: len({r["n"] for r in s}) >= count, timeout, f"{count} distinct tasks")
+
+
+@pytest.fixture
+def celery_run(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[CeleryRun]:
+    base = f"redis://127.0.0.1:{redis_server.port}"
+    for db in (1, 2, 3):
+        redis.Redis.from_url(f"{base}/{db}").flushdb()
+    env = {
+        "SIQ_TEST_QUEUE": f"siq-test-{uuid.uuid4().hex[:12]}",  # never assume a shared broker is empty
+        "SIQ_TEST_BROKER": f"{base}/1",
+        "SIQ_TEST_STORE": f"{base}/2",
+        "SIQ_TEST_RECORD": f"{base}/3",
+        "SIQ_TEST_INTERVAL": "20ms",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    run = CeleryRun(env, tmp_path / "logs")
+    yield run
+    for w in run.workers:
+        w.stop(timeout=10)
+    if run._app is not None:
+        run._app.close()
+
+
+def gaps_ms(starts: list[dict[str, Any]]) -> list[float]:
+    times = sorted(r["t"] for r in starts)
+    return [(b - a) * 1000 for a, b in zip(times, times[1:], strict=False)]
+
+
+def inversions(starts: list[dict[str, Any]]) -> int:
+    """Starts whose ticket is lower than an earlier start's (by store start time)."""
+    ordered = sorted(starts, key=lambda r: r["store_start_us"])
+    highest, count = 0, 0
+    for r in ordered:
+        count += r["ticket"] < highest
+        highest = max(highest, r["ticket"])
+    return count
+
+
+@pytest.fixture
+def amqp_url() -> str:
+    url = os.environ.get("SIQ_TEST_AMQP_URL")
+    if not url:
+        pytest.skip("SIQ_TEST_AMQP_URL is not set (.ci/run sets it to the machine's RabbitMQ)")
+    return url
