@@ -22,7 +22,10 @@ def siq(ctx: click.Context) -> None:
         with one_line_errors():
             return siq_state(app).backend
 
-    ctx.obj = StoreOptions(make)
+    # Tasks of a paused queue look again every siq_paused_poll: resume after that long.
+    with one_line_errors():
+        grace = siq_state(app).settings.paused_poll
+    ctx.obj = StoreOptions(make, resume_grace=grace)
 
 
 for _command in QUEUE_COMMANDS:

@@ -22,15 +22,16 @@ from .backends import Backend, backend_from_url
 from .errors import CorruptStateError, QueueNotFoundError, SiqError
 from .intervals import format_interval, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
-from .queue import IntervalQueue, new_epoch
+from .queue import RESUME_GRACE_S, IntervalQueue, new_epoch
 from .types import QueueStatus
 
 
 class StoreOptions:
     """How a command reaches the store (a URL here; the Celery app in ``celery siq``)."""
 
-    def __init__(self, make_backend: Callable[[], Backend]) -> None:
+    def __init__(self, make_backend: Callable[[], Backend], resume_grace: float = RESUME_GRACE_S) -> None:
         self.make_backend = make_backend
+        self.resume_grace = resume_grace
         self._backend: Backend | None = None
 
     @property
@@ -119,11 +120,14 @@ def pause_command(store: StoreOptions, queue: str) -> None:
 
 @click.command("resume")
 @click.argument("queue")
+@click.option("--grace", help="Restart the line this long from now (default: the longest poll of a paused waiter).")
 @click.pass_obj
-def resume_command(store: StoreOptions, queue: str) -> None:
-    """Continue QUEUE in ticket order from now."""
+def resume_command(store: StoreOptions, queue: str, grace: str | None) -> None:
+    """Continue QUEUE in ticket order (the first start after a short grace, so that every
+    task polling the paused queue is back in time to keep its place)."""
     with one_line_errors():
-        store.queue(queue).resume()
+        seconds = parse_interval(grace) / 1e6 if grace else store.resume_grace
+        store.queue(queue).resume(seconds)
     click.echo(f"resumed {queue}")
 
 

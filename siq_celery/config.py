@@ -1,14 +1,16 @@
 """siq_celery's Celery settings: lowercase ``siq_*`` keys in ``app.conf``.
 
-| setting | default | meaning |
-|---|---|---|
-| ``siq_url`` | the broker URL if it is Redis | state store URL (``redis://``, ``sqlite:///``, ...) |
-| ``siq_default_interval`` | ``None`` | interval of tasks that set none |
-| ``siq_key_prefix`` | ``"siq"`` | prefix of every store key (two apps on one Redis) |
-| ``siq_max_sleep`` | ``1.0`` s | waits up to this are slept in the worker process; longer ones go back to the broker by countdown |
-| ``siq_countdown_margin`` | ``0.02`` s | the countdown brings a task this much before its estimated slot |
-| ``siq_paused_poll`` | ``1.0`` s | a task of a paused queue looks again after this (aligned to the store clock, so a resumed queue's tasks come back together, in order) |
-| ``siq_finished_retention`` | ``86400`` s | finished task ids are remembered this long (redelivered copies are skipped) |
+* ``siq_url`` (default: the broker URL when the broker is Redis): the state store.
+* ``siq_default_interval`` (``None``): interval of tasks that set none.
+* ``siq_key_prefix`` (``"siq"``): prefix of every store key (two apps on one Redis).
+* ``siq_max_sleep`` (0.1 s): waits up to this are slept in the worker process, holding a
+  pool slot; longer ones go back to the broker by ETA.
+* ``siq_countdown_margin`` (0.02 s): a task is brought this much before its slot.
+* ``siq_paused_poll`` (1.0 s): a task of a paused queue looks again after this, on a grid
+  of the store clock (``celery siq resume`` restarts the line one poll later, so every
+  task is back in time to keep its place).
+* ``siq_finished_retention`` (86400 s): finished task ids are remembered this long, so a
+  redelivered copy is skipped.
 
 Precedence: task attribute > app setting > default. The store client and the
 :class:`IntervalQueue` objects are cached on the app (never in a module global), and
@@ -49,7 +51,7 @@ class SiqSettings:
             url=url,
             default_interval_us=parse_interval(default) if default is not None else None,
             key_prefix=conf.get("siq_key_prefix") or DEFAULT_KEY_PREFIX,
-            max_sleep=_seconds(conf, "siq_max_sleep", 1.0),
+            max_sleep=_seconds(conf, "siq_max_sleep", 0.1),
             countdown_margin=_seconds(conf, "siq_countdown_margin", 0.02),
             paused_poll=_seconds(conf, "siq_paused_poll", 1.0, minimum=0.05),
             finished_retention=_seconds(conf, "siq_finished_retention", 86_400.0, minimum=1.0),

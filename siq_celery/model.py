@@ -66,7 +66,10 @@ def start(state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: 
     if epoch != state.epoch or ticket < 1 or ticket > state.ticket:
         return Decision(Verdict.RECLAIM, ticket, now_us)
     if state.paused:
-        return Decision(Verdict.PAUSED, ticket, now_us)
+        # wait_us: how far behind the head of the line this ticket is, so a caller that
+        # comes back after the resume can come back in ticket order.
+        offset = max(ticket - state.current - 1, 0) * state.interval_us
+        return Decision(Verdict.PAUSED, ticket, now_us, wait_us=offset)
     slot = slot_of(state, ticket)
     if now_us < slot:
         return Decision(Verdict.WAIT, ticket, now_us, wait_us=slot - now_us, slot_us=slot)
@@ -83,10 +86,12 @@ def pause(state: QueueState) -> None:
     state.paused = True
 
 
-def resume(state: QueueState, now_us: int) -> None:
+def resume(state: QueueState, now_us: int, grace_us: int = 0) -> None:
+    """The line continues ``grace_us`` from now: ticket current+1 is due then (subject to
+    the cap). The grace gives every waiter that polls a paused queue time to come back
+    before its slot, so the line resumes in ticket order (grace >= the longest poll)."""
     state.paused = False
-    # The line continues from now: ticket current+1 is due at once (subject to the cap).
-    state.anchor_us = max(state.anchor_us, now_us - state.interval_us)
+    state.anchor_us = max(state.anchor_us, now_us + grace_us - state.interval_us)
 
 
 def set_interval(state: QueueState, interval_us: int) -> None:

@@ -45,6 +45,7 @@ COARSE_WAIT_S = 0.005
 NEAR_SLOT_S = 0.002
 MAX_SLEEP_STEP_S = 0.5
 MAX_RESTAMPS = 3
+RESUME_GRACE_S = 1.0  # the longest paused poll of wait_for_turn
 PAUSED_POLL_S = (0.05, 1.0)  # first and largest poll period while paused
 UNAVAILABLE_RETRY_S = (0.1, 5.0)  # first and largest retry period while the store is down
 
@@ -152,9 +153,13 @@ class IntervalQueue:
         """Stop all starts of this queue, for every worker, until :meth:`resume`."""
         return self.backend.pause(self.name)
 
-    def resume(self) -> QueueState:
-        """Continue in ticket order from now."""
-        return self.backend.resume(self.name)
+    def resume(self, grace: float = RESUME_GRACE_S) -> QueueState:
+        """Continue in ticket order, the first start ``grace`` seconds from now.
+
+        Waiters of a paused queue poll it (in-process waiters at most every second, Celery
+        tasks every ``siq_paused_poll``); the grace lets each of them come back before its
+        slot, so the line resumes in ticket order. ``grace=0`` restarts at once."""
+        return self.backend.resume(self.name, round(max(grace, 0.0) * 1e6))
 
     def set_interval(self, interval: IntervalLike) -> QueueState:
         """Change the shared interval; applies from the next start."""

@@ -6,7 +6,8 @@
 **Producer side** (``apply_async``/``delay``, canvases, ``retry``, Flower's HTTP API, which
 calls ``apply_async``): claims a ticket, puts it in three message headers (see
 :mod:`siq_celery.messages`) and sets a countdown that brings the task
-``siq_countdown_margin`` before its estimated slot. If the store is unreachable at
+``siq_countdown_margin`` before its estimated slot (as an ETA on the store's clock, so
+the producer's own clock does not matter). If the store is unreachable at
 publish, the task is published without a ticket and the worker claims one (nothing is
 lost; the worker then waits for the store).
 
@@ -23,6 +24,7 @@ again, as a new start. A ``self.retry()`` is a new start with a new ticket.
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 from celery import Task, signals
@@ -85,9 +87,13 @@ class IntervalTask(Task):  # type: ignore[misc]
             logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", self.name, exc)
             return
         headers.update(ticket_headers(ticket))
-        lead = ticket.delay - siq_state(self.app).settings.countdown_margin
-        if lead > 0 and options.get("eta") is None:
-            options["countdown"] = max(float(options.get("countdown") or 0), lead)
+        if options.get("eta") is None and options.get("countdown") is None:
+            # An ETA on the store's clock, not a countdown: Celery turns a countdown into
+            # an ETA with the producer's own clock, so a producer whose clock is off would
+            # delay (or hurry) its tasks by that much. The gate decides the start anyway.
+            margin = siq_state(self.app).settings.countdown_margin
+            if ticket.delay > margin:
+                options["eta"] = datetime.fromtimestamp(ticket.estimated_start - margin, UTC)
 
     # -- worker ---------------------------------------------------------------------
 
@@ -115,11 +121,7 @@ class IntervalTask(Task):  # type: ignore[misc]
         """Re-publish this very task (same id, ticket, retry count) later; end this delivery."""
         settings = siq_state(self.app).settings
         if decision.verdict is Verdict.PAUSED:
-            # Aligned to the store clock: every paused task looks again at the same
-            # moments, so after a resume they come back together and start in order.
-            poll = settings.paused_poll
-            countdown = poll - (decision.now_us / 1e6) % poll
-            countdown += poll if countdown < 0.05 else 0.0
+            countdown = paused_countdown(decision, settings.paused_poll, settings.countdown_margin)
         else:
             countdown = max(decision.wait - settings.countdown_margin, 0.0)
         request = self.request
@@ -143,6 +145,22 @@ class IntervalTask(Task):  # type: ignore[misc]
         super().after_return(status, retval, task_id, args, kwargs, einfo)
 
 
+def paused_countdown(decision: Decision, poll: float, margin: float) -> float:
+    """Seconds until a task of a paused queue looks again.
+
+    Every paused task looks again on one grid of the store clock (multiples of ``poll``),
+    shifted by its distance behind the head of the line (``decision.wait``). The grid is
+    kept in each ticket's own "virtual time" (now minus its offset), so tickets never
+    drift onto different phases of it: after a resume they come back in ticket order,
+    one interval apart, instead of all at once or in the order their polls happened.
+    """
+    now, offset = decision.now_us / 1e6, decision.wait
+    virtual = now - offset
+    tick = (virtual // poll + 1) * poll
+    countdown = tick + offset - margin - now
+    return countdown if countdown >= 0.05 else countdown + poll
+
+
 def warm_interval_queues(app: Any) -> None:
     """Connect to the store and load its scripts for every IntervalTask of ``app``, so the
     first task a fresh worker process runs is not late (a cold start took 60 ms)."""
@@ -155,15 +173,17 @@ def warm_interval_queues(app: Any) -> None:
             return
 
 
-@signals.worker_process_init.connect(weak=False)
 def _warm_pool_process(**_: Any) -> None:
     from celery import current_app
 
     warm_interval_queues(current_app)
 
 
-@signals.worker_ready.connect(weak=False)
 def _warm_worker(sender: Any = None, **_: Any) -> None:
     # threads and solo pools run tasks in the worker process itself
     if sender is not None and hasattr(sender, "app"):
         warm_interval_queues(sender.app)
+
+
+signals.worker_process_init.connect(_warm_pool_process, weak=False)
+signals.worker_ready.connect(_warm_worker, weak=False)

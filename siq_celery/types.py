@@ -122,7 +122,7 @@ class Decision:
     verdict: Verdict
     ticket: int
     now_us: int
-    wait_us: int = 0  #: with WAIT: microseconds until the slot
+    wait_us: int = 0  #: WAIT: microseconds until the slot; PAUSED: distance behind the head
     slot_us: int = 0  #: with AUTHORIZED/WAIT: the slot the start was measured against
 
     @property

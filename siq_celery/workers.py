@@ -4,6 +4,7 @@ pool children too, as when a host goes down."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -98,7 +99,5 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.kill()
         else:
-            try:  # pool children that outlived their parent
+            with contextlib.suppress(ProcessLookupError):  # pool children that outlived their parent
                 os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass

@@ -61,9 +61,9 @@ class Reference:
             return "duplicate", 0, 0
         if epoch != q["epoch"] or not 1 <= number <= q["ticket"]:  # type: ignore[operator]
             return "reclaim", 0, 0
-        if q["paused"]:
-            return "paused", 0, 0
         I, cur = q["I"], q["cur"]
+        if q["paused"]:
+            return "paused", max(number - cur - 1, 0) * I, 0  # type: ignore[operator]
         due = q["anchor"] + (number - cur) * I if number > cur else 0  # type: ignore[operator]
         slot = max(due, q["last"] + I)  # type: ignore[operator]
         if now < slot:
@@ -154,12 +154,12 @@ class StoresAgree(RuleBasedStateMachine):
         self.ref.q["paused"] = True  # type: ignore[index]
 
     @precondition(lambda self: self.ref.q is not None)
-    @rule()
-    def resume(self) -> None:
-        self._all("resume")
+    @rule(grace=st.sampled_from([0, 5_000, 1_000_000]))
+    def resume(self, grace: int) -> None:
+        self._all("resume", grace)
         q = self.ref.q
         q["paused"] = False  # type: ignore[index]
-        q["anchor"] = max(q["anchor"], self.clock.now_us - q["I"])  # type: ignore[index, operator]
+        q["anchor"] = max(q["anchor"], self.clock.now_us + grace - q["I"])  # type: ignore[index, operator]
 
     @precondition(lambda self: self.ref.q is not None)
     @rule(interval=st.sampled_from(INTERVALS))

@@ -106,7 +106,8 @@ class Backend(ABC):
     def pause(self, queue: str) -> QueueState: ...
 
     @abstractmethod
-    def resume(self, queue: str) -> QueueState: ...
+    def resume(self, queue: str, grace_us: int = 0) -> QueueState:
+        """Unpause; the line continues ``grace_us`` from now (see :func:`siq_celery.model.resume`)."""
 
     @abstractmethod
     def set_interval(self, queue: str, interval_us: int) -> QueueState: ...
@@ -258,9 +259,9 @@ class ModelBackend(Backend):
             model.pause(self._existing(tx, queue))
             return _copy(self._existing(tx, queue))
 
-    def resume(self, queue: str) -> QueueState:
+    def resume(self, queue: str, grace_us: int = 0) -> QueueState:
         with self.transaction(queue) as tx:
-            model.resume(self._existing(tx, queue), tx.now_us)
+            model.resume(self._existing(tx, queue), tx.now_us, grace_us)
             return _copy(self._existing(tx, queue))
 
     def set_interval(self, queue: str, interval_us: int) -> QueueState:

@@ -203,8 +203,8 @@ class RedisBackend(Backend):
     def pause(self, queue: str) -> QueueState:
         return self._state(self._run("pause", queue, [self.keys(queue).state], []))[0]
 
-    def resume(self, queue: str) -> QueueState:
-        return self._state(self._run("resume", queue, [self.keys(queue).state], []))[0]
+    def resume(self, queue: str, grace_us: int = 0) -> QueueState:
+        return self._state(self._run("resume", queue, [self.keys(queue).state], [grace_us]))[0]
 
     def set_interval(self, queue: str, interval_us: int) -> QueueState:
         return self._state(self._run("set_interval", queue, [self.keys(queue).state], [interval_us]))[0]

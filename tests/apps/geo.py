@@ -21,6 +21,7 @@ from celery import Celery
 from siq_celery import IntervalTask
 
 STARTS = "siq-test:starts"
+FINISHES = "siq-test:finishes"
 
 
 def make_app(env: Mapping[str, str]) -> Celery:
@@ -62,6 +63,7 @@ def make_app(env: Mapping[str, str]) -> Celery:
         note(self, n, t)
         if work:
             time.sleep(work)
+        recorder().rpush(FINISHES, json.dumps({"n": n, "t": time.time(), "node": self.request.hostname}))
         return n
 
     @app.task(

@@ -249,9 +249,11 @@ def test_pause_stops_every_start_and_resume_continues_in_ticket_order(store: Sto
     t1, t2, t3 = q.claim_many(3)
     assert operator.pause().paused
     at(store, t0 + 10 * I)
-    assert {q.start(t).verdict for t in (t1, t2, t3)} == {Verdict.PAUSED}
+    paused = [q.start(t) for t in (t1, t2, t3)]
+    assert {d.verdict for d in paused} == {Verdict.PAUSED}
+    assert [d.wait_us for d in paused] == [0, I, 2 * I]  # each ticket's distance behind the head
     t4 = q.claim()  # claiming while paused is fine
-    operator.resume()
+    operator.resume(grace=0)
     assert q.start(t2).verdict is Verdict.WAIT
     assert q.start(t1).authorized  # at once, not after the old slots
     at(store, t0 + 11 * I)
@@ -261,6 +263,18 @@ def test_pause_stops_every_start_and_resume_continues_in_ticket_order(store: Sto
     assert q.start(t3).authorized
     at(store, t0 + 13 * I)
     assert q.start(t4).authorized
+
+
+def test_resume_with_a_grace_restarts_the_line_after_it(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    t1, t2 = q.claim_many(2)
+    q.pause()
+    at(store, t0 + 10 * I)
+    q.resume(grace=0.5)  # waiters poll every 0.5 s: give them that long to come back
+    d = q.start(t1)
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 10 * I + 500_000
+    assert q.start(t2).slot_us == t0 + 10 * I + 500_000 + I
 
 
 def test_reset_gives_a_new_epoch_and_keeps_the_rate_cap(store: Store) -> None:

@@ -3,8 +3,11 @@ start records db 3), or RabbitMQ as the broker when ``SIQ_TEST_AMQP_URL`` is set
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,7 +21,7 @@ from celery import Celery
 
 from siq_celery.embedded import EmbeddedRedis
 from siq_celery.workers import WorkerProcess
-from tests.apps.geo import STARTS, make_app
+from tests.apps.geo import FINISHES, STARTS, make_app
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,6 +63,18 @@ class CeleryRun:
     def starts(self) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self.records.lrange(STARTS, 0, -1)]
 
+    def finishes(self) -> list[dict[str, Any]]:
+        return [json.loads(raw) for raw in self.records.lrange(FINISHES, 0, -1)]
+
+    def siq(self, *args: str) -> str:
+        """Run ``celery -A tests.apps.geo siq ARGS`` as an operator would; its output."""
+        result = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tests.apps.geo", "siq", *args],
+            env={**os.environ, **self.env}, cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
     def wait_for(
         self, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float, what: str
     ) -> list[dict[str, Any]]:
@@ -100,7 +115,7 @@ def celery_run(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[CeleryRu
 
 def gaps_ms(starts: list[dict[str, Any]]) -> list[float]:
     times = sorted(r["t"] for r in starts)
-    return [(b - a) * 1000 for a, b in zip(times, times[1:], strict=False)]
+    return [(b - a) * 1000 for a, b in itertools.pairwise(times)]
 
 
 def inversions(starts: list[dict[str, Any]]) -> int:

@@ -1,12 +1,14 @@
--- resume: the line continues from now; ticket current+1 is due at once (rate cap kept).
+-- resume: the line continues ARGV[2] from now: ticket current+1 is due then (rate cap
+-- kept). The grace lets waiters polling the paused queue come back before their slots.
 -- KEYS[1]  the queue's state hash
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
+-- ARGV[2]  grace in microseconds (>= 0)
 -- Returns the state as siq_reply; error SIQNOTFOUND if the queue has no state.
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then return redis.error_reply('SIQNOTFOUND') end
 s.paused = 0
-s.anchor_us = math.max(s.anchor_us, now - s.interval_us)
+s.anchor_us = math.max(s.anchor_us, now + tonumber(ARGV[2]) - s.interval_us)
 siq_save(KEYS[1], s)
 return siq_reply(s, now)

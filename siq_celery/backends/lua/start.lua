@@ -8,7 +8,8 @@
 -- ARGV[5]  interval in microseconds for a state created here; 0 = do not create
 -- ARGV[6]  epoch for a state created here (the ticket's own is then stale: 'reclaim')
 -- Returns {verdict, ticket, now_us, wait_us, slot_us}; verdict is one of
--- 'authorized', 'wait', 'paused', 'reclaim', 'duplicate'.
+-- 'authorized', 'wait', 'paused', 'reclaim', 'duplicate'. With 'paused', wait_us is the
+-- ticket's distance behind the head of the line (interval x tickets ahead of it).
 local now = siq_now(ARGV[1])
 local ticket = tonumber(ARGV[2]) or 0
 local s, err = siq_load(KEYS[1])
@@ -24,7 +25,10 @@ end
 if ARGV[3] ~= s.epoch or ticket < 1 or ticket > s.ticket or ticket ~= math.floor(ticket) then
   return {'reclaim', ticket, now, 0, 0}
 end
-if s.paused == 1 then return {'paused', ticket, now, 0, 0} end
+if s.paused == 1 then
+  -- wait: the ticket's distance behind the head of the line, for an orderly comeback
+  return {'paused', ticket, now, math.max(ticket - s.current - 1, 0) * s.interval_us, 0}
+end
 
 local interval = s.interval_us
 local due = 0  -- a ticket passed over by current takes the next free slot

@@ -1,0 +1,135 @@
+"""IntervalTask under a killed node, pause/resume and set-interval from the CLI, a
+skewed producer clock, and deferrals of a task that may not retry."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections import Counter
+
+import pytest
+
+from tests.integration.conftest import CeleryRun, gaps_ms, inversions
+
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
+
+
+def publish(run: CeleryRun, count: int, task: str = "geo.record", **kwargs: object) -> None:
+    t = run.app.tasks[task]
+    for n in range(count):
+        t.apply_async((n,), kwargs or None)
+
+
+def test_sigkill_of_a_node_mid_run_loses_nothing_and_runs_nothing_twice(celery_run: CeleryRun) -> None:
+    # Redelivery of a dead worker's messages after 8 s, swept every second.
+    celery_run.env["SIQ_TEST_TRANSPORT"] = json.dumps(
+        {"visibility_timeout": 8, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
+    )
+    _, victim = celery_run.start_workers(2, 2, "prefork")
+    publish(celery_run, 120, work=0.03)
+    celery_run.wait_for(lambda s: len(s) >= 40, 30, "40 starts")
+    victim.kill()
+    killed_at = time.time()
+    deadline = time.monotonic() + 90
+    while len({f["n"] for f in celery_run.finishes()}) < 120 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    finishes = Counter(f["n"] for f in celery_run.finishes())
+    starts = celery_run.starts()
+    interrupted = [n for n, c in Counter(s["n"] for s in starts).items() if c > 1]
+    print(f"killed at +{killed_at - min(s['t'] for s in starts):.2f}s; {len(starts)} starts, "
+          f"{len(interrupted)} interrupted and re-run, smallest gap {min(gaps_ms(starts)):.2f} ms")  # fmt: skip
+    assert sorted(finishes) == list(range(120)), "every task completed"
+    assert max(finishes.values()) == 1, "no task completed twice"
+    assert min(gaps_ms(starts)) >= 18.0, "the interrupted starts kept the interval too"
+
+
+def test_pause_and_resume_from_the_cli_mid_run(celery_run: CeleryRun) -> None:
+    celery_run.start_workers(2, 2, "prefork")
+    publish(celery_run, 100)
+    celery_run.wait_for(lambda s: len(s) >= 30, 30, "30 starts")
+    assert "paused geo" in celery_run.siq("pause", "geo")
+    paused_at = time.time()
+    time.sleep(2.0)
+    status = celery_run.siq("status", "geo")
+    assert status.splitlines()[1].split()[5] == "yes"
+    resumed_at = time.time()
+    assert "resumed geo" in celery_run.siq("resume", "geo")
+    starts = celery_run.wait_for_count(100)
+    during = [s for s in starts if paused_at < s["t"] < resumed_at]
+    after = [s for s in starts if s["t"] >= resumed_at]
+    print(f"{len(starts) - len(during) - len(after)} starts before the pause, {len(during)} during, "
+          f"{len(after)} after; inversions {inversions(starts)}")  # fmt: skip
+    assert during == []
+    assert sorted(s["n"] for s in starts) == list(range(100))
+    ordered = sorted(after, key=lambda s: s["store_start_us"])
+    dump = " ".join(f"{s['ticket']}@{(s['store_start_us'] - ordered[0]['store_start_us']) / 1000:.0f}" for s in ordered)
+    if inversions(starts):
+        first = min(after, key=lambda s: s["store_start_us"])["ticket"]
+        head = min(s["ticket"] for s in after)
+        for w in celery_run.workers:
+            for line in w.log().splitlines():
+                if f"ticket {head} of" in line or f"ticket {first} of" in line:
+                    print(w.name, line[:60], line[-80:])
+        print("resumed_at", resumed_at, "paused_at", paused_at)
+    assert inversions(starts) == 0, f"the rest finished in ticket order: {dump}"
+    assert min(gaps_ms(starts)) >= 18.0
+
+
+def test_set_interval_from_the_cli_applies_from_the_next_start(celery_run: CeleryRun) -> None:
+    celery_run.start_workers(2, 2, "prefork")
+    publish(celery_run, 60)
+    celery_run.wait_for(lambda s: len(s) >= 20, 30, "20 starts")
+    celery_run.siq("set-interval", "geo", "60ms")
+    changed_at = time.time()
+    starts = sorted(celery_run.wait_for_count(60, timeout=60), key=lambda s: s["t"])
+    later = [s for s in starts if s["t"] > changed_at]
+    slow_gaps = gaps_ms(later)
+    print(f"{len(later)} starts after the change, gaps {min(slow_gaps):.1f}-{max(slow_gaps):.1f} ms")
+    assert min(slow_gaps) >= 54.0  # 0.9 x the new interval, from the first start after the change
+    assert min(gaps_ms(starts)) >= 18.0
+
+
+def test_producer_clock_five_seconds_ahead_changes_nothing_in_the_spacing(celery_run: CeleryRun) -> None:
+    celery_run.start_workers(2, 2, "prefork")
+    app = celery_run.app
+    real_now = app.now
+    app.now = lambda: real_now() + datetime.timedelta(seconds=5)  # the producer's time source
+    publish(celery_run, 100)
+    starts = celery_run.wait_for_count(100, timeout=60)
+    times = sorted(s["t"] for s in starts)
+    print(f"smallest gap {min(gaps_ms(starts)):.2f} ms, span {times[-1] - times[0]:.3f} s")
+    assert min(gaps_ms(starts)) >= 18.0
+    assert inversions(starts) == 0
+    assert times[-1] - times[0] <= 1.05 * 99 * 0.020
+
+
+def test_a_task_with_max_retries_0_deferred_many_times_still_runs(celery_run: CeleryRun) -> None:
+    celery_run.env["SIQ_TEST_RESULTS"] = celery_run.env["SIQ_TEST_STORE"].rsplit("/", 1)[0] + "/4"
+    celery_run.start_workers(1, 2, "prefork")
+    celery_run.siq("status")  # nothing yet: the command works on an empty store
+    task = celery_run.app.tasks["geo.no_retries"]
+    first = task.delay(0)
+    assert first.get(timeout=30) == 0
+    celery_run.siq("pause", "geo")
+    results = [task.delay(n) for n in range(1, 4)]
+    time.sleep(3.0)  # paused for 3 s: every task is deferred about 6 times (poll 0.5 s)
+    assert all(r.state != "FAILURE" for r in results)
+    celery_run.siq("resume", "geo")
+    assert [r.get(timeout=30) for r in results] == [1, 2, 3]
+    starts = celery_run.starts()
+    assert sorted(s["n"] for s in starts) == [0, 1, 2, 3] and {s["retries"] for s in starts} == {0}
+    deferrals = sum(w.log().count("paused; ticket") for w in celery_run.workers)
+    print(f"{deferrals} deferrals, states {[r.state for r in results]}")
+    assert deferrals >= 6
+
+
+def test_a_retry_is_a_new_start_with_a_new_ticket(celery_run: CeleryRun) -> None:
+    celery_run.start_workers(1, 2, "prefork")
+    task = celery_run.app.tasks["geo.retry_once"]
+    for n in range(5):
+        task.delay(n)
+    starts = celery_run.wait_for(lambda s: len(s) >= 10, 60, "5 tasks x 2 starts")
+    assert Counter(s["n"] for s in starts) == {n: 2 for n in range(5)}
+    assert len({s["ticket"] for s in starts}) == 10  # every start its own ticket
+    assert min(gaps_ms(starts)) >= 18.0
