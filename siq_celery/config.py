@@ -89,6 +89,7 @@ class SiqState:
         self._settings: SiqSettings | None = None
         self._backend: Backend | None = None
         self._queues: dict[tuple[str, int | None], IntervalQueue] = {}
+        self._by_declaration: dict[tuple[str, object], IntervalQueue] = {}
 
     @property
     def settings(self) -> SiqSettings:
@@ -108,6 +109,9 @@ class SiqState:
     def queue(self, name: str, interval: IntervalLike | None) -> IntervalQueue:
         """The IntervalQueue ``name``; ``interval`` (or siq_default_interval) is used only to
         create its state. Raises ConfigurationError when neither is set."""
+        cached = self._by_declaration.get((name, interval))
+        if cached is not None:  # the publish path: no parsing, no validation
+            return cached
         interval_us = parse_interval(interval) if interval is not None else self.settings.default_interval_us
         if interval_us is None:
             raise ConfigurationError(
@@ -118,6 +122,8 @@ class SiqState:
         q = self._queues.get(key)
         if q is None:
             q = self._queues[key] = IntervalQueue(name, interval=interval_us / 1e6, backend=self.backend)
+        if isinstance(interval, (str, int, float, type(None))):  # hashable declarations only
+            self._by_declaration[(name, interval)] = q
         return q
 
 

@@ -89,7 +89,11 @@ def pause(state: QueueState) -> None:
 def resume(state: QueueState, now_us: int, grace_us: int = 0) -> None:
     """The line continues ``grace_us`` from now: ticket current+1 is due then (subject to
     the cap). The grace gives every waiter that polls a paused queue time to come back
-    before its slot, so the line resumes in ticket order (grace >= the longest poll)."""
+    before its slot, so the line resumes in ticket order (grace >= the longest poll).
+    Resuming a queue that is not paused changes nothing (a second resume must not delay
+    the line again)."""
+    if not state.paused:
+        return
     state.paused = False
     state.anchor_us = max(state.anchor_us, now_us + grace_us - state.interval_us)
 

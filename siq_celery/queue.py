@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any, ParamSpec, TypeVar
 
 from .backends import Backend, backend_from_url
+from .backends.base import PendingClaim
 from .errors import (
     ConfigurationError,
     IntervalMismatchError,
@@ -65,6 +66,21 @@ class DeferralNeeded(Exception):
     def __init__(self, ticket: Ticket, decision: Decision) -> None:
         super().__init__(f"ticket {ticket.number} of {ticket.queue!r}: {decision.verdict.value}")
         self.ticket, self.decision = ticket, decision
+
+
+class PendingTicket:
+    """A ticket whose claim is on its way: :meth:`ticket` waits for it; :meth:`discard`
+    reads and drops it (call one of the two, once, so the connection is freed)."""
+
+    def __init__(self, queue: str, pending: PendingClaim) -> None:
+        self.queue, self._pending = queue, pending
+
+    def ticket(self) -> Ticket:
+        r = self._pending.result()
+        return Ticket(self.queue, r.first, r.epoch, r.estimate_us(r.first), r.now_us)
+
+    def discard(self) -> None:
+        self._pending.discard()
 
 
 def new_epoch() -> str:
@@ -181,7 +197,13 @@ class IntervalQueue:
 
     def claim(self) -> Ticket:
         """Take the next ticket (one round trip)."""
-        return self.claim_many(1)[0]
+        r = self.backend.claim(self.name, 1, self.interval_us or 0, new_epoch())
+        return Ticket(self.name, r.first, r.epoch, r.estimate_us(r.first), r.now_us)
+
+    def claim_later(self) -> PendingTicket:
+        """Send a claim for one ticket now and read the answer later: the round trip
+        overlaps whatever the caller does meanwhile (Redis; other stores claim at once)."""
+        return PendingTicket(self.name, self.backend.claim_later(self.name, 1, self.interval_us or 0, new_epoch()))
 
     def claim_many(self, count: int) -> list[Ticket]:
         """Take ``count`` consecutive tickets in one round trip."""

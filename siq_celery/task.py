@@ -29,12 +29,13 @@ from typing import Any
 
 from celery import Task, signals
 from celery.exceptions import Ignore
+from kombu.utils.uuid import uuid
 
 from .config import siq_state
 from .errors import StoreUnavailableError
 from .intervals import IntervalLike
 from .messages import HEADER_NAMES, ticket_from_headers, ticket_headers
-from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue
+from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, PendingTicket
 from .types import Decision, Ticket, Verdict
 
 logger = logging.getLogger("siq_celery")
@@ -73,27 +74,41 @@ class IntervalTask(Task):  # type: ignore[misc]
         **options: Any,
     ) -> Any:
         keep_ticket = options.pop(KEEP_TICKET, False)
-        if not keep_ticket and not self.app.conf.task_always_eager:
-            self._claim_into(options)
-        return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
-
-    def _claim_into(self, options: dict[str, Any]) -> None:
+        if keep_ticket or self.app.conf.task_always_eager:
+            return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         queue = self.siq_queue()  # a queue with no interval anywhere fails here, at publish
-        headers = {k: v for k, v in (options.get("headers") or {}).items() if k not in HEADER_NAMES}
-        options["headers"] = headers
+        # A retry arrives with the old ticket's headers: it is a new start, with a new ticket.
+        options["headers"] = {k: v for k, v in (options.get("headers") or {}).items() if k not in HEADER_NAMES}
+        if self.app.conf.task_protocol == 1:  # the ETA lives in the body there: claim first
+            self._claim_into(queue, options)
+            return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        # The claim's round trip overlaps Celery building the message; the ticket is read
+        # back in before_task_publish (_put_ticket_in_headers), just before it is sent.
+        task_id = task_id or uuid()
+        try:
+            pending = queue.claim_later()
+        except StoreUnavailableError as exc:
+            logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", self.name, exc)
+            return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        _CLAIMS_IN_FLIGHT[task_id] = (pending, siq_state(self.app).settings.countdown_margin)
+        try:
+            return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        finally:
+            unread = _CLAIMS_IN_FLIGHT.pop(task_id, None)
+            if unread is not None:  # not published through send_task_message: no ticket went out
+                unread[0].discard()
+
+    def _claim_into(self, queue: IntervalQueue, options: dict[str, Any]) -> None:
         try:
             ticket = queue.claim()
         except StoreUnavailableError as exc:
             logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", self.name, exc)
             return
-        headers.update(ticket_headers(ticket))
+        options["headers"].update(ticket_headers(ticket))
         if options.get("eta") is None and options.get("countdown") is None:
-            # An ETA on the store's clock, not a countdown: Celery turns a countdown into
-            # an ETA with the producer's own clock, so a producer whose clock is off would
-            # delay (or hurry) its tasks by that much. The gate decides the start anyway.
-            margin = siq_state(self.app).settings.countdown_margin
-            if ticket.delay > margin:
-                options["eta"] = datetime.fromtimestamp(ticket.estimated_start - margin, UTC)
+            eta = _eta(ticket, siq_state(self.app).settings.countdown_margin)
+            if eta is not None:
+                options["eta"] = eta
 
     # -- worker ---------------------------------------------------------------------
 
@@ -143,6 +158,40 @@ class IntervalTask(Task):  # type: ignore[misc]
             logger.warning("%s[%s]: could not record the finish (a redelivered copy may run again): %s",
                            self.name, task_id, exc)  # fmt: skip
         super().after_return(status, retval, task_id, args, kwargs, einfo)
+
+
+#: Claims sent by apply_async whose answers before_task_publish reads, by task id. It holds
+#: a claim only for the duration of one apply_async call.
+_CLAIMS_IN_FLIGHT: dict[str, tuple[PendingTicket, float]] = {}
+
+
+def _eta(ticket: Ticket, margin: float) -> datetime | None:
+    """The ETA that brings a task ``margin`` before its estimated slot, on the store's clock
+    (not a countdown: Celery turns a countdown into an ETA with the producer's own clock,
+    so a producer whose clock is off would delay or hurry its tasks by that much)."""
+    if ticket.delay <= margin:
+        return None
+    return datetime.fromtimestamp(ticket.estimated_start - margin, UTC)
+
+
+def _put_ticket_in_headers(sender: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+    claim = _CLAIMS_IN_FLIGHT.pop(headers.get("id", ""), None) if headers else None
+    if claim is None or headers is None:
+        return
+    pending, margin = claim
+    try:
+        ticket = pending.ticket()
+    except StoreUnavailableError as exc:
+        logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", sender, exc)
+        return
+    headers.update(ticket_headers(ticket))
+    if headers.get("eta") is None:  # the caller's own countdown or eta stands
+        eta = _eta(ticket, margin)
+        if eta is not None:
+            headers["eta"] = eta.isoformat()
+
+
+signals.before_task_publish.connect(_put_ticket_in_headers, weak=False)
 
 
 def paused_countdown(decision: Decision, poll: float, margin: float) -> float:

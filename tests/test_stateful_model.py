@@ -158,8 +158,9 @@ class StoresAgree(RuleBasedStateMachine):
     def resume(self, grace: int) -> None:
         self._all("resume", grace)
         q = self.ref.q
-        q["paused"] = False  # type: ignore[index]
-        q["anchor"] = max(q["anchor"], self.clock.now_us + grace - q["I"])  # type: ignore[index, operator]
+        if q["paused"]:  # type: ignore[index]
+            q["paused"] = False  # type: ignore[index]
+            q["anchor"] = max(q["anchor"], self.clock.now_us + grace - q["I"])  # type: ignore[index, operator]
 
     @precondition(lambda self: self.ref.q is not None)
     @rule(interval=st.sampled_from(INTERVALS))

@@ -77,7 +77,7 @@ def test_paused_queue_polls_with_backoff_and_starts_after_resume() -> None:
 
     def sleep_then_resume(seconds: float) -> None:
         original_sleep(seconds)
-        if sim.t > 3.0:
+        if sim.t > 3.0 and q.status().state.paused:
             q.resume()
 
     q._sleep = sleep_then_resume

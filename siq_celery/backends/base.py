@@ -12,6 +12,7 @@ All times are integer microseconds on the store's clock.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import time
 from abc import ABC, abstractmethod
@@ -33,6 +34,28 @@ DEFAULT_FINISHED_MAX = 1_000_000
 
 def system_clock_us() -> int:
     return time.time_ns() // 1_000
+
+
+class PendingClaim:
+    """A claim whose answer may still be on its way (see :meth:`Backend.claim_later`).
+
+    :meth:`result` returns it (once fetched, always the same); :meth:`discard` fetches and
+    drops it, so a connection is never left with an unread reply."""
+
+    def __init__(self, fetch: Callable[[], ClaimResult]) -> None:
+        self._fetch: Callable[[], ClaimResult] | None = fetch
+        self._result: ClaimResult | None = None
+
+    def result(self) -> ClaimResult:
+        if self._fetch is not None:
+            fetch, self._fetch = self._fetch, None
+            self._result = fetch()
+        assert self._result is not None
+        return self._result
+
+    def discard(self) -> None:
+        with contextlib.suppress(Exception):  # nothing waits for this answer any more
+            self.result()
 
 
 class Backend(ABC):
@@ -66,7 +89,14 @@ class Backend(ABC):
         """Build the backend from a URL (the scheme selected this class)."""
 
     def keys(self, queue: str) -> QueueKeys:
-        return QueueKeys.for_queue(queue, self.key_prefix)
+        """The queue's keys (validated once per queue name: this is on the hot path)."""
+        cache: dict[str, QueueKeys] = self.__dict__.setdefault("_keys_cache", {})
+        keys = cache.get(queue)
+        if keys is None:
+            keys = QueueKeys.for_queue(queue, self.key_prefix)
+            if len(cache) < 10_000:
+                cache[queue] = keys
+        return keys
 
     # -- the atomic operations ------------------------------------------------------
 
@@ -78,6 +108,13 @@ class Backend(ABC):
     @abstractmethod
     def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
         """Issue ``count`` tickets; creates the state (``interval_us``, ``epoch``) if missing."""
+
+    def claim_later(self, queue: str, count: int, interval_us: int, epoch: str) -> PendingClaim:
+        """Send a claim now and read its answer later, so that its round trip overlaps the
+        caller's own work (a Celery producer builds its message meanwhile). The base
+        implementation simply claims at once."""
+        result = self.claim(queue, count, interval_us, epoch)
+        return PendingClaim(lambda: result)
 
     @abstractmethod
     def start(

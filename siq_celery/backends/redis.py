@@ -23,7 +23,7 @@ from ..errors import (
     StoreUnavailableError,
 )
 from ..types import ClaimResult, Decision, QueueState, QueueStatus, Verdict
-from .base import Backend
+from .base import Backend, PendingClaim
 
 try:
     import redis
@@ -76,6 +76,11 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
         sentinel = Sentinel(hosts, sentinel_kwargs={"password": query.get("sentinel_password")})
         return sentinel.master_for(path[0], db=db, username=username, password=password, ssl=tls, **options)
     raise ConfigurationError(f"not a Redis URL: {url!r}")
+
+
+def _claim_result(reply: Sequence[Any]) -> ClaimResult:
+    first, n, epoch, base, floor, interval, now = reply
+    return ClaimResult(int(first), int(n), epoch.decode(), int(base), int(floor), int(interval), int(now))
 
 
 def _hosts(netloc: str, url: str) -> list[tuple[str, int]]:
@@ -171,10 +176,44 @@ class RedisBackend(Backend):
 
     def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
         k = self.keys(queue)
-        first, n, got_epoch, base, floor, interval, now = self._run(
-            "claim", queue, [k.state], [count, interval_us, epoch]
-        )
-        return ClaimResult(int(first), int(n), got_epoch.decode(), int(base), int(floor), int(interval), int(now))
+        return _claim_result(self._run("claim", queue, [k.state], [count, interval_us, epoch]))
+
+    def claim_later(self, queue: str, count: int, interval_us: int, epoch: str) -> PendingClaim:
+        """Write the claim's EVALSHA on a connection of its own and return; the reply is read
+        by :meth:`PendingClaim.result` (a plain server only; Cluster claims at once)."""
+        if isinstance(self.client, RedisCluster):
+            return super().claim_later(queue, count, interval_us, epoch)
+        key = self.keys(queue).state
+        script = self._script("claim")
+        pool = self.client.connection_pool
+        try:
+            conn = pool.get_connection()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+        try:
+            conn.send_command("EVALSHA", script.sha, 1, key, self._now_arg(), count, interval_us, epoch)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            conn.disconnect()
+            pool.release(conn)
+            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+
+        def fetch() -> ClaimResult:
+            try:
+                reply = conn.read_response()
+            except redis.exceptions.NoScriptError:
+                pool.release(conn)  # the script was flushed: the failed call claimed nothing
+                return self.claim(queue, count, interval_us, epoch)
+            except redis.ResponseError as exc:
+                pool.release(conn)
+                raise self._translate(exc, queue, key) from None
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                conn.disconnect()
+                pool.release(conn)
+                raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+            pool.release(conn)
+            return _claim_result(reply)
+
+        return PendingClaim(fetch)
 
     def start(
         self,

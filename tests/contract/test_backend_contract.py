@@ -275,6 +275,9 @@ def test_resume_with_a_grace_restarts_the_line_after_it(store: Store) -> None:
     d = q.start(t1)
     assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 10 * I + 500_000
     assert q.start(t2).slot_us == t0 + 10 * I + 500_000 + I
+    at(store, t0 + 11 * I)
+    q.resume(grace=0.5)  # not paused any more: a second resume changes nothing
+    assert q.start(t1).slot_us == t0 + 10 * I + 500_000
 
 
 def test_reset_gives_a_new_epoch_and_keeps_the_rate_cap(store: Store) -> None:

@@ -31,6 +31,7 @@ def test_two_prefork_nodes_share_one_interval(celery_run: CeleryRun) -> None:
     starts = celery_run.wait_for_count(TASKS)
     assert_fidelity(starts)
     assert {r["node"] for r in starts} == {"node0@siq-test", "node1@siq-test"}
+    assert all(r["header_ticket"] == r["ticket"] for r in starts)  # the producer's tickets, none re-claimed
 
 
 @pytest.mark.rabbitmq

@@ -8,7 +8,9 @@ local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then return redis.error_reply('SIQNOTFOUND') end
-s.paused = 0
-s.anchor_us = math.max(s.anchor_us, now + tonumber(ARGV[2]) - s.interval_us)
-siq_save(KEYS[1], s)
+if s.paused == 1 then  -- resuming a running queue changes nothing
+  s.paused = 0
+  s.anchor_us = math.max(s.anchor_us, now + tonumber(ARGV[2]) - s.interval_us)
+  siq_save(KEYS[1], s)
+end
 return siq_reply(s, now)

@@ -1,0 +1,143 @@
+"""Fidelity benchmark: siq_celery's IntervalTask against Celery's own rate_limit.
+
+    make bench          # runs this after bench/core.py
+    python bench/fidelity.py [--intervals 50,20,10,5,2] [--seconds 3]
+
+The same 4 worker processes (2 nodes x -c 2, prefork, on a private Redis) run, at each
+interval, a burst of IntervalTasks and then the same burst of plain tasks under
+``rate_limit`` set to the same rate (Celery's limit is per node, which is the point).
+Prints one Markdown table (violations: gaps below 0.9 x interval), plus the publish cost
+per task against a plain apply_async.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from siq_celery import IntervalQueue  # noqa: E402
+from siq_celery.embedded import EmbeddedRedis  # noqa: E402
+from siq_celery.workers import WorkerProcess  # noqa: E402
+
+
+def collect(client: redis.Redis, key: str, count: int, timeout: float) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while client.llen(key) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [json.loads(r) for r in client.lrange(key, 0, -1)]
+
+
+def measure(rows: list[dict[str, Any]], interval_s: float, slots: list[float] | None) -> dict[str, float]:
+    times = sorted(r["t"] for r in rows)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    span = times[-1] - times[0]
+    # rate_limit has no slots: its lateness is measured against the ideal grid
+    grid = [max(t - (times[0] + k * interval_s), 0.0) for k, t in enumerate(times)]
+    lateness = sorted(grid if slots is None else slots)
+    return {
+        "starts": len(rows),
+        "rate_pct": 100 * (len(rows) - 1) * interval_s / span if span else 0.0,
+        "min_gap_ms": min(gaps) * 1000,
+        "p50_ms": statistics.median(lateness) * 1000,
+        "p99_ms": lateness[int(len(lateness) * 0.99) - 1] * 1000,
+        "violations": sum(g < 0.9 * interval_s for g in gaps),
+    }
+
+
+def publish_cost(app: Any, rounds: int = 9, per_round: int = 300) -> tuple[float, float]:
+    """Median µs per publish of a plain task and of an IntervalTask, rounds interleaved."""
+    plain, siq = app.tasks["fid.plain"], app.tasks["fid.siq_publish"]
+    sink = "fidelity-publish-sink"  # no worker consumes it
+    results: dict[str, list[float]] = {"plain": [], "siq": []}
+    for task in (plain, siq):  # warm connections and scripts
+        for n in range(50):
+            task.apply_async((n,), queue=sink)
+    for _ in range(rounds):
+        for name, task in (("plain", plain), ("siq", siq)):
+            t = time.perf_counter()
+            for n in range(per_round):
+                task.apply_async((n,), queue=sink)
+            results[name].append((time.perf_counter() - t) / per_round * 1e6)
+    return statistics.median(results["plain"]), statistics.median(results["siq"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--intervals", default="50,20,10,5,2", help="milliseconds, comma-separated")
+    parser.add_argument("--seconds", type=float, default=3.0, help="schedule length per run")
+    args = parser.parse_args()
+    intervals = [float(x) for x in args.intervals.split(",")]
+    print(f"# IntervalTask vs Celery rate_limit, {time.strftime('%Y-%m-%d')}, {platform.node()}, "
+          f"4 worker processes (2 nodes x -c 2, prefork), Redis broker\n", flush=True)  # fmt: skip
+    with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp:
+        base = f"redis://127.0.0.1:{server.port}"
+        env = {
+            "SIQ_BENCH_BROKER": f"{base}/1", "SIQ_BENCH_STORE": f"{base}/2", "SIQ_BENCH_RECORD": f"{base}/3",
+            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        }  # fmt: skip
+        os.environ.update(env)
+        from bench.fidelity_app import app
+
+        record = redis.Redis.from_url(env["SIQ_BENCH_RECORD"])
+        workers: list[WorkerProcess] = []
+
+        def fresh_workers() -> None:
+            # Rate-limited tasks a run could not finish stay reserved in the workers and
+            # would compete with the next run: every run gets new workers.
+            for w in workers:
+                w.stop(10)
+            redis.Redis.from_url(env["SIQ_BENCH_BROKER"]).flushdb()
+            workers[:] = [
+                WorkerProcess("bench.fidelity_app", f"fid{i}@bench", Path(tmp) / f"w{i}.log", concurrency=2,
+                              env=env, cwd=ROOT).start()
+                for i in range(2)
+            ]  # fmt: skip
+            for w in workers:
+                w.wait_ready()
+
+        try:
+            header = "| interval | limiter | starts | achieved rate | smallest gap | p50 / p99 lateness | violations |"
+            print(header + "\n" + "|---|---|---:|---:|---:|---:|---:|", flush=True)
+            for ms in intervals:
+                interval_s = ms / 1000
+                count = max(50, int(args.seconds / interval_s))
+                for name, key in (("siq_celery", "fid:siq"), ("rate_limit", "fid:rate")):
+                    fresh_workers()
+                    IntervalQueue("fidelity", backend=app.tasks["fid.siq"].siq_queue().backend).ensure(
+                        interval_s, reset=True
+                    )
+                    app.control.rate_limit("fid.rate", f"{1 / interval_s:g}/s", reply=True, timeout=5)
+                    record.delete(key)
+                    task = app.tasks["fid.siq" if key == "fid:siq" else "fid.rate"]
+                    for n in range(count):
+                        task.delay(n)
+                    rows = collect(record, key, count, timeout=30 + 2 * count * interval_s)
+                    slots = [(r["start_us"] - r["slot_us"]) / 1e6 for r in rows] if key == "fid:siq" else None
+                    m = measure(rows, interval_s, slots)
+                    row = (f"| {ms:g} ms | {name} | {m['starts']:.0f} | {m['rate_pct']:.1f}% | {m['min_gap_ms']:.2f} ms"
+                           f" | {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms | {m['violations']:.0f} |")  # fmt: skip
+                    print(row, flush=True)
+            plain_us, siq_us = publish_cost(app)
+            print(f"\nPublish cost per task (median of 9 interleaved rounds of 300): plain apply_async "
+                  f"{plain_us:.0f} µs, IntervalTask {siq_us:.0f} µs = {siq_us / plain_us:.2f} x plain")  # fmt: skip
+        finally:
+            for w in workers:
+                w.stop(10)
+
+
+if __name__ == "__main__":
+    main()

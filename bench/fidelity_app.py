@@ -1,0 +1,56 @@
+"""The Celery app bench/fidelity.py runs in its workers (configured by environment).
+
+Two tasks that record when their body starts: ``fid.siq`` (an IntervalTask) and
+``fid.rate`` (a plain task under Celery's own ``rate_limit``, set per run by remote
+control). ``SIQ_BENCH_BROKER``, ``SIQ_BENCH_STORE``, ``SIQ_BENCH_RECORD``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+
+from siq_celery import IntervalTask
+
+app = Celery("fidelity", broker=os.environ.get("SIQ_BENCH_BROKER", "redis://127.0.0.1:6379/15"))
+app.conf.update(
+    siq_url=os.environ.get("SIQ_BENCH_STORE"),
+    task_acks_late=True,
+    worker_prefetch_multiplier=4,
+    broker_connection_retry_on_startup=True,
+)
+_clients: dict[int, redis.Redis] = {}
+
+
+def _record(key: str, row: dict[str, Any]) -> None:
+    pid = os.getpid()
+    if pid not in _clients:
+        _clients[pid] = redis.Redis.from_url(os.environ.get("SIQ_BENCH_RECORD", "redis://127.0.0.1:6379/14"))
+    _clients[pid].rpush(key, json.dumps(row))
+
+
+@app.task(name="fid.siq", base=IntervalTask, interval="20ms", interval_queue="fidelity", bind=True)
+def siq_task(self: Any, n: int) -> None:
+    t = time.time()
+    d = self.request.siq_decision
+    _record("fid:siq", {"n": n, "t": t, "start_us": d.now_us, "slot_us": d.slot_us, "ticket": d.ticket})
+
+
+@app.task(name="fid.rate", bind=True)
+def rate_task(self: Any, n: int) -> None:
+    _record("fid:rate", {"n": n, "t": time.time()})
+
+
+@app.task(name="fid.plain")
+def plain_task(n: int) -> None:
+    """Only published (into a queue nobody consumes), to measure publish cost."""
+
+
+@app.task(name="fid.siq_publish", base=IntervalTask, interval="1ms", interval_queue="fidelity-publish")
+def siq_publish_task(n: int) -> None:
+    """Only published, to measure publish cost against fid.plain."""

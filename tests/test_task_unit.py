@@ -1,0 +1,124 @@
+"""IntervalTask without workers: settings, errors at publish, eager mode, headers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+from celery import Celery
+from hypothesis import given
+from hypothesis import strategies as st
+
+from siq_celery import ConfigurationError, IntervalTask
+from siq_celery.config import SiqSettings, siq_state
+from siq_celery.messages import ticket_from_headers, ticket_headers
+from siq_celery.types import Ticket
+
+
+def make_app(**conf: Any) -> Celery:
+    app = Celery("unit", broker=conf.pop("broker", "memory://"), set_as_current=False)
+    app.conf.update(conf)
+    return app
+
+
+def test_siq_url_defaults_to_a_redis_broker() -> None:
+    assert SiqSettings.from_app(make_app(broker="redis://h:6379/3")).url == "redis://h:6379/3"
+
+
+def test_another_broker_without_siq_url_says_what_to_set() -> None:
+    with pytest.raises(ConfigurationError, match="siq_url"):
+        SiqSettings.from_app(make_app(broker="amqp://guest@localhost//"))
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("siq_max_sleep", "soon"), ("siq_paused_poll", 0), ("siq_countdown_margin", -1)]
+)
+def test_bad_settings_are_named(key: str, value: object) -> None:
+    with pytest.raises(ConfigurationError, match=key):
+        SiqSettings.from_app(make_app(siq_url="memory://", **{key: value}))
+
+
+def test_a_queue_with_no_interval_anywhere_fails_at_the_first_publish(tmp_path: Any) -> None:
+    app = make_app(siq_url=f"sqlite:///{tmp_path}/s.db")
+
+    @app.task(base=IntervalTask, shared=False)
+    def untimed() -> None: ...
+
+    with pytest.raises(ConfigurationError, match="no interval"):
+        untimed.delay()
+
+
+def test_interval_falls_back_to_siq_default_interval_and_queue_to_the_task_name(tmp_path: Any) -> None:
+    app = make_app(siq_url=f"sqlite:///{tmp_path}/s.db", siq_default_interval="250ms")
+
+    @app.task(base=IntervalTask, shared=False, name="pkg.lookup")
+    def lookup() -> None: ...
+
+    q = lookup.siq_queue()
+    assert (q.name, q.interval_us) == ("pkg.lookup", 250_000)
+    assert q is lookup.siq_queue()  # cached on the app
+    assert siq_state(app) is siq_state(app)
+
+
+def test_eager_mode_waits_in_process_and_records_the_finish(tmp_path: Any) -> None:
+    app = make_app(siq_url=f"sqlite:///{tmp_path}/s.db", task_always_eager=True)
+    ran = []
+
+    @app.task(base=IntervalTask, shared=False, interval="10ms", interval_queue="eager")
+    def work(n: int) -> int:
+        ran.append(n)
+        return n
+
+    assert [work.delay(n).get() for n in range(3)] == [0, 1, 2]
+    status = work.siq_queue().status()
+    assert (status.state.current, status.finished) == (3, 3)
+
+
+def test_headers_round_trip() -> None:
+    ticket = Ticket("geo", 42, "abc123", 0, 0)
+    assert ticket_from_headers(ticket_headers(ticket), "geo") == (Ticket("geo", 42, "abc123", 0, 0), None)
+    assert ticket_from_headers({}, "geo") == (None, None)
+    assert ticket_from_headers(None, "geo") == (None, None)
+
+
+@given(
+    queue=st.one_of(st.none(), st.text(max_size=5), st.integers()),
+    number=st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=5), st.booleans()),
+    epoch=st.one_of(st.none(), st.text(max_size=70), st.integers()),
+)
+def test_tampered_headers_never_yield_a_foreign_or_malformed_ticket(queue: Any, number: Any, epoch: Any) -> None:
+    ticket, reason = ticket_from_headers({"siq_queue": queue, "siq_ticket": number, "siq_epoch": epoch}, "geo")
+    if ticket is not None:
+        assert queue == "geo" and isinstance(number, int) and not isinstance(number, bool) and number >= 1
+        assert reason is None
+
+
+def test_the_published_message_carries_the_ticket_and_an_eta_on_the_store_clock(redis_url: str) -> None:
+    from celery import signals
+
+    app = make_app(broker=redis_url.replace("/0", "/5"), siq_url=redis_url)
+    sent: list[dict[str, Any]] = []
+
+    def capture(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        sent.append(dict(headers or {}))
+
+    signals.before_task_publish.connect(capture, weak=False)  # runs after siq_celery's own receiver
+    try:
+
+        @app.task(base=IntervalTask, shared=False, interval="1s", interval_queue="published")
+        def job(n: int) -> None: ...
+
+        for n in range(3):
+            job.delay(n)
+        job.apply_async((9,), countdown=30, headers={"siq_ticket": 999, "mine": "kept"})
+    finally:
+        signals.before_task_publish.disconnect(capture)
+    assert [h["siq_ticket"] for h in sent] == [1, 2, 3, 4]
+    assert {h["siq_queue"] for h in sent} == {"published"} and len({h["siq_epoch"] for h in sent}) == 1
+    assert sent[0]["eta"] is not None  # a new queue's first slot is one interval away
+    status = job.siq_queue().status()
+    first_eta = datetime.fromisoformat(sent[0]["eta"]).timestamp()
+    assert abs(first_eta - (status.state.anchor_us + 1_000_000 - 20_000) / 1e6) < 0.001  # slot - margin
+    assert sent[3]["mine"] == "kept"  # the caller's headers and countdown stand
+    assert job.siq_queue().backend.client.connection_pool._in_use_connections == set()  # nothing left unread
