@@ -31,6 +31,7 @@ test: lint
 
 bench: install
 	$(PY) bench/core.py
+	$(PY) bench/fidelity.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
