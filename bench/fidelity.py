@@ -58,7 +58,26 @@ def measure(rows: list[dict[str, Any]], interval_s: float, slots: list[float] | 
     }
 
 
-def publish_cost(app: Any, rounds: int = 9, per_round: int = 300) -> tuple[float, float]:
+SETTLE_S = 2.0
+
+
+def run_row(app: Any, record: redis.Redis, ms: float, name: str, key: str, count: int) -> str:
+    """Publish ``count`` tasks of one kind at once, wait for their starts, format a row."""
+    interval_s = ms / 1000
+    record.delete(key)
+    task = app.tasks["fid.siq" if key == "fid:siq" else "fid.rate"]
+    for n in range(count):
+        task.delay(n)
+    rows = collect(record, key, count, timeout=30 + 2 * count * interval_s)
+    slots = [(r["start_us"] - r["slot_us"]) / 1e6 for r in rows] if key == "fid:siq" else None
+    m = measure(rows, interval_s, slots)
+    return (
+        f"| {ms:g} ms | {name} | {m['starts']:.0f} | {m['rate_pct']:.1f}% | {m['min_gap_ms']:.2f} ms"
+        f" | {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms | {m['violations']:.0f} |"
+    )
+
+
+def publish_cost(app: Any, rounds: int = 15, per_round: int = 300) -> tuple[float, float]:
     """Median µs per publish of a plain task and of an IntervalTask, rounds interleaved."""
     plain, siq = app.tasks["fid.plain"], app.tasks["fid.siq_publish"]
     sink = "fidelity-publish-sink"  # no worker consumes it
@@ -93,49 +112,44 @@ def main() -> None:
         from bench.fidelity_app import app
 
         record = redis.Redis.from_url(env["SIQ_BENCH_RECORD"])
-        workers: list[WorkerProcess] = []
+        broker = redis.Redis.from_url(env["SIQ_BENCH_BROKER"])
 
-        def fresh_workers() -> None:
-            # Rate-limited tasks a run could not finish stay reserved in the workers and
-            # would compete with the next run: every run gets new workers.
-            for w in workers:
-                w.stop(10)
-            redis.Redis.from_url(env["SIQ_BENCH_BROKER"]).flushdb()
-            workers[:] = [
-                WorkerProcess("bench.fidelity_app", f"fid{i}@bench", Path(tmp) / f"w{i}.log", concurrency=2,
-                              env=env, cwd=ROOT).start()
+        def start_workers(queue: str, extra_env: dict[str, str]) -> list[WorkerProcess]:
+            started = [
+                WorkerProcess("bench.fidelity_app", f"{queue}{i}@bench", Path(tmp) / f"{queue}{i}.log",
+                              concurrency=2, env={**env, **extra_env}, cwd=ROOT, extra_args=["-Q", queue]).start()
                 for i in range(2)
             ]  # fmt: skip
-            for w in workers:
+            for w in started:
                 w.wait_ready()
+            time.sleep(SETTLE_S)  # pool children finish starting before the clock runs
+            return started
 
+        siq_workers = start_workers("fid-siq", {})
         try:
             header = "| interval | limiter | starts | achieved rate | smallest gap | p50 / p99 lateness | violations |"
             print(header + "\n" + "|---|---|---:|---:|---:|---:|---:|", flush=True)
             for ms in intervals:
                 interval_s = ms / 1000
                 count = max(50, int(args.seconds / interval_s))
-                for name, key in (("siq_celery", "fid:siq"), ("rate_limit", "fid:rate")):
-                    fresh_workers()
-                    IntervalQueue("fidelity", backend=app.tasks["fid.siq"].siq_queue().backend).ensure(
-                        interval_s, reset=True
-                    )
-                    app.control.rate_limit("fid.rate", f"{1 / interval_s:g}/s", reply=True, timeout=5)
-                    record.delete(key)
-                    task = app.tasks["fid.siq" if key == "fid:siq" else "fid.rate"]
-                    for n in range(count):
-                        task.delay(n)
-                    rows = collect(record, key, count, timeout=30 + 2 * count * interval_s)
-                    slots = [(r["start_us"] - r["slot_us"]) / 1e6 for r in rows] if key == "fid:siq" else None
-                    m = measure(rows, interval_s, slots)
-                    row = (f"| {ms:g} ms | {name} | {m['starts']:.0f} | {m['rate_pct']:.1f}% | {m['min_gap_ms']:.2f} ms"
-                           f" | {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms | {m['violations']:.0f} |")  # fmt: skip
-                    print(row, flush=True)
+                IntervalQueue("fidelity", backend=app.tasks["fid.siq"].siq_queue().backend).ensure(
+                    interval_s, reset=True
+                )
+                print(run_row(app, record, ms, "siq_celery", "fid:siq", count), flush=True)
+                # Celery's limit is set per worker at start; tasks a run cannot finish stay
+                # reserved in its workers, so each rate_limit run gets new ones.
+                rate_workers = start_workers("fid-rate", {"SIQ_BENCH_RATE": f"{1 / interval_s:g}/s"})
+                try:
+                    print(run_row(app, record, ms, "rate_limit", "fid:rate", count), flush=True)
+                finally:
+                    for w in rate_workers:
+                        w.stop(10)
+                    broker.delete("fid-rate")  # what the run could not start must not leak into the next
             plain_us, siq_us = publish_cost(app)
-            print(f"\nPublish cost per task (median of 9 interleaved rounds of 300): plain apply_async "
+            print(f"\nPublish cost per task (median of 15 interleaved rounds of 300): plain apply_async "
                   f"{plain_us:.0f} µs, IntervalTask {siq_us:.0f} µs = {siq_us / plain_us:.2f} x plain")  # fmt: skip
         finally:
-            for w in workers:
+            for w in siq_workers:
                 w.stop(10)
 
 

@@ -1,8 +1,9 @@
 """The Celery app bench/fidelity.py runs in its workers (configured by environment).
 
 Two tasks that record when their body starts: ``fid.siq`` (an IntervalTask) and
-``fid.rate`` (a plain task under Celery's own ``rate_limit``, set per run by remote
-control). ``SIQ_BENCH_BROKER``, ``SIQ_BENCH_STORE``, ``SIQ_BENCH_RECORD``.
+``fid.rate`` (a plain task under Celery's own ``rate_limit``, ``SIQ_BENCH_RATE``, e.g.
+"50/s"). Each runs on its own broker queue. ``SIQ_BENCH_BROKER``, ``SIQ_BENCH_STORE``,
+``SIQ_BENCH_RECORD``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ app.conf.update(
     task_acks_late=True,
     worker_prefetch_multiplier=4,
     broker_connection_retry_on_startup=True,
+    task_routes={"fid.siq": {"queue": "fid-siq"}, "fid.rate": {"queue": "fid-rate"}},
 )
 _clients: dict[int, redis.Redis] = {}
 
@@ -41,7 +43,7 @@ def siq_task(self: Any, n: int) -> None:
     _record("fid:siq", {"n": n, "t": t, "start_us": d.now_us, "slot_us": d.slot_us, "ticket": d.ticket})
 
 
-@app.task(name="fid.rate", bind=True)
+@app.task(name="fid.rate", bind=True, rate_limit=os.environ.get("SIQ_BENCH_RATE"))
 def rate_task(self: Any, n: int) -> None:
     _record("fid:rate", {"n": n, "t": time.time()})
 

@@ -336,8 +336,9 @@ class IntervalQueue:
 
 def late_reply_threshold(interval_us: int | None) -> float:
     """Seconds of round trip beyond which an authorization is re-stamped: 5% of the
-    interval, within 0.5 to 2 ms."""
-    return max(0.0005, min((interval_us or 20_000) * 0.05 / 1e6, 0.002))
+    interval, within 0.25 to 2 ms (half the 10% a body may be late by, and above a
+    loopback round trip)."""
+    return max(0.00025, min((interval_us or 20_000) * 0.05 / 1e6, 0.002))
 
 
 def _sleep_before_asking(wait: float, round_trip: float) -> float:
