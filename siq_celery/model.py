@@ -69,17 +69,17 @@ def start(state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: 
         # wait_us: how far behind the head of the line this ticket is, so a caller that
         # comes back after the resume can come back in ticket order.
         offset = max(ticket - state.current - 1, 0) * state.interval_us
-        return Decision(Verdict.PAUSED, ticket, now_us, wait_us=offset)
+        return Decision(Verdict.PAUSED, ticket, now_us, wait_us=offset, interval_us=state.interval_us)
     slot = slot_of(state, ticket)
     if now_us < slot:
-        return Decision(Verdict.WAIT, ticket, now_us, wait_us=slot - now_us, slot_us=slot)
+        return Decision(Verdict.WAIT, ticket, now_us, slot - now_us, slot, state.interval_us)
     # The line continues from this start. For a late ticket (ticket <= current) that
     # means it took the slot ticket current+1 was due at, and the line behind it shifts
     # by one slot, keeping its order.
     state.current = max(state.current, ticket)
     state.anchor_us = now_us
     state.last_start_us = now_us
-    return Decision(Verdict.AUTHORIZED, ticket, now_us, slot_us=slot)
+    return Decision(Verdict.AUTHORIZED, ticket, now_us, 0, slot, state.interval_us)
 
 
 def pause(state: QueueState) -> None:

@@ -287,7 +287,7 @@ class IntervalQueue:
         """If the authorization came back slowly, the body starts later than the store
         recorded: re-stamp the start (while it is still the last one) so the next start
         waits a full interval from nearly the real start."""
-        late_after = late_reply_threshold(self.interval_us)
+        late_after = late_reply_threshold(decision.interval_us or self.interval_us)  # the stored interval
         for _ in range(MAX_RESTAMPS):
             if round_trip <= late_after:
                 break

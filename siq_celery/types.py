@@ -124,6 +124,7 @@ class Decision:
     now_us: int
     wait_us: int = 0  #: WAIT: microseconds until the slot; PAUSED: distance behind the head
     slot_us: int = 0  #: with AUTHORIZED/WAIT: the slot the start was measured against
+    interval_us: int = 0  #: the queue's stored interval when it answered (0: not known)
 
     @property
     def authorized(self) -> bool:

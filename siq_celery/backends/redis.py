@@ -226,10 +226,10 @@ class RedisBackend(Backend):
         new_epoch: str,
     ) -> Decision:
         k = self.keys(queue)
-        verdict, number, now, wait, slot = self._run(
+        verdict, number, now, wait, slot, interval = self._run(
             "start", queue, [k.state, k.finished], [ticket, epoch, task_id or "", interval_us, new_epoch]
         )
-        return Decision(Verdict(verdict.decode()), int(number), int(now), int(wait), int(slot))
+        return Decision(Verdict(verdict.decode()), int(number), int(now), int(wait), int(slot), int(interval))
 
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
         now = int(self._run("restamp", queue, [self.keys(queue).state], [epoch, started_us]))

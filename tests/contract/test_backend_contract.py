@@ -184,6 +184,7 @@ def test_interval_changed_at_runtime_applies_from_the_next_start(store: Store) -
     at(store, t0 + 2 * I)
     d = q.start(t2)
     assert d.verdict is Verdict.WAIT and d.slot_us == t0 + I + 300_000
+    assert d.interval_us == 300_000  # answers carry the stored interval, not the caller's
     at(store, t0 + I + 300_000)
     assert q.start(t2).authorized
     operator.set_interval("50ms")

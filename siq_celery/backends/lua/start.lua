@@ -7,7 +7,7 @@
 -- ARGV[4]  task id, or '' (no duplicate check)
 -- ARGV[5]  interval in microseconds for a state created here; 0 = do not create
 -- ARGV[6]  epoch for a state created here (the ticket's own is then stale: 'reclaim')
--- Returns {verdict, ticket, now_us, wait_us, slot_us}; verdict is one of
+-- Returns {verdict, ticket, now_us, wait_us, slot_us, interval_us}; verdict is one of
 -- 'authorized', 'wait', 'paused', 'reclaim', 'duplicate'. With 'paused', wait_us is the
 -- ticket's distance behind the head of the line (interval x tickets ahead of it).
 local now = siq_now(ARGV[1])
@@ -20,21 +20,21 @@ if not s then
   siq_save(KEYS[1], s)
 end
 if ARGV[4] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[4]) then
-  return {'duplicate', ticket, now, 0, 0}
+  return {'duplicate', ticket, now, 0, 0, 0}
 end
 if ARGV[3] ~= s.epoch or ticket < 1 or ticket > s.ticket or ticket ~= math.floor(ticket) then
-  return {'reclaim', ticket, now, 0, 0}
+  return {'reclaim', ticket, now, 0, 0, 0}
 end
 if s.paused == 1 then
   -- wait: the ticket's distance behind the head of the line, for an orderly comeback
-  return {'paused', ticket, now, math.max(ticket - s.current - 1, 0) * s.interval_us, 0}
+  return {'paused', ticket, now, math.max(ticket - s.current - 1, 0) * s.interval_us, 0, s.interval_us}
 end
 
 local interval = s.interval_us
 local due = 0  -- a ticket passed over by current takes the next free slot
 if ticket > s.current then due = s.anchor_us + (ticket - s.current) * interval end
 local slot = math.max(due, s.last_start_us + interval)
-if now < slot then return {'wait', ticket, now, slot - now, slot} end
+if now < slot then return {'wait', ticket, now, slot - now, slot, interval} end
 
 -- The line continues from this start (for a late ticket: the line behind it shifts one
 -- slot and keeps its order). See siq_celery/model.py for why the anchor does not lag.
@@ -42,4 +42,4 @@ if ticket > s.current then s.current = ticket end
 s.anchor_us = now
 s.last_start_us = now
 siq_save(KEYS[1], s)
-return {'authorized', ticket, now, 0, slot}
+return {'authorized', ticket, now, 0, slot, interval}
