@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,20 +117,3 @@ def store(request: pytest.FixtureRequest, clock: PinnedClock, tmp_path: Any) -> 
     else:
         url = request.getfixturevalue("redis_cluster").url
     return Store(kind, url, clock, prefix)
-
-
-@pytest.fixture
-def make_store(clock: PinnedClock, tmp_path: Any, request: pytest.FixtureRequest) -> Callable[[str], Store]:
-    """Build a Store of a given kind (for tests that compare kinds)."""
-
-    def make(kind: str) -> Store:
-        prefix = f"t{next(_prefixes)}"
-        if kind == "sqlite":
-            url = f"sqlite:///{tempfile.mkdtemp(dir=tmp_path)}/siq.db"
-        elif kind == "redis":
-            url = request.getfixturevalue("redis_url")
-        else:
-            url = f"memory://{prefix}"
-        return Store(kind, url, clock, prefix)
-
-    return make
