@@ -82,6 +82,7 @@ class Backend(ABC):
         self.key_prefix = validate_key_prefix(key_prefix)
         self.finished_retention_us = finished_retention_us
         self.finished_max = finished_max
+        self._keys_cache: dict[str, QueueKeys] = {}
 
     @classmethod
     @abstractmethod
@@ -90,12 +91,11 @@ class Backend(ABC):
 
     def keys(self, queue: str) -> QueueKeys:
         """The queue's keys (validated once per queue name: this is on the hot path)."""
-        cache: dict[str, QueueKeys] = self.__dict__.setdefault("_keys_cache", {})
-        keys = cache.get(queue)
+        keys = self._keys_cache.get(queue)
         if keys is None:
             keys = QueueKeys.for_queue(queue, self.key_prefix)
-            if len(cache) < 10_000:
-                cache[queue] = keys
+            if len(self._keys_cache) < 10_000:  # bounded: per-key queues may be many
+                self._keys_cache[queue] = keys
         return keys
 
     # -- the atomic operations ------------------------------------------------------
