@@ -2,7 +2,7 @@
 
     siq --url redis://localhost:6379/0 status [QUEUE...] [--json]
     siq --url ... pause QUEUE | resume QUEUE | set-interval QUEUE 250ms | reset QUEUE [--yes]
-    siq demo [--processes 4 --calls 15 --interval 100ms]
+    siq demo [--workers 3 --concurrency 2 --tasks 60 --interval 100ms --out siq-demo.png]
 
 ``--url`` defaults to ``$SIQ_URL``. Errors are one line on stderr and a non-zero exit.
 """
