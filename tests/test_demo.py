@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.flaky(reruns=1)]
+pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.flaky(reruns=2)]
 
 
 def test_demo_runs_real_workers_and_draws_the_timeline(tmp_path: Path) -> None:
