@@ -22,6 +22,7 @@ from ..errors import (
     QueueNotFoundError,
     StoreUnavailableError,
 )
+from ..keys import QueueKeys
 from ..types import ClaimResult, Decision, QueueState, QueueStatus, Verdict
 from .base import Backend, PendingClaim
 
@@ -260,8 +261,6 @@ class RedisBackend(Backend):
         return QueueStatus(queue, state, now, int(reply[8]))
 
     def queues(self, pattern: str = "*") -> list[str]:
-        from ..keys import QueueKeys
-
         match = f"{self.key_prefix}:{{{pattern}}}:state"
         try:
             names = {
