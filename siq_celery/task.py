@@ -147,7 +147,24 @@ class IntervalTask(Task):  # type: ignore[misc]
         signature.apply_async(**{KEEP_TICKET: True})
         logger.info("%s[%s]: %s; ticket %s of %r deferred %.3fs",
                     self.name, request.id, decision.verdict.value, ticket.number, ticket.queue, countdown)  # fmt: skip
+        self._send_deferred_event(ticket, decision, countdown)
         raise Ignore()
+
+    def _send_deferred_event(self, ticket: Ticket, decision: Decision, countdown: float) -> None:
+        """A ``task-deferred`` event for monitors: Flower shows the task in state
+        DEFERRED (never FAILURE) until it succeeds, and the ETA of its next delivery;
+        ``celery events --dump`` and event consumers also get queue, ticket and slot."""
+        if not _WORKER_SENDS_TASK_EVENTS[0] or not self.send_events:
+            return
+        try:
+            self.send_event(
+                "task-deferred", retry=False, queue=ticket.queue, ticket=ticket.number, epoch=ticket.epoch,
+                reason=decision.verdict.value, slot=decision.slot_us / 1e6 if decision.slot_us else None,
+                wait=round(decision.wait, 6),
+                countdown=round(countdown, 6),
+            )  # fmt: skip
+        except Exception as exc:  # monitoring must never cost the task its deferral
+            logger.warning("%s[%s]: could not send the task-deferred event: %s", self.name, self.request.id, exc)
 
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         # Called for SUCCESS and FAILURE only (not RETRY, not our Ignore): the task is done,
@@ -208,6 +225,19 @@ def paused_countdown(decision: Decision, poll: float, margin: float) -> float:
     tick = (virtual // poll + 1) * poll
     countdown = tick + offset - margin - now
     return countdown if countdown >= 0.05 else countdown + poll
+
+
+#: Whether this worker sends task events (``-E``, ``worker_send_task_events``), noted at
+#: worker start; prefork pool processes inherit it. (Events enabled later by remote
+#: control, as Flower can, reach only the main process: start workers with ``-E``.)
+_WORKER_SENDS_TASK_EVENTS = [False]
+
+
+def _note_task_events(sender: Any = None, **_: Any) -> None:
+    _WORKER_SENDS_TASK_EVENTS[0] = bool(getattr(sender, "task_events", False))
+
+
+signals.worker_init.connect(_note_task_events, weak=False)
 
 
 def warm_interval_queues(app: Any) -> None:

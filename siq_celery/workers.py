@@ -1,6 +1,6 @@
-"""Start and stop real ``celery worker`` processes (for the demo, the benchmarks and the
-tests). Each worker runs in its own process group, so stopping or killing it takes its
-pool children too, as when a host goes down."""
+"""Start and stop real ``celery worker`` and ``celery flower`` processes (for the demo, the
+examples, the benchmarks and the tests). Each runs in its own process group, so stopping
+or killing a worker takes its pool children too, as when a host goes down."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Self
 
 from .errors import SiqError
 
@@ -20,8 +22,8 @@ class WorkerStartError(SiqError):
     """A worker exited or did not report ready; the message ends with its log."""
 
 
-class WorkerProcess:
-    """``celery -A APP worker -n NAME -c N -P POOL`` as a subprocess, logging to a file."""
+class CeleryProcess:
+    """A ``celery -A APP ...`` subprocess in its own process group, logging to a file."""
 
     def __init__(
         self,
@@ -29,27 +31,20 @@ class WorkerProcess:
         name: str,
         logfile: Path,
         *,
-        concurrency: int = 2,
-        pool: str = "prefork",
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
         cwd: str | Path | None = None,
     ) -> None:
         self.app, self.name, self.logfile = app, name, Path(logfile)
-        self.concurrency, self.pool = concurrency, pool
         self.env = {**os.environ, **(env or {})}
         self.extra_args, self.cwd = list(extra_args), cwd
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def command(self) -> list[str]:
-        return [
-            sys.executable, "-m", "celery", "-A", self.app, "worker", "-n", self.name,
-            "-c", str(self.concurrency), "-P", self.pool, "-l", "INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat", *self.extra_args,
-        ]  # fmt: skip
+        raise NotImplementedError
 
-    def start(self) -> WorkerProcess:
+    def start(self) -> Self:
         self.logfile.parent.mkdir(parents=True, exist_ok=True)
         with open(self.logfile, "ab") as log:
             self.process = subprocess.Popen(
@@ -60,18 +55,19 @@ class WorkerProcess:
     def log(self) -> str:
         return self.logfile.read_text(errors="replace") if self.logfile.exists() else ""
 
-    def wait_ready(self, timeout: float = 60.0) -> WorkerProcess:
+    def is_ready(self) -> bool:
+        raise NotImplementedError
+
+    def wait_ready(self, timeout: float = 60.0) -> Self:
         assert self.process is not None, "start() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if f"{self.name} ready." in self.log():
+            if self.is_ready():
                 return self
             if self.process.poll() is not None:
-                raise WorkerStartError(
-                    f"worker {self.name} exited with {self.process.returncode}:\n{self.log()[-3000:]}"
-                )
+                raise WorkerStartError(f"{self.name} exited with {self.process.returncode}:\n{self.log()[-3000:]}")
             time.sleep(0.1)
-        raise WorkerStartError(f"worker {self.name} not ready after {timeout:.0f}s:\n{self.log()[-3000:]}")
+        raise WorkerStartError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log()[-3000:]}")
 
     @property
     def alive(self) -> bool:
@@ -101,3 +97,66 @@ class WorkerProcess:
         else:
             with contextlib.suppress(ProcessLookupError):  # pool children that outlived their parent
                 os.killpg(self.process.pid, signal.SIGKILL)
+
+
+class WorkerProcess(CeleryProcess):
+    """``celery -A APP worker -n NAME -c N -P POOL``."""
+
+    def __init__(
+        self,
+        app: str,
+        name: str,
+        logfile: Path,
+        *,
+        concurrency: int = 2,
+        pool: str = "prefork",
+        env: Mapping[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+        cwd: str | Path | None = None,
+    ) -> None:
+        super().__init__(app, name, logfile, env=env, extra_args=extra_args, cwd=cwd)
+        self.concurrency, self.pool = concurrency, pool
+
+    @property
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "celery", "-A", self.app, "worker", "-n", self.name,
+            "-c", str(self.concurrency), "-P", self.pool, "-l", "INFO",
+            "--without-gossip", "--without-mingle", "--without-heartbeat", *self.extra_args,
+        ]  # fmt: skip
+
+    def is_ready(self) -> bool:
+        return f"{self.name} ready." in self.log()
+
+
+class FlowerProcess(CeleryProcess):
+    """``celery -A APP flower`` on 127.0.0.1:PORT (Flower's task views need workers
+    started with ``-E``)."""
+
+    def __init__(
+        self,
+        app: str,
+        port: int,
+        logfile: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+        cwd: str | Path | None = None,
+    ) -> None:
+        super().__init__(app, f"flower:{port}", logfile, env=env, extra_args=extra_args, cwd=cwd)
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+
+    @property
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "celery", "-A", self.app, "flower",
+            "--address=127.0.0.1", f"--port={self.port}", *self.extra_args,
+        ]  # fmt: skip
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthcheck", timeout=1) as reply:
+                return bool(reply.read() == b"OK")
+        except OSError:
+            return False
