@@ -29,3 +29,39 @@ def test_standalone_example_on_redis(redis_url: str) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().splitlines()[-1].startswith("OK: 12 calls")
+
+
+def run_example(*args: str, timeout: float = 170) -> list[str]:
+    result = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.strip().splitlines()
+
+
+@pytest.mark.slow
+@pytest.mark.flaky(reruns=2)  # real workers timed on the host clock
+def test_rate_limited_api_no_429_with_siq_many_with_celery_rate_limit() -> None:
+    lines = run_example("examples/rate_limited_api/run.py")
+    rejected = {line.split()[0]: int(line.split("x 429")[0].split()[-1]) for line in lines if "x 429" in line}
+    assert rejected["siq_celery"] == 0, lines
+    assert rejected["Celery"] > 0, lines
+    assert lines[-1] == "OK: siq_celery kept the API's limit"
+
+
+@pytest.mark.slow
+@pytest.mark.flaky(reruns=2)
+def test_pause_resume_example() -> None:
+    lines = run_example("examples/pause_resume/run.py")
+    assert any("$ celery -A tasks siq resume reports" in line for line in lines)
+    assert any("$ celery -A tasks siq pause reports" in line for line in lines)
+    assert lines[-1] == "OK: 20 tasks, 0 started while paused, in submission order"
+
+
+@pytest.mark.slow
+@pytest.mark.flaky(reruns=2)
+def test_flower_example() -> None:
+    lines = run_example("examples/flower/run.py")
+    assert lines[0].startswith("Flower on http://127.0.0.1:")
+    rows = [line.split() for line in lines[2:-2]]
+    assert len(rows) == 7 and all(row[-3] == "SUCCESS" for row in rows), lines
+    assert lines[-2] == "the paused task, 1.5 s into the pause: DEFERRED"
+    assert lines[-1].startswith("OK:")
