@@ -2,13 +2,17 @@
 
 One IntervalTask, ``siq_demo.call_api``, standing in for a call to a rate-limited API:
 it records when its body starts (host clock) and the store's authorized start and slot.
-``SIQ_DEMO_BROKER`` (also the state store), ``SIQ_DEMO_QUEUE`` (the broker queue).
+``SIQ_DEMO_BROKER`` (also the state store), ``SIQ_DEMO_QUEUE`` (the broker queue),
+``SIQ_DEMO_INTERVAL`` (the queue's interval when it is created; default 100ms).
+
+``python -m siq_celery.demo_app N`` publishes N tasks (the producer of docker/compose.yaml).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -31,7 +35,14 @@ app.conf.update(
 _recorders: dict[int, redis.Redis] = {}
 
 
-@app.task(name="siq_demo.call_api", base=IntervalTask, interval="100ms", interval_queue="demo", bind=True, shared=False)  # type: ignore[untyped-decorator]
+@app.task(  # type: ignore[untyped-decorator]
+    name="siq_demo.call_api",
+    base=IntervalTask,
+    interval=os.environ.get("SIQ_DEMO_INTERVAL", "100ms"),
+    interval_queue="demo",
+    bind=True,
+    shared=False,
+)
 def call_api(self: Any, n: int) -> int:
     started = time.time()
     decision = self.request.siq_decision
@@ -43,3 +54,24 @@ def call_api(self: Any, n: int) -> int:
         "start_us": decision.now_us, "slot_us": decision.slot_us,
     }))  # fmt: skip
     return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Publish N tasks (default 100) and say when the last one should start."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) > 1 or (args and not args[0].isdigit()):
+        print("usage: python -m siq_celery.demo_app [N]", file=sys.stderr)
+        return 2
+    count = int(args[0]) if args else 100
+    queue = call_api.siq_queue()
+    for n in range(count):
+        call_api.delay(n)
+    state = queue.status().state
+    last_in = state.backlog * state.interval_us / 1e6
+    print(f"published {count} tasks to interval queue {queue.name!r} ({state.interval_us / 1000:g} ms): "
+          f"backlog {state.backlog}, the last starts in about {last_in:.1f} s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
