@@ -2,6 +2,8 @@
 
     siq --url redis://localhost:6379/0 status [QUEUE...] [--json]
     siq --url ... pause QUEUE | resume QUEUE | set-interval QUEUE 250ms | reset QUEUE [--yes]
+    siq --url ... export [QUEUE...] --out ledger.parquet [--since 2h --until ...]
+    siq audit LEDGER... --out DIR [--master local[*]] [--tolerance 1ms]
     siq demo [--workers 3 --concurrency 2 --tasks 60 --interval 100ms --out siq-demo.png]
 
 ``--url`` defaults to ``$SIQ_URL``. Errors are one line on stderr and a non-zero exit.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -20,7 +23,8 @@ import click
 
 from .backends import Backend, backend_from_url
 from .errors import CorruptStateError, QueueNotFoundError, SiqError
-from .intervals import format_interval, parse_interval
+from .export import FORMATS, format_for, ledger_rows, parse_time, write_rows
+from .intervals import format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
 from .queue import RESUME_GRACE_S, IntervalQueue, new_epoch
 from .types import QueueStatus
@@ -126,7 +130,7 @@ def resume_command(store: StoreOptions, queue: str, grace: str | None) -> None:
     """Continue QUEUE in ticket order (the first start after a short grace, so that every
     task polling the paused queue is back in time to keep its place)."""
     with one_line_errors():
-        seconds = parse_interval(grace) / 1e6 if grace else store.resume_grace
+        seconds = parse_duration(grace) / 1e6 if grace else store.resume_grace
         store.queue(queue).resume(seconds)
     click.echo(f"resumed {queue}")
 
@@ -168,7 +172,38 @@ def reset_command(store: StoreOptions, queue: str, yes: bool, interval: str | No
     click.echo(f"reset {queue}")
 
 
-QUEUE_COMMANDS = [status_command, pause_command, resume_command, set_interval_command, reset_command]
+@click.command("export")
+@click.argument("queues", nargs=-1)
+@click.option("--out", "-o", required=True, help="File to write (.jsonl or .parquet), or - for stdout (JSON Lines).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Default: from --out's extension (jsonl otherwise).")
+@click.option("--since", help="Starts at or after: ISO time (UTC unless given), Unix seconds, or an age (2h, 7d).")
+@click.option("--until", help="Starts before: same forms as --since.")
+@click.pass_obj
+def export_command(
+    store: StoreOptions, queues: tuple[str, ...], out: str, fmt: str | None, since: str | None, until: str | None
+) -> None:
+    """Write the ledger of QUEUES (all queues if none; glob patterns work) as JSON Lines or
+    Parquet: one row per authorized start with its finish (schema: siq_celery.ledger)."""
+    with one_line_errors():
+        fmt = format_for(out, fmt)
+        since_s = parse_time(since) if since else None
+        until_s = parse_time(until) if until else None
+        names: list[str] = []
+        for q in queues or ("*",):
+            names += store.backend.queues(q) if any(c in q for c in "*?[") else [q]
+        started = time.monotonic()
+
+        def progress(count: int) -> None:
+            click.echo(f"  {count:,} rows ({time.monotonic() - started:.0f} s)", err=True)
+
+        count = write_rows(ledger_rows(store.backend, dict.fromkeys(names), since_s, until_s), out, fmt, progress)
+    where = "stdout" if out == "-" else out
+    click.echo(f"exported {count:,} ledger rows of {len(names)} queue(s) to {where} ({fmt})", err=out == "-")
+
+
+QUEUE_COMMANDS = [
+    status_command, pause_command, resume_command, set_interval_command, reset_command, export_command,
+]  # fmt: skip
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -202,3 +237,15 @@ def demo_command(ctx: click.Context) -> None:
 
 def main(argv: list[str] | None = None) -> Any:
     return siq.main(args=argv, prog_name="siq")
+
+
+@siq.command("audit", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                        "help_option_names": []})  # fmt: skip
+@click.pass_context
+def audit_command(ctx: click.Context) -> None:
+    """Audit ledgers with Spark (see `siq audit --help`; needs siq_celery[spark])."""
+    try:
+        from .spark.audit import main as audit_main
+    except ImportError as exc:
+        raise click.ClickException(f"siq audit needs PySpark: pip install 'siq_celery[spark]' ({exc})") from None
+    sys.exit(audit_main(list(ctx.args), default_master="local[*]"))

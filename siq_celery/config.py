@@ -11,6 +11,8 @@
   task is back in time to keep its place).
 * ``siq_finished_retention`` (86400 s): finished task ids are remembered this long, so a
   redelivered copy is skipped.
+* ``siq_ledger_max`` (100000): about this many starts are kept per queue in the ledger
+  (``siq export`` reads it); 0 turns the ledger off.
 
 Precedence: task attribute > app setting > default. The store client and the
 :class:`IntervalQueue` objects are cached on the app (never in a module global), and
@@ -27,6 +29,7 @@ from .backends import Backend, backend_from_url
 from .errors import ConfigurationError
 from .intervals import IntervalLike, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
+from .ledger import DEFAULT_LEDGER_MAX
 from .queue import IntervalQueue
 
 REDIS_BROKER_SCHEMES = {"redis", "rediss", "unix"}
@@ -41,6 +44,7 @@ class SiqSettings:
     countdown_margin: float
     paused_poll: float
     finished_retention: float
+    ledger_max: int
 
     @classmethod
     def from_app(cls, app: Any) -> SiqSettings:
@@ -55,6 +59,7 @@ class SiqSettings:
             countdown_margin=_seconds(conf, "siq_countdown_margin", 0.02),
             paused_poll=_seconds(conf, "siq_paused_poll", 1.0, minimum=0.05),
             finished_retention=_seconds(conf, "siq_finished_retention", 86_400.0, minimum=1.0),
+            ledger_max=_count(conf, "siq_ledger_max", DEFAULT_LEDGER_MAX),
         )
 
 
@@ -81,6 +86,15 @@ def _seconds(conf: Any, key: str, default: float, minimum: float = 0.0) -> float
     return seconds
 
 
+def _count(conf: Any, key: str, default: int) -> int:
+    value = conf.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(f"app.conf.{key} = {value!r}: expected a whole number >= 0")
+    return value
+
+
 class SiqState:
     """Per-app cache: settings, the store client and one IntervalQueue per queue name."""
 
@@ -102,7 +116,10 @@ class SiqState:
         if self._backend is None:
             s = self.settings
             self._backend = backend_from_url(
-                s.url, key_prefix=s.key_prefix, finished_retention_us=round(s.finished_retention * 1e6)
+                s.url,
+                key_prefix=s.key_prefix,
+                finished_retention_us=round(s.finished_retention * 1e6),
+                ledger_max=s.ledger_max,
             )
         return self._backend
 

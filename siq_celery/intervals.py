@@ -51,6 +51,22 @@ def parse_interval(value: IntervalLike) -> int:
     return _checked(value, seconds)
 
 
+def parse_duration(value: IntervalLike) -> int:
+    """A non-negative duration (a tolerance, a grace period) in whole microseconds: the
+    forms :func:`parse_interval` takes, without its 1 ms to 1 day range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str, timedelta)):
+        raise InvalidIntervalError(f"duration {value!r} must be seconds, a timedelta, or text like '1ms'")
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, str):
+        seconds = _parse_text(value)
+    else:
+        seconds = float(value)
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
+        raise InvalidIntervalError(f"duration {value!r} must be a finite number of seconds >= 0")
+    return round(seconds * US_PER_S)
+
+
 def _parse_text(text: str) -> float:
     if m := _RATE.match(text):
         count = float(m.group(1))

@@ -1,7 +1,7 @@
 """Queue names and the store keys derived from them.
 
 All keys of one queue share the Redis Cluster hash tag ``{<queue>}``, so every script of
-a queue runs on one cluster node: ``siq:{geocoder}:state``, ``siq:{geocoder}:finished``.
+a queue runs on one cluster node: ``siq:{geocoder}:state``, ``siq:{geocoder}:finished``, ``siq:{geocoder}:ledger``.
 """
 
 from __future__ import annotations
@@ -59,6 +59,10 @@ class QueueKeys:
     @property
     def finished(self) -> str:
         return f"{self.prefix}:{{{self.queue}}}:finished"
+
+    @property
+    def ledger(self) -> str:
+        return f"{self.prefix}:{{{self.queue}}}:ledger"
 
     @classmethod
     def for_queue(cls, queue: str, prefix: str = DEFAULT_KEY_PREFIX) -> QueueKeys:

@@ -32,6 +32,7 @@ from .errors import (
 )
 from .intervals import IntervalLike, format_interval, parse_interval
 from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
+from .ledger import LedgerRow, StartRecord
 from .types import ClaimResult, Decision, QueueState, QueueStatus, Ticket, Verdict
 
 logger = logging.getLogger("siq_celery")
@@ -215,8 +216,9 @@ class IntervalQueue:
     def _tickets(self, r: ClaimResult) -> list[Ticket]:
         return [Ticket(self.name, n, r.epoch, r.estimate_us(n), r.now_us) for n in range(r.first, r.first + r.count)]
 
-    def start(self, ticket: Ticket, *, task_id: str | None = None) -> Decision:
-        """Ask the store whether ``ticket`` may start now (authorizes and records it if so)."""
+    def start(self, ticket: Ticket, *, task_id: str | None = None, record: StartRecord | None = None) -> Decision:
+        """Ask the store whether ``ticket`` may start now (authorizes it if so, and writes
+        ``record`` to the ledger with it)."""
         return self.backend.start(
             self.name,
             ticket.number,
@@ -224,11 +226,19 @@ class IntervalQueue:
             task_id=task_id,
             interval_us=self.interval_us or 0,
             new_epoch=new_epoch(),
+            record=record,
         )
 
-    def finish(self, task_id: str) -> None:
-        """Record that ``task_id`` finished (a redelivered copy is then not started)."""
-        self.backend.finish(self.name, task_id)
+    def finish(self, task_id: str, outcome: str = "SUCCESS") -> None:
+        """Record that ``task_id`` finished (a redelivered copy is then not started) and
+        complete its ledger row."""
+        self.backend.finish(self.name, task_id, outcome)
+
+    def ledger(self, since: float | None = None, until: float | None = None) -> Iterator[LedgerRow]:
+        """This queue's ledger rows (starts in ``[since, until)``, Unix seconds), streamed."""
+        return self.backend.ledger(
+            self.name, None if since is None else round(since * 1e6), None if until is None else round(until * 1e6)
+        )
 
     # -- blocking helpers -----------------------------------------------------------
 
@@ -240,6 +250,7 @@ class IntervalQueue:
         timeout: float | None = None,
         max_sleep: float | None = None,
         defer_paused: bool = False,
+        record: StartRecord | None = None,
     ) -> Decision:
         """Block until a start is authorized and return that decision.
 
@@ -247,7 +258,8 @@ class IntervalQueue:
         life (reset or lost). While paused it polls with backoff; while the store is
         unreachable nothing starts: it logs and retries with backoff (fail closed).
         With ``max_sleep`` (seconds), a longer wait raises DeferralNeeded instead; with
-        ``defer_paused``, so does a paused queue.
+        ``defer_paused``, so does a paused queue. ``record`` goes to the ledger with the
+        authorized start.
         """
         deadline = None if timeout is None else self._monotonic() + timeout
         paused_poll, unavailable_retry = PAUSED_POLL_S[0], UNAVAILABLE_RETRY_S[0]
@@ -256,7 +268,7 @@ class IntervalQueue:
                 if ticket is None:
                     ticket = self.claim()
                 sent = self._monotonic()
-                decision = self.start(ticket, task_id=task_id)
+                decision = self.start(ticket, task_id=task_id, record=record)
                 round_trip = self._monotonic() - sent
             except StoreUnavailableError as exc:
                 logger.warning("queue %r: state store unreachable, nothing starts; retrying in %.1fs: %s",
@@ -313,19 +325,33 @@ class IntervalQueue:
             self._sleep(seconds)
 
     @contextmanager
-    def slot(self, *, task_id: str | None = None, timeout: float | None = None) -> Iterator[Decision]:
-        """Block until this caller's turn, then run the ``with`` body."""
-        decision = self.wait_for_turn(task_id=task_id, timeout=timeout)
-        yield decision
-        if task_id is not None:
-            self.finish(task_id)
+    def slot(
+        self, *, task_id: str | None = None, timeout: float | None = None, name: str = "slot"
+    ) -> Iterator[Decision]:
+        """Block until this caller's turn, then run the ``with`` body. The start and the
+        finish (SUCCESS, or FAILURE if the body raised) go to the ledger under ``name``."""
+        # Without a task id of the caller's, the id only joins the ledger's start and finish:
+        # it is not remembered as finished (nothing could be redelivered under it).
+        remember = task_id is not None
+        ledger_id = task_id or secrets.token_hex(16)
+        decision = self.wait_for_turn(task_id=task_id, timeout=timeout, record=StartRecord.here(name, ledger_id))
+        outcome = "FAILURE"
+        try:
+            yield decision
+            outcome = "SUCCESS"
+        finally:
+            if remember or self.backend.ledger_max:
+                try:
+                    self.backend.finish(self.name, ledger_id, outcome, remember=remember)
+                except StoreUnavailableError as exc:  # the body ran; only its record is missing
+                    logger.warning("queue %r: could not record the finish of %s: %s", self.name, ledger_id, exc)
 
     def limited(self, fn: Callable[P, R]) -> Callable[P, R]:
         """Decorator: every call of ``fn`` takes its turn in this queue."""
 
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            with self.slot():
+            with self.slot(name=getattr(fn, "__qualname__", "slot")):
                 return fn(*args, **kwargs)
 
         return wrapper

@@ -24,6 +24,8 @@ again, as a new start. A ``self.retry()`` is a new start with a new ticket.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,6 +36,7 @@ from kombu.utils.uuid import uuid
 from .config import siq_state
 from .errors import StoreUnavailableError
 from .intervals import IntervalLike
+from .ledger import StartRecord
 from .messages import HEADER_NAMES, ticket_from_headers, ticket_headers
 from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, PendingTicket
 from .types import Decision, Ticket, Verdict
@@ -42,6 +45,8 @@ logger = logging.getLogger("siq_celery")
 
 #: apply_async option (popped, never sent) that re-publishes with the ticket in headers.
 KEEP_TICKET = "siq_keep_ticket"
+#: Message header: times the task was deferred (sent back to wait), for the ledger.
+DEFERRALS = "siq_deferrals"
 
 
 class IntervalTask(Task):  # type: ignore[misc]
@@ -78,7 +83,9 @@ class IntervalTask(Task):  # type: ignore[misc]
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         queue = self.siq_queue()  # a queue with no interval anywhere fails here, at publish
         # A retry arrives with the old ticket's headers: it is a new start, with a new ticket.
-        options["headers"] = {k: v for k, v in (options.get("headers") or {}).items() if k not in HEADER_NAMES}
+        options["headers"] = {
+            k: v for k, v in (options.get("headers") or {}).items() if k not in (*HEADER_NAMES, DEFERRALS)
+        }
         if self.app.conf.task_protocol == 1:  # the ETA lives in the body there: claim first
             self._claim_into(queue, options)
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
@@ -120,9 +127,16 @@ class IntervalTask(Task):  # type: ignore[misc]
             logger.warning("%s[%s]: %s; claiming a fresh ticket", self.name, task_id, problem)
         eager = bool(request.is_eager)
         settings = siq_state(self.app).settings
+        record = StartRecord(
+            self.name, task_id, request.hostname or socket.gethostname(), os.getpid(), _deferrals(request.headers)
+        )
         try:
             decision = queue.wait_for_turn(
-                ticket, task_id=task_id, max_sleep=None if eager else settings.max_sleep, defer_paused=not eager
+                ticket,
+                task_id=task_id,
+                max_sleep=None if eager else settings.max_sleep,
+                defer_paused=not eager,
+                record=record,
             )
         except DeferralNeeded as deferral:
             self._defer(deferral.ticket, deferral.decision)
@@ -140,7 +154,7 @@ class IntervalTask(Task):  # type: ignore[misc]
         else:
             countdown = max(decision.wait - settings.countdown_margin, 0.0)
         request = self.request
-        headers = {**(request.headers or {}), **ticket_headers(ticket)}
+        headers = {**(request.headers or {}), **ticket_headers(ticket), DEFERRALS: _deferrals(request.headers) + 1}
         signature = self.signature_from_request(
             request, request.args, request.kwargs, countdown=countdown, headers=headers
         )
@@ -170,11 +184,17 @@ class IntervalTask(Task):  # type: ignore[misc]
         # Called for SUCCESS and FAILURE only (not RETRY, not our Ignore): the task is done,
         # so a redelivered copy of it must not run again.
         try:
-            self.siq_queue().finish(task_id)
+            self.siq_queue().finish(task_id, "SUCCESS" if status == "SUCCESS" else "FAILURE")
         except StoreUnavailableError as exc:
             logger.warning("%s[%s]: could not record the finish (a redelivered copy may run again): %s",
                            self.name, task_id, exc)  # fmt: skip
         super().after_return(status, retval, task_id, args, kwargs, einfo)
+
+
+def _deferrals(headers: dict[str, Any] | None) -> int:
+    """How many times the task was sent back to wait (for the ledger; bad values count 0)."""
+    value = (headers or {}).get(DEFERRALS, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31 else 0
 
 
 #: Claims sent by apply_async whose answers before_task_publish reads, by task id. It holds

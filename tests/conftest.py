@@ -117,3 +117,14 @@ def store(request: pytest.FixtureRequest, clock: PinnedClock, tmp_path: Any) -> 
     else:
         url = request.getfixturevalue("redis_cluster").url
     return Store(kind, url, clock, prefix)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One PySpark session in local[2] mode for the whole test session."""
+    from siq_celery.spark.audit import spark_session
+
+    session = spark_session("local[2]", "siq tests")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

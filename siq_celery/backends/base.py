@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from .. import model
 from ..errors import CorruptStateError, QueueNotFoundError
 from ..keys import DEFAULT_KEY_PREFIX, QueueKeys, validate_key_prefix
+from ..ledger import DEFAULT_LEDGER_MAX, LedgerRow, StartRecord
 from ..types import ClaimResult, Decision, QueueState, QueueStatus
 
 Clock = Callable[[], int]
@@ -64,7 +65,8 @@ class Backend(ABC):
     ``clock``: ``None`` means the store's own clock (Redis ``TIME``; the host clock for
     SQLite and memory). Finished-task records (used to skip a redelivered copy of a task
     that already finished) are kept ``finished_retention_us`` and at most
-    ``finished_max`` per queue.
+    ``finished_max`` per queue. The ledger (:mod:`siq_celery.ledger`) keeps about the
+    last ``ledger_max`` starts per queue (0: no ledger).
     """
 
     #: URL schemes this backend is registered for.
@@ -77,11 +79,13 @@ class Backend(ABC):
         key_prefix: str = DEFAULT_KEY_PREFIX,
         finished_retention_us: int = DEFAULT_FINISHED_RETENTION_US,
         finished_max: int = DEFAULT_FINISHED_MAX,
+        ledger_max: int = DEFAULT_LEDGER_MAX,
     ) -> None:
         self.clock = clock
         self.key_prefix = validate_key_prefix(key_prefix)
         self.finished_retention_us = finished_retention_us
         self.finished_max = finished_max
+        self.ledger_max = max(int(ledger_max), 0)
         self._keys_cache: dict[str, QueueKeys] = {}
 
     @classmethod
@@ -126,9 +130,11 @@ class Backend(ABC):
         task_id: str | None,
         interval_us: int,
         new_epoch: str,
+        record: StartRecord | None = None,
     ) -> Decision:
         """Decide (and, if authorized, record) the start of ``ticket``. A missing state is
-        created with ``new_epoch`` (so the answer is RECLAIM)."""
+        created with ``new_epoch`` (so the answer is RECLAIM). With ``record``, an
+        authorized start is written to the ledger in the same atomic step."""
 
     @abstractmethod
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
@@ -136,8 +142,14 @@ class Backend(ABC):
         start of ``epoch`` (see :func:`siq_celery.model.restamp`); the new time or None."""
 
     @abstractmethod
-    def finish(self, queue: str, task_id: str) -> None:
-        """Record that ``task_id`` finished, so a redelivered copy is not run again."""
+    def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
+        """Record that ``task_id`` finished, so a redelivered copy is not run again (unless
+        not ``remember``), and complete its ledger record with the finish time and ``outcome``."""
+
+    @abstractmethod
+    def ledger(self, queue: str, since_us: int | None = None, until_us: int | None = None) -> Iterator[LedgerRow]:
+        """The queue's ledger rows whose start is in ``[since_us, until_us)``, oldest
+        first by finish (a row comes when its finish is read), streamed."""
 
     @abstractmethod
     def pause(self, queue: str) -> QueueState: ...
@@ -225,6 +237,13 @@ class Transaction(ABC):
     def finished_count(self) -> int: ...
 
     @abstractmethod
+    def record_start(self, row: LedgerRow) -> None: ...
+
+    @abstractmethod
+    def record_finish(self, task_id: str, outcome: str) -> None:
+        """Complete the latest unfinished ledger row of ``task_id`` (if any)."""
+
+    @abstractmethod
     def delete(self) -> bool: ...
 
 
@@ -272,19 +291,32 @@ class ModelBackend(Backend):
         task_id: str | None,
         interval_us: int,
         new_epoch: str,
+        record: StartRecord | None = None,
     ) -> Decision:
         with self.transaction(queue) as tx:
             state = self._created(tx, queue, interval_us, new_epoch)
             finished = task_id is not None and tx.is_finished(task_id)
-            return model.start(state, ticket, epoch, tx.now_us, finished=finished)
+            decision = model.start(state, ticket, epoch, tx.now_us, finished=finished)
+            if record is not None and self.ledger_max and decision.authorized:
+                tx.record_start(
+                    LedgerRow(
+                        queue, state.epoch, ticket, task_id or record.task_id, record.task_name, decision.slot_us,
+                        decision.now_us, state.interval_us, deferrals=record.deferrals, host=record.host,
+                        pid=record.pid,
+                    )
+                )  # fmt: skip
+            return decision
 
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
         with self.transaction(queue) as tx:
             return None if tx.state is None else model.restamp(tx.state, epoch, started_us, tx.now_us)
 
-    def finish(self, queue: str, task_id: str) -> None:
+    def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
         with self.transaction(queue) as tx:
-            tx.add_finished(task_id)
+            if remember:
+                tx.add_finished(task_id)
+            if self.ledger_max:
+                tx.record_finish(task_id, outcome)
 
     def _existing(self, tx: Transaction, queue: str) -> QueueState:
         if tx.state is None:

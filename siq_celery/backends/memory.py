@@ -6,13 +6,14 @@ coordinate, as they would on Redis."""
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+from ..ledger import LedgerRow
 from ..types import QueueState
 from .base import ModelBackend, Transaction, _copy, match_names
 
@@ -22,6 +23,7 @@ class _Store:
     lock: threading.RLock = field(default_factory=threading.RLock)
     states: dict[str, QueueState] = field(default_factory=dict)
     finished: dict[str, OrderedDict[str, int]] = field(default_factory=dict)
+    ledgers: dict[str, deque[LedgerRow]] = field(default_factory=dict)
 
 
 _NAMED_STORES: dict[str, _Store] = {}
@@ -53,10 +55,24 @@ class _MemoryTransaction(Transaction):
     def finished_count(self) -> int:
         return len(self._store.finished.get(self._queue, {}))
 
+    def record_start(self, row: LedgerRow) -> None:
+        ledger = self._store.ledgers.get(self._queue)
+        if ledger is None or ledger.maxlen != self._backend.ledger_max:
+            ledger = self._store.ledgers[self._queue] = deque(ledger or (), maxlen=self._backend.ledger_max)
+        ledger.append(row)
+
+    def record_finish(self, task_id: str, outcome: str) -> None:
+        for row in reversed(self._store.ledgers.get(self._queue, ())):
+            if row.task_id == task_id:
+                if row.finish_us is None:
+                    row.finish_us, row.outcome = self.now_us, outcome
+                return
+
     def delete(self) -> bool:
         had_state = self._store.states.pop(self._queue, None) is not None
         had_records = bool(self._store.finished.pop(self._queue, None))
-        return had_state or had_records
+        had_ledger = bool(self._store.ledgers.pop(self._queue, None))
+        return had_state or had_records or had_ledger
 
     def commit(self) -> None:
         if self.state is not None:
@@ -84,6 +100,13 @@ class MemoryBackend(ModelBackend):
             tx = _MemoryTransaction(self, queue)
             yield tx
             tx.commit()
+
+    def ledger(self, queue: str, since_us: int | None = None, until_us: int | None = None) -> Iterator[LedgerRow]:
+        self.keys(queue)
+        with self.store.lock:
+            rows = [replace(r) for r in self.store.ledgers.get(queue, ())]
+        low, high = since_us if since_us is not None else -1, until_us if until_us is not None else 1 << 62
+        yield from (r for r in rows if low <= r.start_us < high)
 
     def queues(self, pattern: str = "*") -> list[str]:
         with self.store.lock:

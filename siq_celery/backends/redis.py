@@ -10,7 +10,7 @@ URLs: ``redis://[[user]:password@]host:port/db``, ``rediss://`` (TLS), ``unix://
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -23,6 +23,7 @@ from ..errors import (
     StoreUnavailableError,
 )
 from ..keys import QueueKeys
+from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
 from ..types import ClaimResult, Decision, QueueState, QueueStatus, Verdict
 from .base import Backend, PendingClaim
 
@@ -39,6 +40,7 @@ ACL_RULES = (
     "~siq:*",
     "+evalsha", "+eval", "+script|load", "+ping", "+scan", "+del",
     "+time", "+hmget", "+hset", "+zscore", "+zadd", "+zremrangebyscore", "+zremrangebyrank", "+zcard",
+    "+xadd", "+xrange",
 )  # fmt: skip
 
 SCRIPTS = ("claim", "start", "restamp", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status")
@@ -82,6 +84,16 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
 def _claim_result(reply: Sequence[Any]) -> ClaimResult:
     first, n, epoch, base, floor, interval, now = reply
     return ClaimResult(int(first), int(n), epoch.decode(), int(base), int(floor), int(interval), int(now))
+
+
+def _ledger_entry(queue: str, raw: Mapping[bytes, bytes]) -> LedgerRow | FinishEntry:
+    f = {k.decode(): v.decode() for k, v in raw.items()}
+    if f.get("e") == "f":
+        return FinishEntry(f["id"], int(f["ft"]), f["o"])
+    return LedgerRow(
+        queue, f["ep"], int(f["t"]), f["id"] or None, f["n"], int(f["sl"]), int(f["st"]), int(f["iv"]),
+        deferrals=int(f["d"]), host=f["h"], pid=int(f["p"]),
+    )  # fmt: skip
 
 
 def _hosts(netloc: str, url: str) -> list[tuple[str, int]]:
@@ -225,10 +237,19 @@ class RedisBackend(Backend):
         task_id: str | None,
         interval_us: int,
         new_epoch: str,
+        record: StartRecord | None = None,
     ) -> Decision:
         k = self.keys(queue)
+        if record is not None and self.ledger_max:
+            ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
+            task_id = task_id or record.task_id
+        else:
+            ledger = [0, "", "", 0, 0]
         verdict, number, now, wait, slot, interval = self._run(
-            "start", queue, [k.state, k.finished], [ticket, epoch, task_id or "", interval_us, new_epoch]
+            "start",
+            queue,
+            [k.state, k.finished, k.ledger],
+            [ticket, epoch, task_id or "", interval_us, new_epoch, *ledger],
         )
         return Decision(Verdict(verdict.decode()), int(number), int(now), int(wait), int(slot), int(interval))
 
@@ -236,9 +257,37 @@ class RedisBackend(Backend):
         now = int(self._run("restamp", queue, [self.keys(queue).state], [epoch, started_us]))
         return now or None
 
-    def finish(self, queue: str, task_id: str) -> None:
+    def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
         k = self.keys(queue)
-        self._run("finish", queue, [k.finished], [task_id, self.finished_retention_us, self.finished_max])
+        self._run(
+            "finish", queue, [k.finished, k.ledger],
+            [task_id, self.finished_retention_us, self.finished_max, 2 * self.ledger_max, outcome, int(remember)],
+        )  # fmt: skip
+
+    def ledger(self, queue: str, since_us: int | None = None, until_us: int | None = None) -> Iterator[LedgerRow]:
+        # Stream ids are the Redis clock's milliseconds: start reading at since's, and read
+        # on to the end, where the finishes of the last starts in range are.
+        k = self.keys(queue)
+        low, high = since_us if since_us is not None else -1, until_us if until_us is not None else 1 << 62
+        first = f"{max(low, 0) // 1000}-0" if self.clock is None else "-"  # a pinned clock is not the ids' clock
+        return join_finishes(
+            entry
+            for entry in self._stream(queue, k.ledger, first)
+            if not isinstance(entry, LedgerRow) or low <= entry.start_us < high
+        )
+
+    def _stream(self, queue: str, key: str, first: str, batch: int = 10_000) -> Iterator[LedgerRow | FinishEntry]:
+        while True:
+            try:
+                entries = self.client.xrange(key, min=first, max="+", count=batch)
+            except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
+                raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+            for _, fields in entries:
+                yield _ledger_entry(queue, fields)
+            if len(entries) < batch:
+                return
+            ms, _, seq = entries[-1][0].decode().partition("-")
+            first = f"{ms}-{int(seq) + 1}"
 
     def pause(self, queue: str) -> QueueState:
         return self._state(self._run("pause", queue, [self.keys(queue).state], []))[0]
@@ -273,7 +322,7 @@ class RedisBackend(Backend):
     def delete(self, queue: str) -> bool:
         k = self.keys(queue)
         try:
-            return bool(self.client.delete(k.state, k.finished))
+            return bool(self.client.delete(k.state, k.finished, k.ledger))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
 

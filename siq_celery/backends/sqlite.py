@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError
+from ..ledger import LedgerRow
 from ..types import ClaimResult
 from .base import ModelBackend, Transaction, match_names, state_from_fields
 
@@ -41,7 +42,19 @@ CREATE TABLE IF NOT EXISTS siq_finished (
     finished_us INTEGER NOT NULL, PRIMARY KEY (prefix, queue, task_id)
 );
 CREATE INDEX IF NOT EXISTS siq_finished_by_time ON siq_finished (prefix, queue, finished_us);
+CREATE TABLE IF NOT EXISTS siq_ledger (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, epoch TEXT NOT NULL, ticket INTEGER NOT NULL,
+    task_id TEXT, task_name TEXT NOT NULL, slot_us INTEGER NOT NULL, start_us INTEGER NOT NULL,
+    interval_us INTEGER NOT NULL, finish_us INTEGER, outcome TEXT, deferrals INTEGER NOT NULL,
+    host TEXT NOT NULL, pid INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS siq_ledger_by_start ON siq_ledger (prefix, queue, start_us);
+CREATE INDEX IF NOT EXISTS siq_ledger_by_task ON siq_ledger (prefix, queue, task_id);
 """
+_LEDGER_COLUMNS = (
+    "queue", "epoch", "ticket", "task_id", "task_name", "slot_us", "start_us", "interval_us", "finish_us",
+    "outcome", "deferrals", "host", "pid",
+)  # fmt: skip
 _FIELDS = ("epoch", "interval_us", "ticket", "current", "anchor_us", "last_start_us", "paused")
 
 
@@ -89,9 +102,31 @@ class _SqliteTransaction(Transaction):
         (n,) = self._c.execute("SELECT COUNT(*) FROM siq_finished WHERE prefix=? AND queue=?", self._key).fetchone()
         return int(n)
 
+    def record_start(self, row: LedgerRow) -> None:
+        values = [getattr(row, name) for name in _LEDGER_COLUMNS]
+        self._c.execute(
+            f"INSERT INTO siq_ledger (prefix, {', '.join(_LEDGER_COLUMNS)}) VALUES (?{', ?' * len(values)})",
+            (self._b.key_prefix, *values),
+        )
+
+    def record_finish(self, task_id: str, outcome: str) -> None:
+        self._c.execute(
+            "UPDATE siq_ledger SET finish_us=?, outcome=? WHERE rowid = (SELECT rowid FROM siq_ledger "
+            "WHERE prefix=? AND queue=? AND task_id=? ORDER BY rowid DESC LIMIT 1) AND finish_us IS NULL",
+            (self.now_us, outcome, *self._key, task_id),
+        )
+
+    def trim_ledger(self, keep: int) -> None:
+        self._c.execute(
+            "DELETE FROM siq_ledger WHERE prefix=? AND queue=? AND rowid <= (SELECT rowid FROM siq_ledger "
+            "WHERE prefix=? AND queue=? ORDER BY rowid DESC LIMIT 1 OFFSET ?)",
+            (*self._key, *self._key, keep),
+        )
+
     def delete(self) -> bool:
         removed = self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_finished WHERE prefix=? AND queue=?", self._key).rowcount
+        removed += self._c.execute("DELETE FROM siq_ledger WHERE prefix=? AND queue=?", self._key).rowcount
         return removed > 0
 
     def commit(self) -> None:
@@ -184,21 +219,45 @@ class SqliteBackend(ModelBackend):
                     raise
                 time.sleep(LOCK_RETRY_S)
 
-    def _checkpoint(self) -> None:
-        """Move the WAL into the database once it has grown (PASSIVE: never waits)."""
+    def _checkpoint(self) -> bool:
+        """Move the WAL into the database once it has grown (PASSIVE: never waits).
+        True when it ran."""
         self._local.commits = getattr(self._local, "commits", 0) + 1
-        if self._local.commits % CHECKPOINT_EVERY == 0:
-            with _unavailable_on_lock(self.path, "(checkpoint)"):
-                self._connection().execute("PRAGMA wal_checkpoint(PASSIVE)")
+        if self._local.commits % CHECKPOINT_EVERY:
+            return False
+        with _unavailable_on_lock(self.path, "(checkpoint)"):
+            self._connection().execute("PRAGMA wal_checkpoint(PASSIVE)")
+        return True
 
     def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
         result = super().claim(queue, count, interval_us, epoch)
         self._checkpoint()
         return result
 
-    def finish(self, queue: str, task_id: str) -> None:
-        super().finish(queue, task_id)
-        self._checkpoint()
+    def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
+        super().finish(queue, task_id, outcome, remember=remember)
+        if self._checkpoint() and self.ledger_max:
+            with self.transaction(queue) as tx:  # the cap, kept off the start path
+                assert isinstance(tx, _SqliteTransaction)
+                tx.trim_ledger(self.ledger_max)
+
+    def ledger(self, queue: str, since_us: int | None = None, until_us: int | None = None) -> Iterator[LedgerRow]:
+        self.keys(queue)
+        low, high = since_us if since_us is not None else -1, until_us if until_us is not None else 1 << 62
+        with _unavailable_on_lock(self.path, queue):
+            # its own connection: a long export must not hold this thread's transaction
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s)
+        try:
+            cursor = conn.execute(
+                f"SELECT {', '.join(_LEDGER_COLUMNS)} FROM siq_ledger WHERE prefix=? AND queue=? "
+                "AND start_us >= ? AND start_us < ? ORDER BY rowid",
+                (self.key_prefix, queue, low, high),
+            )
+            while batch := cursor.fetchmany(10_000):
+                for values in batch:
+                    yield LedgerRow(*values)
+        finally:
+            conn.close()
 
     def queues(self, pattern: str = "*") -> list[str]:
         with _unavailable_on_lock(self.path, pattern):

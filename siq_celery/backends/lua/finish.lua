@@ -1,11 +1,20 @@
 -- finish: record that a task finished, so a redelivered copy of it is not run again.
 -- KEYS[1]  the queue's finished-task sorted set, siq:{<queue>}:finished (score: time)
+-- KEYS[2]  the queue's ledger stream, siq:{<queue>}:ledger
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  task id
 -- ARGV[3]  retention in microseconds: older records are dropped
 -- ARGV[4]  most records kept (oldest dropped first)
+-- ARGV[5]  ledger cap (entries kept, about); 0 = write no ledger entry
+-- ARGV[6]  outcome for the ledger (SUCCESS, FAILURE)
+-- ARGV[7]  1: remember the task as finished; 0: only write the ledger entry
 -- Returns the number of records kept.
 local now = siq_now(ARGV[1])
+local cap = tonumber(ARGV[5]) or 0
+if cap > 0 then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', cap, '*', 'e', 'f', 'id', ARGV[2], 'ft', now, 'o', ARGV[6])
+end
+if ARGV[7] == '0' then return redis.call('ZCARD', KEYS[1]) end
 redis.call('ZADD', KEYS[1], now, ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]) - 1)
 local kept = redis.call('ZCARD', KEYS[1])

@@ -1,12 +1,15 @@
 -- start: may ticket ARGV[2] start now? If so, record the start (atomically).
 -- KEYS[1]  the queue's state hash, siq:{<queue>}:state
 -- KEYS[2]  the queue's finished-task sorted set, siq:{<queue>}:finished
+-- KEYS[3]  the queue's ledger stream, siq:{<queue>}:ledger
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  ticket number
 -- ARGV[3]  the ticket's epoch
 -- ARGV[4]  task id, or '' (no duplicate check)
 -- ARGV[5]  interval in microseconds for a state created here; 0 = do not create
 -- ARGV[6]  epoch for a state created here (the ticket's own is then stale: 'reclaim')
+-- ARGV[7]  ledger cap (entries kept, about); 0 = write no ledger entry
+-- ARGV[8..11]  for the ledger: task name, host, pid, deferrals
 -- Returns {verdict, ticket, now_us, wait_us, slot_us, interval_us}; verdict is one of
 -- 'authorized', 'wait', 'paused', 'reclaim', 'duplicate'. With 'paused', wait_us is the
 -- ticket's distance behind the head of the line (interval x tickets ahead of it).
@@ -42,4 +45,10 @@ if ticket > s.current then s.current = ticket end
 s.anchor_us = now
 s.last_start_us = now
 siq_save(KEYS[1], s)
+local cap = tonumber(ARGV[7]) or 0
+if cap > 0 then
+  -- e=s: a start. Short field names: a stream entry keeps them for every entry.
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', cap, '*', 'e', 's', 'ep', s.epoch, 't', ticket, 'id', ARGV[4],
+    'n', ARGV[8], 'sl', slot, 'st', now, 'iv', interval, 'h', ARGV[9], 'p', ARGV[10], 'd', ARGV[11])
+end
 return {'authorized', ticket, now, 0, slot, interval}

@@ -1,0 +1,109 @@
+"""The ledger, on every store: written with the authorized start (nothing else), completed
+by the finish, bounded, filtered by time, removed with the queue. Pinned clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from siq_celery.ledger import StartRecord
+from siq_celery.types import Verdict
+from tests.conftest import Store
+
+I = 100_000
+
+
+def rec(task_id: str, deferrals: int = 0) -> StartRecord:
+    return StartRecord("geo.lookup", task_id, "node1@host", 4242, deferrals)
+
+
+def test_only_authorized_starts_are_recorded_with_every_field(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    first, second = q.claim_many(2)
+    assert q.start(first, task_id="a", record=rec("a")).verdict is Verdict.WAIT
+    store.clock.now_us = t0 + I + 7
+    assert q.start(first, task_id="a", record=rec("a", deferrals=2)).authorized
+    assert q.start(second, task_id="b", record=rec("b")).verdict is Verdict.WAIT
+    q.pause()
+    store.clock.now_us = t0 + 5 * I
+    assert q.start(second, task_id="b", record=rec("b")).verdict is Verdict.PAUSED
+    [row] = list(q.ledger())
+    assert row.as_dict() == {
+        "queue": "q", "epoch": first.epoch, "ticket": 1, "task_id": "a", "task_name": "geo.lookup",
+        "slot_us": t0 + I, "start_us": t0 + I + 7, "interval_us": I, "finish_us": None, "outcome": None,
+        "deferrals": 2, "host": "node1@host", "pid": 4242, "v": 1,
+    }  # fmt: skip
+
+
+def test_the_finish_completes_the_latest_start_of_its_task(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    one, two = q.claim_many(2)
+    store.clock.now_us = t0 + I
+    assert q.start(one, task_id="a", record=rec("a")).authorized
+    store.clock.now_us = t0 + 2 * I  # the worker died mid-run: the copy starts again
+    assert q.start(two, task_id="a", record=rec("a")).authorized
+    store.clock.now_us = t0 + 2 * I + 500
+    q.finish("a", "FAILURE")
+    rows = sorted(q.ledger(), key=lambda r: r.start_us)
+    assert [(r.ticket, r.finish_us, r.outcome) for r in rows] == [(1, None, None), (2, t0 + 2 * I + 500, "FAILURE")]
+
+
+def test_no_ledger_when_turned_off(store: Store) -> None:
+    q = store.queue(ledger_max=0)
+    t0 = q.ensure().last_start_us
+    store.clock.now_us = t0 + I
+    assert q.start(q.claim(), task_id="a", record=rec("a")).authorized
+    q.finish("a")
+    assert list(q.ledger()) == []
+
+
+def test_since_until_select_by_authorized_start(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(5)
+    for i, ticket in enumerate(tickets, start=1):
+        store.clock.now_us = t0 + i * I
+        assert q.start(ticket, task_id=f"t{i}", record=rec(f"t{i}")).authorized
+        q.finish(f"t{i}")
+    picked = q.ledger(since=(t0 + 2 * I) / 1e6, until=(t0 + 4 * I) / 1e6)
+    assert sorted(r.ticket for r in picked) == [2, 3]
+    assert all(r.outcome == "SUCCESS" for r in q.ledger())
+
+
+def test_the_ledger_is_bounded(store: Store) -> None:
+    q = store.queue(ledger_max=50)
+    t0 = q.ensure().last_start_us
+    for i in range(1, 601):
+        ticket = q.claim()
+        store.clock.now_us = t0 + i * I
+        assert q.start(ticket, task_id=f"t{i}", record=rec(f"t{i}")).authorized
+        q.finish(f"t{i}")
+    rows = list(q.ledger())
+    # memory keeps exactly 50; SQLite trims every 200 finishes; Redis trims whole stream nodes
+    assert 50 <= len(rows) <= 350, len(rows)
+    assert max(r.ticket for r in rows) == 600 and all(r.outcome == "SUCCESS" for r in rows)
+
+
+def test_slot_users_are_recorded_with_their_outcome(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    store.clock.now_us = t0 + I
+    with q.slot(name="nightly-sync"):
+        pass
+    store.clock.now_us = t0 + 2 * I
+    with pytest.raises(ZeroDivisionError), q.slot(task_id="job-2", name="nightly-sync"):
+        1 / 0  # noqa: B018
+    rows = sorted(q.ledger(), key=lambda r: r.start_us)
+    assert [(r.task_name, r.outcome) for r in rows] == [("nightly-sync", "SUCCESS"), ("nightly-sync", "FAILURE")]
+    assert rows[1].task_id == "job-2" and rows[0].task_id and rows[0].pid > 0 and rows[0].host
+    assert q.status().finished == 1  # only the caller's own id is remembered as finished
+
+
+def test_delete_removes_the_ledger(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    store.clock.now_us = t0 + I
+    assert q.start(q.claim(), task_id="a", record=rec("a")).authorized
+    assert q.delete()
+    assert list(q.ledger()) == []
