@@ -32,6 +32,7 @@ test: lint
 bench: install
 	$(PY) bench/core.py
 	$(PY) bench/fidelity.py
+	$(PY) bench/spark.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -235,10 +235,6 @@ def demo_command(ctx: click.Context) -> None:
     sys.exit(demo_main(list(ctx.args)))
 
 
-def main(argv: list[str] | None = None) -> Any:
-    return siq.main(args=argv, prog_name="siq")
-
-
 @siq.command("audit", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
                                         "help_option_names": []})  # fmt: skip
 @click.pass_context
@@ -249,3 +245,11 @@ def audit_command(ctx: click.Context) -> None:
     except ImportError as exc:
         raise click.ClickException(f"siq audit needs PySpark: pip install 'siq_celery[spark]' ({exc})") from None
     sys.exit(audit_main(list(ctx.args), default_master="local[*]"))
+
+
+def main(argv: list[str] | None = None) -> Any:
+    return siq.main(args=argv, prog_name="siq")
+
+
+if __name__ == "__main__":
+    main()

@@ -74,3 +74,12 @@ def sentinel(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[int]:
 
 def test_sentinel_url(sentinel: int, redis_url: str) -> None:
     exercise(f"redis+sentinel://127.0.0.1:{sentinel}/mymaster/0")
+
+
+def test_the_readme_acl_is_the_one_the_code_needs() -> None:
+    from pathlib import Path
+
+    from siq_celery.backends.redis import ACL_RULES
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert f"ACL SETUSER siq on >PASSWORD {' '.join(ACL_RULES)}\n" in readme

