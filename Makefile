@@ -32,6 +32,7 @@ test: lint
 bench: install
 	$(PY) bench/core.py
 	$(PY) bench/fidelity.py
+	$(PY) bench/parking.py
 	$(PY) bench/spark.py
 
 clean:

@@ -23,7 +23,7 @@ import click
 
 from .backends import Backend, backend_from_url
 from .errors import CorruptStateError, QueueNotFoundError, SiqError
-from .export import FORMATS, format_for, ledger_rows, parse_time, write_rows
+from .export import FORMATS, format_for, ledger_rows, parse_time, write_parked, write_rows
 from .intervals import format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
 from .queue import RESUME_GRACE_S, IntervalQueue, new_epoch
@@ -63,12 +63,13 @@ def _when(us: int, now_us: int) -> str:
 
 
 def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
-    rows = [["queue", "interval", "ticket", "current", "backlog", "paused", "last start", "next start"]]
+    rows = [["queue", "interval", "ticket", "current", "backlog", "parked", "paused", "last start", "next start"]]
     for st in statuses:
         s = st.state
         rows.append([
             st.queue, format_interval(s.interval_us), str(s.ticket), str(s.current), str(s.backlog),
-            "yes" if s.paused else "no", _when(s.last_start_us, st.now_us), _when(st.next_start_us, st.now_us),
+            str(st.parked), "yes" if s.paused else "no", _when(s.last_start_us, st.now_us),
+            _when(st.next_start_us, st.now_us),
         ])  # fmt: skip
     return rows
 
@@ -178,19 +179,31 @@ def reset_command(store: StoreOptions, queue: str, yes: bool, interval: str | No
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Default: from --out's extension (jsonl otherwise).")
 @click.option("--since", help="Starts at or after: ISO time (UTC unless given), Unix seconds, or an age (2h, 7d).")
 @click.option("--until", help="Starts before: same forms as --since.")
+@click.option("--parked", is_flag=True, help="Write the parked tasks (JSON Lines) instead of the ledger.")
 @click.pass_obj
 def export_command(
-    store: StoreOptions, queues: tuple[str, ...], out: str, fmt: str | None, since: str | None, until: str | None
+    store: StoreOptions,
+    queues: tuple[str, ...],
+    out: str,
+    fmt: str | None,
+    since: str | None,
+    until: str | None,
+    parked: bool,
 ) -> None:
     """Write the ledger of QUEUES (all queues if none; glob patterns work) as JSON Lines or
-    Parquet: one row per authorized start with its finish (schema: siq_celery.ledger)."""
+    Parquet: one row per authorized start with its finish (schema: siq_celery.ledger).
+    With --parked: the tasks parked beyond the horizon, one JSON object each."""
+    if parked:
+        with one_line_errors():
+            names = _names(store, queues)
+            count = write_parked(store.backend, names, out)
+        click.echo(f"exported {count:,} parked tasks of {len(names)} queue(s)", err=out == "-")
+        return
     with one_line_errors():
         fmt = format_for(out, fmt)
         since_s = parse_time(since) if since else None
         until_s = parse_time(until) if until else None
-        names: list[str] = []
-        for q in queues or ("*",):
-            names += store.backend.queues(q) if any(c in q for c in "*?[") else [q]
+        names = _names(store, queues)
         started = time.monotonic()
 
         def progress(count: int) -> None:
@@ -199,6 +212,13 @@ def export_command(
         count = write_rows(ledger_rows(store.backend, dict.fromkeys(names), since_s, until_s), out, fmt, progress)
     where = "stdout" if out == "-" else out
     click.echo(f"exported {count:,} ledger rows of {len(names)} queue(s) to {where} ({fmt})", err=out == "-")
+
+
+def _names(store: StoreOptions, queues: tuple[str, ...]) -> list[str]:
+    names: list[str] = []
+    for q in queues or ("*",):
+        names += store.backend.queues(q) if any(c in q for c in "*?[") else [q]
+    return list(dict.fromkeys(names))
 
 
 QUEUE_COMMANDS = [

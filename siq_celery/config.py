@@ -11,6 +11,11 @@
   task is back in time to keep its place).
 * ``siq_finished_retention`` (86400 s): finished task ids are remembered this long, so a
   redelivered copy is skipped.
+* ``siq_horizon`` (600 s): no task waits by countdown longer than this; tasks whose slot is
+  further out are parked in the store (keep it well below the broker's
+  ``visibility_timeout`` and RabbitMQ's ``consumer_timeout``).
+* ``siq_release_every`` (1.0 s): how often each worker releases parked tasks that came
+  within the horizon.
 * ``siq_ledger_max`` (100000): about this many starts are kept per queue in the ledger
   (``siq export`` reads it); 0 turns the ledger off.
 
@@ -33,6 +38,7 @@ from .ledger import DEFAULT_LEDGER_MAX
 from .queue import IntervalQueue
 
 REDIS_BROKER_SCHEMES = {"redis", "rediss", "unix"}
+DEFAULT_HORIZON_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,12 @@ class SiqSettings:
     paused_poll: float
     finished_retention: float
     ledger_max: int
+    horizon: float
+    release_every: float
+
+    @property
+    def horizon_us(self) -> int:
+        return round(self.horizon * 1e6)
 
     @classmethod
     def from_app(cls, app: Any) -> SiqSettings:
@@ -60,6 +72,8 @@ class SiqSettings:
             paused_poll=_seconds(conf, "siq_paused_poll", 1.0, minimum=0.05),
             finished_retention=_seconds(conf, "siq_finished_retention", 86_400.0, minimum=1.0),
             ledger_max=_count(conf, "siq_ledger_max", DEFAULT_LEDGER_MAX),
+            horizon=_seconds(conf, "siq_horizon", DEFAULT_HORIZON_S, minimum=1.0),
+            release_every=_seconds(conf, "siq_release_every", 1.0, minimum=0.05),
         )
 
 
@@ -122,6 +136,10 @@ class SiqState:
                 ledger_max=s.ledger_max,
             )
         return self._backend
+
+    def known_queues(self) -> list[IntervalQueue]:
+        """Every IntervalQueue this app has used in this process."""
+        return list(self._queues.values())
 
     def queue(self, name: str, interval: IntervalLike | None) -> IntervalQueue:
         """The IntervalQueue ``name``; ``interval`` (or siq_default_interval) is used only to

@@ -69,19 +69,25 @@ def write_rows(rows: Iterable[LedgerRow], out: str, fmt: str, progress: Callable
         if fmt != "jsonl":
             raise ConfigurationError("only JSON Lines can be written to stdout; give --out FILE for Parquet")
         return _write_jsonl(rows, sys.stdout, progress)
+    with _written_in_place_at_the_end(out) as partial:
+        if fmt == "parquet":
+            return _write_parquet(rows, partial, progress)
+        with open(partial, "w", encoding="utf-8") as f:
+            return _write_jsonl(rows, f, progress)
+
+
+@contextlib.contextmanager
+def _written_in_place_at_the_end(out: str) -> Iterator[str]:
+    """A temporary path beside ``out``, renamed to ``out`` if the block succeeds and
+    removed if it fails: a failed export never leaves a half-written file."""
     target = Path(out)
     if target.parent and not target.parent.is_dir():
         raise ConfigurationError(f"cannot write {out!r}: folder {str(target.parent)!r} does not exist")
     fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    os.close(fd)
     try:
-        if fmt == "parquet":
-            os.close(fd)
-            count = _write_parquet(rows, partial, progress)
-        else:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                count = _write_jsonl(rows, f, progress)
+        yield partial
         os.replace(partial, target)
-        return count
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)
@@ -124,4 +130,31 @@ def _write_parquet(rows: Iterable[LedgerRow], path: str, progress: Callable[[int
             if progress and count % PROGRESS_EVERY == 0:
                 progress(count)
         flush()
+    return count
+
+
+def write_parked(backend: Backend, queues: Iterable[str], out: str) -> int:
+    """Parked tasks as JSON Lines: ``{"v": 1, "queue", "ticket", "task_id", "message"}``,
+    ``message`` being what publishes the task again (task, args, kwargs, options)."""
+    rows = (
+        ParkedRow(queue, t.ticket, t.task_id, json.loads(t.message))
+        for queue in queues
+        for t in backend.parked_tasks(queue)
+    )
+    if out == "-":
+        return _write_json_objects(rows, sys.stdout)
+    with _written_in_place_at_the_end(out) as partial, open(partial, "w", encoding="utf-8") as f:
+        return _write_json_objects(rows, f)
+
+
+class ParkedRow(dict[str, Any]):
+    def __init__(self, queue: str, ticket: int, task_id: str, message: Any) -> None:
+        super().__init__(v=1, queue=queue, ticket=ticket, task_id=task_id, message=message)
+
+
+def _write_json_objects(rows: Iterable[dict[str, Any]], f: IO[str]) -> int:
+    count = 0
+    for row in rows:
+        f.write(json.dumps(row, separators=(",", ":")) + "\n")
+        count += 1
     return count

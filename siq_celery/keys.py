@@ -64,6 +64,22 @@ class QueueKeys:
     def ledger(self) -> str:
         return f"{self.prefix}:{{{self.queue}}}:ledger"
 
+    @property
+    def parked(self) -> str:
+        return f"{self.prefix}:{{{self.queue}}}:parked"
+
+    @property
+    def parked_messages(self) -> str:
+        return f"{self.prefix}:{{{self.queue}}}:parked:msg"
+
+    @property
+    def releasing(self) -> str:
+        return f"{self.prefix}:{{{self.queue}}}:releasing"
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        return (self.state, self.finished, self.ledger, self.parked, self.parked_messages, self.releasing)
+
     @classmethod
     def for_queue(cls, queue: str, prefix: str = DEFAULT_KEY_PREFIX) -> QueueKeys:
         return cls(validate_key_prefix(prefix), validate_queue_name(queue))

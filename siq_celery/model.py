@@ -24,6 +24,9 @@ from dataclasses import replace
 
 from .types import ClaimResult, Decision, QueueState, Verdict
 
+#: The head of a line may be this late (or 10 intervals, if longer) before the line shifts.
+OUTAGE_MIN_US = 1_000_000
+
 
 def new_state(now_us: int, interval_us: int, epoch: str) -> QueueState:
     # last_start = now: a state created from nothing (a new queue, or one whose store was
@@ -59,6 +62,27 @@ def slot_of(state: QueueState, ticket: int) -> int:
     return max(state.anchor_us + (ticket - state.current) * state.interval_us, cap)
 
 
+def outage_us(interval_us: int) -> int:
+    """How late the head of the line may be before the backlog shifts to now (see start)."""
+    return max(10 * interval_us, OUTAGE_MIN_US)
+
+
+def shift_after_outage(state: QueueState, now_us: int) -> bool:
+    """After an outage (no start, and the head of the line overdue by more than
+    :func:`outage_us`), the whole backlog shifts once so the head is due that long from
+    now: the returning workers and their tasks settle in, and the line restarts in ticket
+    order instead of letting whichever task arrives first jump ahead. Once only (the
+    anchor then lies after the last start) until the next start, so a head that never
+    comes back costs its slot and the line moves on. Mutates ``state``."""
+    if state.anchor_us > state.last_start_us:  # shifted already (or resumed, or reset)
+        return False
+    settle = outage_us(state.interval_us)
+    if state.anchor_us + state.interval_us >= now_us - settle:
+        return False
+    state.anchor_us = now_us + settle - state.interval_us
+    return True
+
+
 def start(state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False) -> Decision:
     """Decide whether ``ticket`` may start at ``now_us`` (mutates ``state`` if authorized)."""
     if finished:
@@ -70,6 +94,8 @@ def start(state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: 
         # comes back after the resume can come back in ticket order.
         offset = max(ticket - state.current - 1, 0) * state.interval_us
         return Decision(Verdict.PAUSED, ticket, now_us, wait_us=offset, interval_us=state.interval_us)
+    if ticket > state.current:
+        shift_after_outage(state, now_us)
     slot = slot_of(state, ticket)
     if now_us < slot:
         return Decision(Verdict.WAIT, ticket, now_us, slot - now_us, slot, state.interval_us)
@@ -123,3 +149,16 @@ def restamp(state: QueueState, epoch: str, started_us: int, now_us: int) -> int 
         return None
     state.last_start_us = state.anchor_us = now_us
     return now_us
+
+
+def release_cutoff(state: QueueState, now_us: int, horizon_us: int) -> int | None:
+    """The highest ticket whose slot is within ``horizon_us`` of now: parked tasks up to it
+    go back to the broker. None while paused (no slot is known)."""
+    if state.paused:
+        return None
+    return state.current + max((now_us + horizon_us - state.anchor_us) // state.interval_us, 0)
+
+
+def estimate_of(state: QueueState, ticket: int, now_us: int) -> int:
+    """When ``ticket`` is expected to start (for a released task's ETA)."""
+    return max(slot_of(state, ticket), now_us)

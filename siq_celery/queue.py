@@ -123,6 +123,9 @@ class IntervalQueue:
             backend = backend_from_url(url, key_prefix=key_prefix, clock=clock, **backend_options)
         self.backend = backend
         self._sleep, self._monotonic = sleep, monotonic
+        #: Seconds from claim to estimated start of the last ticket this object claimed:
+        #: a producer uses it to see that its queue has a long backlog.
+        self.last_delay = 0.0
 
     def __repr__(self) -> str:
         interval = format_interval(self.interval_us) if self.interval_us else "stored"
@@ -199,7 +202,9 @@ class IntervalQueue:
     def claim(self) -> Ticket:
         """Take the next ticket (one round trip)."""
         r = self.backend.claim(self.name, 1, self.interval_us or 0, new_epoch())
-        return Ticket(self.name, r.first, r.epoch, r.estimate_us(r.first), r.now_us)
+        ticket = Ticket(self.name, r.first, r.epoch, r.estimate_us(r.first), r.now_us)
+        self.last_delay = ticket.delay
+        return ticket
 
     def claim_later(self) -> PendingTicket:
         """Send a claim for one ticket now and read the answer later: the round trip
@@ -211,7 +216,9 @@ class IntervalQueue:
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_CLAIM:
             raise ConfigurationError(f"claim_many(count) takes a whole number from 1 to {MAX_CLAIM}, not {count!r}")
         result = self.backend.claim(self.name, count, self.interval_us or 0, new_epoch())
-        return self._tickets(result)
+        tickets = self._tickets(result)
+        self.last_delay = tickets[-1].delay
+        return tickets
 
     def _tickets(self, r: ClaimResult) -> list[Ticket]:
         return [Ticket(self.name, n, r.epoch, r.estimate_us(n), r.now_us) for n in range(r.first, r.first + r.count)]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,10 +35,11 @@ from celery.exceptions import Ignore
 from kombu.utils.uuid import uuid
 
 from .config import siq_state
-from .errors import StoreUnavailableError
+from .errors import ConfigurationError, StoreUnavailableError
 from .intervals import IntervalLike
 from .ledger import StartRecord
 from .messages import HEADER_NAMES, ticket_from_headers, ticket_headers
+from .parking import Releaser, ReleaseThrottle, park, parked_message, release_due
 from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, PendingTicket
 from .types import Decision, Ticket, Verdict
 
@@ -86,18 +88,28 @@ class IntervalTask(Task):  # type: ignore[misc]
         options["headers"] = {
             k: v for k, v in (options.get("headers") or {}).items() if k not in (*HEADER_NAMES, DEFERRALS)
         }
-        if self.app.conf.task_protocol == 1:  # the ETA lives in the body there: claim first
-            self._claim_into(queue, options)
-            return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
-        # The claim's round trip overlaps Celery building the message; the ticket is read
-        # back in before_task_publish (_put_ticket_in_headers), just before it is sent.
+        settings = siq_state(self.app).settings
         task_id = task_id or uuid()
+        # Protocol 1 keeps the ETA in the body, and a queue with a long backlog may need
+        # parking: both claim first. Otherwise the claim's round trip overlaps Celery
+        # building the message, and the ticket is read back in before_task_publish
+        # (_put_ticket_in_headers), just before it is sent.
+        if self.app.conf.task_protocol == 1 or queue.last_delay > settings.horizon / 2:
+            ticket = self._claim_into(queue, options)
+            if ticket is not None and ticket.delay > settings.horizon:
+                extra = {"link": link, "link_error": link_error, "shadow": shadow}
+                message = parked_message(self.name, args, kwargs, {**options, **extra, "task_id": task_id})
+                if park(queue, [(ticket, task_id, message)]):
+                    self._release_now_and_then(queue)
+                    return self.AsyncResult(task_id)
+                options.pop("eta", None)  # the line moved on (reset): publish it, the worker re-claims
+            return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         try:
             pending = queue.claim_later()
         except StoreUnavailableError as exc:
             logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", self.name, exc)
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
-        _CLAIMS_IN_FLIGHT[task_id] = (pending, siq_state(self.app).settings.countdown_margin)
+        _CLAIMS_IN_FLIGHT[task_id] = (pending, queue, settings.countdown_margin, settings.horizon)
         try:
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         finally:
@@ -105,17 +117,64 @@ class IntervalTask(Task):  # type: ignore[misc]
             if unread is not None:  # not published through send_task_message: no ticket went out
                 unread[0].discard()
 
-    def _claim_into(self, queue: IntervalQueue, options: dict[str, Any]) -> None:
+    def _claim_into(self, queue: IntervalQueue, options: dict[str, Any]) -> Ticket | None:
         try:
             ticket = queue.claim()
         except StoreUnavailableError as exc:
             logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", self.name, exc)
-            return
+            return None
         options["headers"].update(ticket_headers(ticket))
-        if options.get("eta") is None and options.get("countdown") is None:
-            eta = _eta(ticket, siq_state(self.app).settings.countdown_margin)
+        settings = siq_state(self.app).settings
+        if options.get("eta") is None and options.get("countdown") is None and ticket.delay <= settings.horizon:
+            eta = _eta(ticket, settings.countdown_margin)
             if eta is not None:
                 options["eta"] = eta
+        return ticket
+
+    def apply_many(
+        self, calls: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]], chunk_size: int = 500,
+        **options: Any,
+    ) -> list[Any]:  # fmt: skip
+        """Publish one task per call, claiming tickets ``chunk_size`` at a time (one store
+        round trip per chunk); tasks whose slot is beyond the horizon are parked, a chunk
+        at a time. A call is an args sequence, or an ``(args, kwargs)`` pair. Returns the
+        AsyncResults, in order."""
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= 10_000:
+            raise ConfigurationError(f"apply_many(chunk_size) takes a whole number from 1 to 10000, not {chunk_size!r}")
+        normalized = [_call(c) for c in calls]  # bad input fails here, before anything is claimed
+        queue, settings = self.siq_queue(), siq_state(self.app).settings
+        results = []
+        with self.app.producer_or_acquire() as producer:
+            for start in range(0, len(normalized), chunk_size):
+                chunk = normalized[start : start + chunk_size]
+                tickets = queue.claim_many(len(chunk))
+                to_park = []
+                for (args, kwargs), ticket in zip(chunk, tickets, strict=True):
+                    task_id = uuid()
+                    opts = {**options, "headers": {**(options.get("headers") or {}), **ticket_headers(ticket)}}
+                    if ticket.delay > settings.horizon:
+                        to_park.append(
+                            (ticket, task_id, parked_message(self.name, args, kwargs, {**opts, "task_id": task_id}))
+                        )
+                    else:
+                        eta = _eta(ticket, settings.countdown_margin)
+                        super().apply_async(args, kwargs, task_id, producer, eta=eta, **opts)
+                    results.append(self.AsyncResult(task_id))
+                if to_park and not park(queue, to_park):
+                    for ticket, task_id, _ in to_park:  # the line moved on (reset): the worker re-claims
+                        super().apply_async(*chunk[tickets.index(ticket)], task_id, producer, **options)
+        self._release_now_and_then(queue)
+        return results
+
+    def _release_now_and_then(self, queue: IntervalQueue) -> None:
+        """Release parked tasks that came within the horizon (at most once a second)."""
+        if not _RELEASE_THROTTLE.due(queue.name):
+            return
+        settings = siq_state(self.app).settings
+        try:
+            release_due(self.app, queue, settings.horizon_us, settings.countdown_margin)
+        except Exception as exc:  # workers' release threads try again; nothing is lost
+            logger.warning("%s: could not release parked tasks of %r: %s", self.name, queue.name, exc)
 
     # -- worker ---------------------------------------------------------------------
 
@@ -147,7 +206,8 @@ class IntervalTask(Task):  # type: ignore[misc]
         super().before_start(task_id, args, kwargs)
 
     def _defer(self, ticket: Ticket, decision: Decision) -> None:
-        """Re-publish this very task (same id, ticket, retry count) later; end this delivery."""
+        """Re-publish this very task (same id, ticket, retry count) later, or park it in the
+        store if its slot is beyond the horizon; end this delivery."""
         settings = siq_state(self.app).settings
         if decision.verdict is Verdict.PAUSED:
             countdown = paused_countdown(decision, settings.paused_poll, settings.countdown_margin)
@@ -155,10 +215,16 @@ class IntervalTask(Task):  # type: ignore[misc]
             countdown = max(decision.wait - settings.countdown_margin, 0.0)
         request = self.request
         headers = {**(request.headers or {}), **ticket_headers(ticket), DEFERRALS: _deferrals(request.headers) + 1}
-        signature = self.signature_from_request(
-            request, request.args, request.kwargs, countdown=countdown, headers=headers
-        )
-        signature.apply_async(**{KEEP_TICKET: True})
+        signature = self.signature_from_request(request, request.args, request.kwargs, headers=headers)
+        if decision.verdict is Verdict.WAIT and decision.wait > settings.horizon:
+            message = parked_message(self.name, request.args, request.kwargs, dict(signature.options))
+            if park(self.siq_queue(), [(ticket, request.id, message)]):
+                logger.info("%s[%s]: ticket %s of %r parked, %.0fs from its slot",
+                            self.name, request.id, ticket.number, ticket.queue, decision.wait)  # fmt: skip
+                self._send_deferred_event(ticket, decision, decision.wait)
+                raise Ignore()
+        countdown = min(countdown, settings.horizon)  # nothing waits in a worker beyond the horizon
+        signature.apply_async(countdown=countdown, **{KEEP_TICKET: True})
         logger.info("%s[%s]: %s; ticket %s of %r deferred %.3fs",
                     self.name, request.id, decision.verdict.value, ticket.number, ticket.queue, countdown)  # fmt: skip
         self._send_deferred_event(ticket, decision, countdown)
@@ -183,11 +249,13 @@ class IntervalTask(Task):  # type: ignore[misc]
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         # Called for SUCCESS and FAILURE only (not RETRY, not our Ignore): the task is done,
         # so a redelivered copy of it must not run again.
+        queue = self.siq_queue()
         try:
-            self.siq_queue().finish(task_id, "SUCCESS" if status == "SUCCESS" else "FAILURE")
+            queue.finish(task_id, "SUCCESS" if status == "SUCCESS" else "FAILURE")
         except StoreUnavailableError as exc:
             logger.warning("%s[%s]: could not record the finish (a redelivered copy may run again): %s",
                            self.name, task_id, exc)  # fmt: skip
+        self._release_now_and_then(queue)
         super().after_return(status, retval, task_id, args, kwargs, einfo)
 
 
@@ -199,7 +267,20 @@ def _deferrals(headers: dict[str, Any] | None) -> int:
 
 #: Claims sent by apply_async whose answers before_task_publish reads, by task id. It holds
 #: a claim only for the duration of one apply_async call.
-_CLAIMS_IN_FLIGHT: dict[str, tuple[PendingTicket, float]] = {}
+_CLAIMS_IN_FLIGHT: dict[str, tuple[PendingTicket, IntervalQueue, float, float]] = {}
+_RELEASE_THROTTLE = ReleaseThrottle()
+
+
+def _call(call: Any) -> tuple[Sequence[Any], dict[str, Any]]:
+    """``args`` or ``(args, kwargs)``, as apply_many takes them."""
+    if (
+        isinstance(call, tuple) and len(call) == 2 and isinstance(call[0], (list, tuple))
+        and isinstance(call[1], Mapping)
+    ):  # fmt: skip
+        return call[0], dict(call[1])
+    if isinstance(call, (list, tuple)):
+        return call, {}
+    raise ConfigurationError(f"apply_many: a call is an args list/tuple or an (args, kwargs) pair, not {call!r}")
 
 
 def _eta(ticket: Ticket, margin: float) -> datetime | None:
@@ -215,14 +296,17 @@ def _put_ticket_in_headers(sender: Any = None, headers: dict[str, Any] | None = 
     claim = _CLAIMS_IN_FLIGHT.pop(headers.get("id", ""), None) if headers else None
     if claim is None or headers is None:
         return
-    pending, margin = claim
+    pending, queue, margin, horizon = claim
     try:
         ticket = pending.ticket()
     except StoreUnavailableError as exc:
         logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", sender, exc)
         return
+    queue.last_delay = ticket.delay  # a long backlog: the next publish claims first, to park
     headers.update(ticket_headers(ticket))
-    if headers.get("eta") is None:  # the caller's own countdown or eta stands
+    # The caller's own countdown or eta stands. Beyond the horizon no ETA at all: the
+    # worker parks the task at once instead of holding it in memory.
+    if headers.get("eta") is None and ticket.delay <= horizon:
         eta = _eta(ticket, margin)
         if eta is not None:
             headers["eta"] = eta.isoformat()
@@ -284,5 +368,49 @@ def _warm_worker(sender: Any = None, **_: Any) -> None:
         warm_interval_queues(sender.app)
 
 
+_RELEASERS: list[Releaser] = []
+
+
+def _start_releaser(sender: Any = None, **_: Any) -> None:
+    """The worker's own release loop (main process), so an idle fleet still releases."""
+    app = getattr(sender, "app", None)
+    if app is None or not any(isinstance(t, IntervalTask) for t in app.tasks.values()):
+        return
+    settings = siq_state(app).settings
+    _warn_if_broker_forgets_before_horizon(app, settings.horizon)
+    releaser = Releaser(app, settings.release_every)
+    releaser.start()
+    _RELEASERS.append(releaser)
+
+
+def _stop_releasers(**_: Any) -> None:
+    while _RELEASERS:
+        _RELEASERS.pop().stop()
+
+
+#: RabbitMQ's default consumer_timeout (30 min): a delivery unacknowledged longer closes the channel.
+RABBITMQ_CONSUMER_TIMEOUT_S = 1800.0
+REDIS_VISIBILITY_TIMEOUT_S = 3600.0  # kombu's default for the Redis (and SQS) transports
+
+
+def _warn_if_broker_forgets_before_horizon(app: Any, horizon: float) -> None:
+    transport = str(app.conf.broker_url or "").split("://")[0].split("+")[0]
+    options = app.conf.broker_transport_options or {}
+    if transport in ("redis", "rediss", "sqs", "sentinel"):
+        limit, name = float(options.get("visibility_timeout", REDIS_VISIBILITY_TIMEOUT_S)), "visibility_timeout"
+    elif transport in ("amqp", "amqps", "pyamqp"):
+        limit, name = RABBITMQ_CONSUMER_TIMEOUT_S, "RabbitMQ's default consumer_timeout"
+    else:
+        return
+    if horizon >= limit * 0.9:
+        logger.warning(
+            "siq_celery: siq_horizon (%.0fs) is not well below the broker's %s (%.0fs): a task waiting by "
+            "countdown that long may be redelivered or its channel closed; lower siq_horizon",
+            horizon, name, limit,
+        )  # fmt: skip
+
+
 signals.worker_process_init.connect(_warm_pool_process, weak=False)
 signals.worker_ready.connect(_warm_worker, weak=False)
+signals.worker_ready.connect(_start_releaser, weak=False)
+signals.worker_shutdown.connect(_stop_releasers, weak=False)

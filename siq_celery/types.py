@@ -43,6 +43,7 @@ class QueueStatus:
     state: QueueState
     now_us: int
     finished: int
+    parked: int = 0  #: tasks parked in the store (beyond the horizon), releasing ones included
 
     @property
     def next_start_us(self) -> int:
@@ -64,6 +65,7 @@ class QueueStatus:
             "next_start": self.next_start_us / US,
             "now": self.now_us / US,
             "finished_recorded": self.finished,
+            "parked": self.parked,
         }
 
 
@@ -139,3 +141,21 @@ class Decision:
     def lateness(self) -> float:
         """Seconds between the slot and the authorized start (AUTHORIZED only)."""
         return (self.now_us - self.slot_us) / US
+
+
+@dataclass(frozen=True)
+class ParkedTask:
+    """A task kept in the store until its slot comes within the horizon."""
+
+    ticket: int
+    task_id: str
+    message: str  #: JSON: everything needed to publish the task again unchanged
+
+
+@dataclass(frozen=True)
+class Release:
+    """Parked tasks handed to one releaser (leased: see Backend.release)."""
+
+    epoch: str
+    now_us: int
+    tasks: list[tuple[ParkedTask, int]]  #: with each one's estimated start (store clock, µs)

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from siq_celery import IntervalQueue
 from siq_celery.cli import siq
 from siq_celery.embedded import free_port
+from siq_celery.types import ParkedTask
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -27,13 +28,14 @@ def run(url: str, *args: str, input: str | None = None) -> tuple[int, str]:
 def test_status_lists_queues_as_a_table_and_as_json(url: str) -> None:
     geo = IntervalQueue("geo", url=url, interval="200ms")
     geo.ensure()
-    geo.claim_many(5)
+    tickets = geo.claim_many(5)
+    geo.backend.park("geo", tickets[0].epoch, [ParkedTask(5, "t5", "{}")])
     IntervalQueue("shop:a", url=url, interval="5/s").ensure()
     code, out = run(url, "status")
     assert code == 0
     header, *rows = out.strip().splitlines()
-    assert header.split()[:6] == ["queue", "interval", "ticket", "current", "backlog", "paused"]
-    assert rows[0].split()[:6] == ["geo", "200ms", "5", "0", "5", "no"] and rows[1].startswith("shop:a")
+    assert header.split()[:7] == ["queue", "interval", "ticket", "current", "backlog", "parked", "paused"]
+    assert rows[0].split()[:7] == ["geo", "200ms", "5", "0", "5", "1", "no"] and rows[1].startswith("shop:a")
     code, out = run(url, "status", "shop:*", "--json")
     assert code == 0 and [q["queue"] for q in json.loads(out)] == ["shop:a"]
 

@@ -107,3 +107,20 @@ def test_time_forms() -> None:
     assert parse_time("2026-11-21T08:00:00") == parse_time("2026-11-21T08:00:00+00:00") == 1795248000.0
     assert parse_time("1795248000") == 1795248000.0
     assert parse_time("2h", now=10_000.0) == 2800.0 and parse_time("7d", now=1e6) == 1e6 - 7 * 86400
+
+
+def test_parked_tasks_export_as_json_lines(store_url: str, tmp_path: Path) -> None:
+    from siq_celery.types import ParkedTask
+
+    q = IntervalQueue("geo", url=store_url, interval="100ms")
+    q.ensure()
+    tickets = q.claim_many(3)
+    message = json.dumps({"task": "geo.lookup", "args": [1], "kwargs": {}, "options": {}})
+    q.backend.park("geo", tickets[0].epoch, [ParkedTask(t.number, f"t{t.number}", message) for t in tickets[1:]])
+    code, _, err = export(store_url, "geo", "--parked", "--out", str(tmp_path / "parked.jsonl"))
+    assert code == 0 and "exported 2 parked tasks of 1 queue(s)" in err + _
+    rows = [json.loads(line) for line in (tmp_path / "parked.jsonl").read_text().splitlines()]
+    assert [(r["ticket"], r["task_id"], r["message"]["task"]) for r in rows] == [
+        (2, "t2", "geo.lookup"),
+        (3, "t3", "geo.lookup"),
+    ]

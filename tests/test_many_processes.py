@@ -8,6 +8,8 @@ and starts in ticket order.
 
 from __future__ import annotations
 
+import multiprocessing as mp
+
 import pytest
 
 from siq_celery.loadtest import run_slot_processes, summarize
@@ -36,3 +38,37 @@ def test_eight_processes_share_one_10ms_interval(url: str) -> None:
     assert s.store_gaps_below_interval == 0 and s.min_store_gap_ms >= 10.0
     assert s.min_body_gap_ms >= 9.0
     assert s.order_inversions == 0
+
+
+def _release_loop(url: str, out: mp.Queue[list[str]]) -> None:  # runs in a child process
+    from siq_celery import IntervalQueue
+
+    q = IntervalQueue("racing", url=url)
+    mine: list[str] = []
+    while True:
+        batch = q.backend.release("racing", 10**12, limit=7)
+        if not batch.tasks:
+            break
+        mine += [t.task_id for t, _ in batch.tasks]
+        q.backend.unpark("racing", [t.task_id for t, _ in batch.tasks])
+    out.put(mine)
+
+
+def test_eight_releasers_racing_release_each_parked_task_once(url: str) -> None:
+
+    from siq_celery import IntervalQueue
+    from siq_celery.types import ParkedTask
+
+    q = IntervalQueue("racing", url=url, interval="10ms")
+    q.ensure(reset=True)
+    tickets = q.claim_many(2000)
+    assert q.backend.park("racing", tickets[0].epoch, [ParkedTask(t.number, f"t{t.number}", "{}") for t in tickets])
+    out: mp.Queue[list[str]] = mp.Queue()
+    procs = [mp.Process(target=_release_loop, args=(url, out)) for _ in range(PROCESSES)]
+    for p in procs:
+        p.start()
+    released = [task_id for _ in procs for task_id in out.get(timeout=60)]
+    for p in procs:
+        p.join(10)
+    assert sorted(released) == sorted(f"t{n}" for n in range(1, 2001))  # every one, once
+    assert q.status().parked == 0

@@ -64,6 +64,10 @@ class Reference:
         I, cur = q["I"], q["cur"]
         if q["paused"]:
             return "paused", max(number - cur - 1, 0) * I, 0  # type: ignore[operator]
+        settle = max(10 * I, 1_000_000)  # type: ignore[call-overload]
+        outage = q["anchor"] <= q["last"] and q["anchor"] + I < now - settle  # type: ignore[operator]
+        if number > cur and outage:  # type: ignore[operator]
+            q["anchor"] = now + settle - I  # type: ignore[operator]  # a long-overdue head: the backlog shifts once
         due = q["anchor"] + (number - cur) * I if number > cur else 0  # type: ignore[operator]
         slot = max(due, q["last"] + I)  # type: ignore[operator]
         if now < slot:

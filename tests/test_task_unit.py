@@ -122,3 +122,27 @@ def test_the_published_message_carries_the_ticket_and_an_eta_on_the_store_clock(
     assert abs(first_eta - (status.state.anchor_us + 1_000_000 - 20_000) / 1e6) < 0.001  # slot - margin
     assert sent[3]["mine"] == "kept"  # the caller's headers and countdown stand
     assert job.siq_queue().backend.client.connection_pool._in_use_connections == set()  # nothing left unread
+
+
+@pytest.mark.parametrize(
+    ("broker", "options", "horizon", "warns"),
+    [
+        ("redis://localhost/0", {"visibility_timeout": 20}, 600.0, True),
+        ("redis://localhost/0", {"visibility_timeout": 20}, 10.0, False),
+        ("redis://localhost/0", {}, 600.0, False),  # kombu's default visibility_timeout: 1 h
+        ("amqp://guest@localhost//", {}, 1800.0, True),  # RabbitMQ's default consumer_timeout: 30 min
+        ("amqp://guest@localhost//", {}, 600.0, False),
+    ],
+)
+def test_a_worker_warns_when_the_broker_would_forget_before_the_horizon(
+    broker: str, options: dict[str, int], horizon: float, warns: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery import Celery
+
+    from siq_celery.task import _warn_if_broker_forgets_before_horizon
+
+    app = Celery("warn", broker=broker, set_as_current=False)
+    app.conf.broker_transport_options = options
+    with caplog.at_level("WARNING", logger="siq_celery"):
+        _warn_if_broker_forgets_before_horizon(app, horizon)
+    assert ("lower siq_horizon" in caplog.text) is warns

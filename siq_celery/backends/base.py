@@ -16,7 +16,7 @@ import contextlib
 import fnmatch
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
@@ -24,13 +24,15 @@ from .. import model
 from ..errors import CorruptStateError, QueueNotFoundError
 from ..keys import DEFAULT_KEY_PREFIX, QueueKeys, validate_key_prefix
 from ..ledger import DEFAULT_LEDGER_MAX, LedgerRow, StartRecord
-from ..types import ClaimResult, Decision, QueueState, QueueStatus
+from ..types import ClaimResult, Decision, ParkedTask, QueueState, QueueStatus, Release
 
 Clock = Callable[[], int]
 """A clock returning microseconds since the Unix epoch (tests pin it)."""
 
 DEFAULT_FINISHED_RETENTION_US = 24 * 3_600 * 1_000_000
 DEFAULT_FINISHED_MAX = 1_000_000
+RELEASE_LIMIT = 500  # parked tasks handed to one releaser at a time
+RELEASE_LEASE_US = 60_000_000  # a releaser that died: its tasks go out again after this
 
 
 def system_clock_us() -> int:
@@ -167,6 +169,30 @@ class Backend(ABC):
         when missing if ``interval_us`` is given, else raises QueueNotFoundError."""
 
     @abstractmethod
+    def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
+        """Keep ``tasks`` (tickets of ``epoch``) in the store, ordered by ticket, until their
+        slot comes within the horizon. False, with nothing kept, if the queue's state is
+        of another epoch or missing (the caller then publishes them as they are)."""
+
+    @abstractmethod
+    def release(
+        self, queue: str, horizon_us: int, limit: int = RELEASE_LIMIT, lease_us: int = RELEASE_LEASE_US
+    ) -> Release:
+        """Lease to this caller, atomically, up to ``limit`` parked tasks whose slot is within
+        ``horizon_us`` (none while paused), and any whose earlier lease expired (a releaser
+        that died before publishing them). The caller publishes each, then calls
+        :meth:`unpark`; a task is handed out again only if that does not happen within
+        ``lease_us``."""
+
+    @abstractmethod
+    def unpark(self, queue: str, task_ids: Sequence[str]) -> None:
+        """Forget released tasks once they are published."""
+
+    @abstractmethod
+    def parked_tasks(self, queue: str) -> list[ParkedTask]:
+        """Every parked task of ``queue`` (leased ones included), by ticket."""
+
+    @abstractmethod
     def status(self, queue: str) -> QueueStatus | None: ...
 
     @abstractmethod
@@ -238,6 +264,26 @@ class Transaction(ABC):
 
     @abstractmethod
     def record_start(self, row: LedgerRow) -> None: ...
+
+    @abstractmethod
+    def park(self, tasks: Sequence[ParkedTask]) -> None: ...
+
+    @abstractmethod
+    def leasable(self, cutoff: int | None, now_us: int, limit: int) -> list[ParkedTask]:
+        """Parked tasks with an expired lease, then unleased ones with ticket <= cutoff, by ticket."""
+
+    @abstractmethod
+    def lease(self, task_ids: Sequence[str], until_us: int) -> None: ...
+
+    @abstractmethod
+    def unpark(self, task_ids: Sequence[str]) -> None: ...
+
+    @abstractmethod
+    def parked_count(self) -> int: ...
+
+    @abstractmethod
+    def renumber_parked(self) -> int:
+        """Number the parked tasks 1..n in their order (a reset's new life); n."""
 
     @abstractmethod
     def record_finish(self, task_id: str, outcome: str) -> None:
@@ -345,13 +391,42 @@ class ModelBackend(Backend):
                     raise QueueNotFoundError(f"queue {queue!r} has no state in this store")
                 tx.state = model.new_state(tx.now_us, interval_us, epoch)
             tx.state = model.reset(tx.state, tx.now_us, epoch, interval_us)
+            tx.state.ticket = tx.renumber_parked()  # parked tasks keep their order in the new life
             return _copy(tx.state)
 
     def status(self, queue: str) -> QueueStatus | None:
         with self.transaction(queue) as tx:
             if tx.state is None:
                 return None
-            return QueueStatus(queue, _copy(tx.state), tx.now_us, tx.finished_count())
+            return QueueStatus(queue, _copy(tx.state), tx.now_us, tx.finished_count(), tx.parked_count())
+
+    def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
+        with self.transaction(queue) as tx:
+            if tx.state is None or tx.state.epoch != epoch:
+                return False
+            tx.park(tasks)
+            return True
+
+    def release(
+        self, queue: str, horizon_us: int, limit: int = RELEASE_LIMIT, lease_us: int = RELEASE_LEASE_US
+    ) -> Release:
+        with self.transaction(queue) as tx:
+            if tx.state is None:
+                return Release("", tx.now_us, [])
+            state, now = tx.state, tx.now_us
+            if not state.paused:
+                model.shift_after_outage(state, now)
+            tasks = tx.leasable(model.release_cutoff(state, now, horizon_us), now, limit)
+            tx.lease([t.task_id for t in tasks], now + lease_us)
+            return Release(state.epoch, now, [(t, model.estimate_of(state, t.ticket, now)) for t in tasks])
+
+    def unpark(self, queue: str, task_ids: Sequence[str]) -> None:
+        with self.transaction(queue) as tx:
+            tx.unpark(task_ids)
+
+    def parked_tasks(self, queue: str) -> list[ParkedTask]:
+        with self.transaction(queue) as tx:
+            return tx.leasable(1 << 62, 1 << 62, 1 << 62)  # everything, leased or not
 
     def delete(self, queue: str) -> bool:
         with self.transaction(queue) as tx:

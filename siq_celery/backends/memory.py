@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from ..ledger import LedgerRow
-from ..types import QueueState
+from ..types import ParkedTask, QueueState
 from .base import ModelBackend, Transaction, _copy, match_names
 
 
@@ -24,6 +24,8 @@ class _Store:
     states: dict[str, QueueState] = field(default_factory=dict)
     finished: dict[str, OrderedDict[str, int]] = field(default_factory=dict)
     ledgers: dict[str, deque[LedgerRow]] = field(default_factory=dict)
+    #: per queue: task id -> (parked task, lease deadline or None)
+    parked: dict[str, dict[str, tuple[ParkedTask, int | None]]] = field(default_factory=dict)
 
 
 _NAMED_STORES: dict[str, _Store] = {}
@@ -68,11 +70,46 @@ class _MemoryTransaction(Transaction):
                     row.finish_us, row.outcome = self.now_us, outcome
                 return
 
+    def _parked(self) -> dict[str, tuple[ParkedTask, int | None]]:
+        return self._store.parked.setdefault(self._queue, {})
+
+    def park(self, tasks: Sequence[ParkedTask]) -> None:
+        parked = self._parked()
+        for task in tasks:
+            parked[task.task_id] = (task, None)
+
+    def leasable(self, cutoff: int | None, now_us: int, limit: int) -> list[ParkedTask]:
+        entries = sorted(self._parked().values(), key=lambda e: e[0].ticket)
+        expired = [t for t, lease in entries if lease is not None and lease <= now_us]
+        due = [t for t, lease in entries if lease is None and cutoff is not None and t.ticket <= cutoff]
+        return (expired + due)[:limit]
+
+    def lease(self, task_ids: Sequence[str], until_us: int) -> None:
+        parked = self._parked()
+        for task_id in task_ids:
+            parked[task_id] = (parked[task_id][0], until_us)
+
+    def unpark(self, task_ids: Sequence[str]) -> None:
+        parked = self._parked()
+        for task_id in task_ids:
+            parked.pop(task_id, None)
+
+    def parked_count(self) -> int:
+        return len(self._store.parked.get(self._queue, {}))
+
+    def renumber_parked(self) -> int:
+        parked = self._parked()
+        ordered = sorted(parked.values(), key=lambda e: e[0].ticket)
+        for number, (task, _) in enumerate(ordered, start=1):
+            parked[task.task_id] = (replace(task, ticket=number), None)
+        return len(ordered)
+
     def delete(self) -> bool:
+        had_parked = bool(self._store.parked.pop(self._queue, None))
         had_state = self._store.states.pop(self._queue, None) is not None
         had_records = bool(self._store.finished.pop(self._queue, None))
         had_ledger = bool(self._store.ledgers.pop(self._queue, None))
-        return had_state or had_records or had_ledger
+        return had_state or had_records or had_ledger or had_parked
 
     def commit(self) -> None:
         if self.state is not None:

@@ -24,8 +24,8 @@ from ..errors import (
 )
 from ..keys import QueueKeys
 from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
-from ..types import ClaimResult, Decision, QueueState, QueueStatus, Verdict
-from .base import Backend, PendingClaim
+from ..types import ClaimResult, Decision, ParkedTask, QueueState, QueueStatus, Release, Verdict
+from .base import RELEASE_LEASE_US, RELEASE_LIMIT, Backend, PendingClaim
 
 try:
     import redis
@@ -40,10 +40,13 @@ ACL_RULES = (
     "~siq:*",
     "+evalsha", "+eval", "+script|load", "+ping", "+scan", "+del",
     "+time", "+hmget", "+hset", "+zscore", "+zadd", "+zremrangebyscore", "+zremrangebyrank", "+zcard",
-    "+xadd", "+xrange",
+    "+xadd", "+xrange", "+hget", "+hdel", "+zrange", "+zrangebyscore", "+zrem",
 )  # fmt: skip
 
-SCRIPTS = ("claim", "start", "restamp", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status")
+SCRIPTS = (
+    "claim", "start", "restamp", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status",
+    "park", "release", "unpark",
+)  # fmt: skip
 
 
 def load_script_source(name: str) -> str:
@@ -299,15 +302,58 @@ class RedisBackend(Backend):
         return self._state(self._run("set_interval", queue, [self.keys(queue).state], [interval_us]))[0]
 
     def reset(self, queue: str, interval_us: int | None, epoch: str) -> QueueState:
-        return self._state(self._run("reset", queue, [self.keys(queue).state], [interval_us or 0, epoch]))[0]
+        k = self.keys(queue)
+        keys = [k.state, k.parked, k.parked_messages, k.releasing]
+        return self._state(self._run("reset", queue, keys, [interval_us or 0, epoch]))[0]
+
+    def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
+        k = self.keys(queue)
+        args: list[Any] = [epoch]
+        for t in tasks:
+            args += [t.ticket, t.task_id, t.message]
+        return bool(self._run("park", queue, [k.state, k.parked, k.parked_messages], args))
+
+    def release(
+        self, queue: str, horizon_us: int, limit: int = RELEASE_LIMIT, lease_us: int = RELEASE_LEASE_US
+    ) -> Release:
+        k = self.keys(queue)
+        reply = self._run(
+            "release", queue, [k.state, k.parked, k.parked_messages, k.releasing], [horizon_us, limit, lease_us]
+        )
+        epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        tasks = [
+            (ParkedTask(int(reply[i + 1]), reply[i].decode(), reply[i + 3].decode()), int(reply[i + 2]))
+            for i in range(2, len(reply), 4)
+        ]
+        return Release(epoch, int(reply[1]), tasks)
+
+    def parked_tasks(self, queue: str) -> list[ParkedTask]:
+        k = self.keys(queue)
+        try:
+            ids = [i.decode() for key in (k.releasing, k.parked) for i in self.client.zrange(key, 0, -1)]
+            tasks = []
+            for start in range(0, len(ids), 1000):
+                chunk = ids[start : start + 1000]
+                for task_id, value in zip(chunk, self.client.hmget(k.parked_messages, chunk), strict=True):
+                    if value is not None:
+                        ticket, _, message = value.decode().partition("|")
+                        tasks.append(ParkedTask(int(ticket), task_id, message))
+        except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
+            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+        return sorted(tasks, key=lambda t: t.ticket)
+
+    def unpark(self, queue: str, task_ids: Sequence[str]) -> None:
+        if task_ids:
+            k = self.keys(queue)
+            self._run("unpark", queue, [k.parked, k.parked_messages, k.releasing], list(task_ids))
 
     def status(self, queue: str) -> QueueStatus | None:
         k = self.keys(queue)
-        reply = self._run("status", queue, [k.state, k.finished], [])
+        reply = self._run("status", queue, [k.state, k.finished, k.parked, k.releasing], [])
         if not reply:
             return None
         state, now = self._state(reply)
-        return QueueStatus(queue, state, now, int(reply[8]))
+        return QueueStatus(queue, state, now, int(reply[8]), int(reply[9]))
 
     def queues(self, pattern: str = "*") -> list[str]:
         match = f"{self.key_prefix}:{{{pattern}}}:state"
@@ -322,7 +368,7 @@ class RedisBackend(Backend):
     def delete(self, queue: str) -> bool:
         k = self.keys(queue)
         try:
-            return bool(self.client.delete(k.state, k.finished, k.ledger))
+            return bool(self.client.delete(*k.all))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
 

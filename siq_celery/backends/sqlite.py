@@ -20,14 +20,14 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError
 from ..ledger import LedgerRow
-from ..types import ClaimResult
+from ..types import ClaimResult, ParkedTask
 from .base import ModelBackend, Transaction, match_names, state_from_fields
 
 _SCHEMA = """
@@ -50,6 +50,11 @@ CREATE TABLE IF NOT EXISTS siq_ledger (
 );
 CREATE INDEX IF NOT EXISTS siq_ledger_by_start ON siq_ledger (prefix, queue, start_us);
 CREATE INDEX IF NOT EXISTS siq_ledger_by_task ON siq_ledger (prefix, queue, task_id);
+CREATE TABLE IF NOT EXISTS siq_parked (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, task_id TEXT NOT NULL, ticket INTEGER NOT NULL,
+    message TEXT NOT NULL, lease_until INTEGER, PRIMARY KEY (prefix, queue, task_id)
+);
+CREATE INDEX IF NOT EXISTS siq_parked_by_ticket ON siq_parked (prefix, queue, ticket);
 """
 _LEDGER_COLUMNS = (
     "queue", "epoch", "ticket", "task_id", "task_name", "slot_us", "start_us", "interval_us", "finish_us",
@@ -123,8 +128,49 @@ class _SqliteTransaction(Transaction):
             (*self._key, *self._key, keep),
         )
 
+    def park(self, tasks: Sequence[ParkedTask]) -> None:
+        self._c.executemany(
+            "INSERT OR REPLACE INTO siq_parked VALUES (?, ?, ?, ?, ?, NULL)",
+            [(*self._key, t.task_id, t.ticket, t.message) for t in tasks],
+        )
+
+    def leasable(self, cutoff: int | None, now_us: int, limit: int) -> list[ParkedTask]:
+        rows = self._c.execute(
+            "SELECT ticket, task_id, message FROM siq_parked WHERE prefix=? AND queue=? AND "
+            "((lease_until IS NOT NULL AND lease_until <= ?) OR (lease_until IS NULL AND ticket <= ?)) "
+            "ORDER BY lease_until IS NULL, ticket LIMIT ?",
+            (*self._key, now_us, -1 if cutoff is None else cutoff, limit),
+        ).fetchall()
+        return [ParkedTask(*row) for row in rows]
+
+    def lease(self, task_ids: Sequence[str], until_us: int) -> None:
+        self._c.executemany(
+            "UPDATE siq_parked SET lease_until=? WHERE prefix=? AND queue=? AND task_id=?",
+            [(until_us, *self._key, t) for t in task_ids],
+        )
+
+    def unpark(self, task_ids: Sequence[str]) -> None:
+        self._c.executemany(
+            "DELETE FROM siq_parked WHERE prefix=? AND queue=? AND task_id=?", [(*self._key, t) for t in task_ids]
+        )
+
+    def parked_count(self) -> int:
+        (n,) = self._c.execute("SELECT COUNT(*) FROM siq_parked WHERE prefix=? AND queue=?", self._key).fetchone()
+        return int(n)
+
+    def renumber_parked(self) -> int:
+        ids = [r[0] for r in self._c.execute(
+            "SELECT task_id FROM siq_parked WHERE prefix=? AND queue=? ORDER BY ticket", self._key
+        )]  # fmt: skip
+        self._c.executemany(
+            "UPDATE siq_parked SET ticket=?, lease_until=NULL WHERE prefix=? AND queue=? AND task_id=?",
+            [(n, *self._key, t) for n, t in enumerate(ids, start=1)],
+        )
+        return len(ids)
+
     def delete(self) -> bool:
-        removed = self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key).rowcount
+        removed = self._c.execute("DELETE FROM siq_parked WHERE prefix=? AND queue=?", self._key).rowcount
+        removed += self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_finished WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_ledger WHERE prefix=? AND queue=?", self._key).rowcount
         return removed > 0

@@ -3,7 +3,8 @@
 Configured by environment, so the test process (publisher) and the worker subprocesses
 build the same app: ``SIQ_TEST_BROKER``, ``SIQ_TEST_STORE`` (siq_url),
 ``SIQ_TEST_RECORD`` (Redis URL where bodies record their starts), ``SIQ_TEST_INTERVAL``,
-``SIQ_TEST_TRANSPORT`` (JSON broker transport options), ``SIQ_TEST_QUEUE`` (the broker queue).
+``SIQ_TEST_TRANSPORT`` (JSON broker transport options), ``SIQ_TEST_QUEUE`` (the broker queue),
+``SIQ_TEST_HORIZON`` and ``SIQ_TEST_RELEASE_EVERY`` (parking).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def make_app(env: Mapping[str, str]) -> Celery:
     app.conf.update(
         siq_url=env.get("SIQ_TEST_STORE"),
         siq_paused_poll=float(env.get("SIQ_TEST_PAUSED_POLL", "0.5")),
+        siq_horizon=float(env.get("SIQ_TEST_HORIZON", "600")),
+        siq_release_every=float(env.get("SIQ_TEST_RELEASE_EVERY", "1.0")),
         broker_transport_options=json.loads(env.get("SIQ_TEST_TRANSPORT", "{}")),
         broker_connection_retry_on_startup=True,
         task_acks_late=True,

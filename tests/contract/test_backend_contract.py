@@ -24,6 +24,7 @@ from siq_celery.types import Ticket
 from tests.conftest import Store
 
 I = 100_000  # the interval in microseconds
+SETTLE = 1_000_000  # after an outage the line restarts this long from now (1 s, or 10 intervals)
 
 
 def at(store: Store, t_us: int) -> None:
@@ -377,3 +378,46 @@ def test_claim_many_is_one_consecutive_block(store: Store) -> None:
     b = q.claim_many(3)
     assert [t.number for t in a] == list(range(1, 1001)) and [t.number for t in b] == [1001, 1002, 1003]
     assert a[-1].estimated_start_us == t0 + 1000 * I and b[0].estimated_start_us == t0 + 1001 * I
+
+
+def test_after_an_outage_the_backlog_shifts_and_keeps_ticket_order(store: Store) -> None:
+    """Workers down for a minute: whichever task comes back first, the head goes first."""
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(5)
+    at(store, t0 + I)
+    assert q.start(tickets[0]).authorized
+    back = t0 + 60_000_000  # a minute later: ticket 2's slot is long past
+    at(store, back)
+    d = q.start(tickets[3])  # ticket 4 arrives first: the line restarts 1 s from now, 2 and 3 first
+    assert d.verdict is Verdict.WAIT and d.wait_us == SETTLE + 2 * I
+    assert q.start(tickets[1]).wait_us == SETTLE
+    at(store, back + SETTLE)
+    d = q.start(tickets[1])
+    assert d.authorized and d.slot_us == back + SETTLE
+    at(store, back + SETTLE + I - 1)
+    assert q.start(tickets[3]).verdict is Verdict.WAIT  # still behind ticket 3
+    at(store, back + SETTLE + I)
+    assert q.start(tickets[2]).authorized
+
+
+def test_a_head_late_by_less_than_the_outage_threshold_is_overtaken_as_before(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(3)
+    at(store, t0 + 3 * I)  # ticket 1 is 2 intervals late: ticket 3's slot has come
+    assert q.start(tickets[2]).authorized
+
+
+def test_after_an_outage_a_lost_head_costs_one_slot_not_a_stall(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(12)
+    at(store, t0 + I)
+    assert q.start(tickets[0]).authorized
+    outage_end = t0 + 60_000_000
+    at(store, outage_end)
+    d = q.start(tickets[11])  # tickets 2-11 never come back
+    assert d.verdict is Verdict.WAIT and d.wait_us == SETTLE + 10 * I
+    at(store, outage_end + SETTLE + 10 * I)  # the head is 10 intervals late again: no second shift
+    assert q.start(tickets[11]).authorized

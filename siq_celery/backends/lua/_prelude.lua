@@ -60,3 +60,13 @@ local function siq_reply(s, now)
   return {s.epoch, s.interval_us, s.ticket, s.current, s.anchor_us, s.last_start_us,
           s.paused, now}
 end
+
+-- After an outage (no start, head overdue by more than max(10 intervals, 1 s)) the backlog
+-- shifts once so the head is due that long from now (model.py: shift_after_outage).
+local function siq_shift_after_outage(s, now)
+  local settle = math.max(10 * s.interval_us, 1000000)
+  if s.anchor_us > s.last_start_us then return false end
+  if s.anchor_us + s.interval_us >= now - settle then return false end
+  s.anchor_us = now + settle - s.interval_us
+  return true
+end

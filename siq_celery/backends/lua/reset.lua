@@ -2,6 +2,8 @@
 -- is kept, so a reset never allows a burst; finished-task records are kept too.
 -- Overwrites corrupt state (the way out of SIQCORRUPT).
 -- KEYS[1]  the queue's state hash
+-- KEYS[2..4]  parked tasks not leased, parked messages, leased tasks: parked tasks are
+--             numbered 1..n in their order, so they keep their place in the new life
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  interval in microseconds, or 0 to keep the stored one
 -- ARGV[3]  the new epoch
@@ -20,5 +22,22 @@ redis.call('DEL', KEYS[1])
 s = siq_new(now, interval, ARGV[3])
 s.last_start_us = last_start
 s.anchor_us = now - interval  -- ticket 1 of the new life is due at once
+local parked = {}
+for _, key in ipairs({KEYS[2], KEYS[4]}) do
+  for _, id in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+    local v = redis.call('HGET', KEYS[3], id)
+    if v then
+      local bar = string.find(v, '|', 1, true)
+      table.insert(parked, {tonumber(string.sub(v, 1, bar - 1)), id, string.sub(v, bar + 1)})
+    end
+  end
+end
+table.sort(parked, function(a, b) return a[1] < b[1] end)
+redis.call('DEL', KEYS[2], KEYS[4])
+for n, p in ipairs(parked) do
+  redis.call('ZADD', KEYS[2], n, p[2])
+  redis.call('HSET', KEYS[3], p[2], n .. '|' .. p[3])
+end
+s.ticket = #parked
 siq_save(KEYS[1], s)
 return siq_reply(s, now)

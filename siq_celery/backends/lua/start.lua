@@ -34,6 +34,7 @@ if s.paused == 1 then
 end
 
 local interval = s.interval_us
+if ticket > s.current and siq_shift_after_outage(s, now) then siq_save(KEYS[1], s) end
 local due = 0  -- a ticket passed over by current takes the next free slot
 if ticket > s.current then due = s.anchor_us + (ticket - s.current) * interval end
 local slot = math.max(due, s.last_start_us + interval)

@@ -1,12 +1,14 @@
 -- status: the queue's state, the store time and the count of finished-task records.
 -- KEYS[1]  the queue's state hash
 -- KEYS[2]  the queue's finished-task sorted set
+-- KEYS[3], KEYS[4]  parked tasks not leased, and leased (sorted sets)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
--- Returns siq_reply followed by the finished count, or an empty array if no state.
+-- Returns siq_reply followed by the finished and parked counts, or an empty array if no state.
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then return {} end
 local reply = siq_reply(s, now)
 table.insert(reply, redis.call('ZCARD', KEYS[2]))
+table.insert(reply, redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4]))
 return reply

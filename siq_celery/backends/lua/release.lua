@@ -1,0 +1,48 @@
+-- release: lease to the caller the parked tasks whose slot is within the horizon, and any
+-- whose lease expired (their releaser died before publishing them). Atomic: two callers
+-- never get the same task unless the first one's lease ran out.
+-- KEYS[1]  the queue's state hash
+-- KEYS[2]  parked tasks not leased: sorted set, score = ticket
+-- KEYS[3]  parked messages: hash, task id -> '<ticket>|<message>'
+-- KEYS[4]  leased tasks: sorted set, score = lease deadline (us)
+-- ARGV[1]  now in microseconds, or '' for Redis TIME
+-- ARGV[2]  horizon in microseconds
+-- ARGV[3]  most tasks to hand out
+-- ARGV[4]  lease in microseconds
+-- Returns {epoch, now, id1, ticket1, estimate1, message1, ...}; {'', now} without state.
+local now = siq_now(ARGV[1])
+local s, err = siq_load(KEYS[1])
+if err then return redis.error_reply(err) end
+if not s then return {'', now} end
+local limit = tonumber(ARGV[3])
+local lease_until = now + tonumber(ARGV[4])
+local reply = {s.epoch, now}
+local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, limit)
+-- After an outage the line restarts from now (as start.lua would shift it).
+if s.paused == 0 and siq_shift_after_outage(s, now) then siq_save(KEYS[1], s) end
+local due = {}
+if s.paused == 0 and #expired < limit then
+  local ahead = math.floor((now + tonumber(ARGV[2]) - s.anchor_us) / s.interval_us)
+  local cutoff = s.current + math.max(ahead, 0)
+  due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', cutoff, 'LIMIT', 0, limit - #expired)
+end
+local function hand_out(id)
+  local v = redis.call('HGET', KEYS[3], id)
+  redis.call('ZREM', KEYS[2], id)
+  if not v then
+    redis.call('ZREM', KEYS[4], id)
+    return
+  end
+  local bar = string.find(v, '|', 1, true)
+  local ticket = tonumber(string.sub(v, 1, bar - 1))
+  local slot = s.last_start_us + s.interval_us
+  if ticket > s.current then slot = math.max(s.anchor_us + (ticket - s.current) * s.interval_us, slot) end
+  redis.call('ZADD', KEYS[4], lease_until, id)
+  table.insert(reply, id)
+  table.insert(reply, ticket)
+  table.insert(reply, math.max(slot, now))
+  table.insert(reply, string.sub(v, bar + 1))
+end
+for _, id in ipairs(expired) do hand_out(id) end
+for _, id in ipairs(due) do hand_out(id) end
+return reply

@@ -1,0 +1,127 @@
+"""Long waits: tasks whose slot is beyond the horizon wait in the store, not in a worker.
+
+Celery keeps every countdown task in worker memory until it is due, the Redis broker
+redelivers an unacknowledged one after ``visibility_timeout``, and RabbitMQ closes the
+channel past ``consumer_timeout``. So no interval task is delayed by countdown beyond
+``siq_horizon``: a task whose estimated start is further out is *parked* in the store
+(ordered by ticket) as the signature that publishes it again unchanged (same id,
+arguments, headers, retry count, routing), and *released* back to the broker, with its
+ticket and an ETA, once its slot comes within the horizon.
+
+Releases need no leader: whoever parks, every worker after a task finishes (at most once
+a second per queue and process), and a small thread in every worker (every
+``siq_release_every`` seconds, so an idle fleet still releases) call :func:`release_due`.
+The store leases each parked task to one releaser at a time, and hands it out again
+only if that releaser dies before publishing it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from kombu.utils.json import dumps, loads  # Celery's JSON: datetimes, UUIDs, Decimals
+
+from .messages import ticket_headers
+from .queue import IntervalQueue
+from .types import ParkedTask, Ticket
+
+logger = logging.getLogger("siq_celery")
+
+
+def parked_message(name: str, args: Any, kwargs: Any, options: dict[str, Any]) -> str:
+    """The JSON that publishes a task again unchanged (its ticket headers are added back
+    at release, from the store)."""
+    opts = {k: v for k, v in options.items() if k not in ("eta", "countdown") and v is not None}
+    headers = {k: v for k, v in (opts.get("headers") or {}).items() if not k.startswith("siq_")}
+    keep_deferrals = (opts.get("headers") or {}).get("siq_deferrals")
+    if keep_deferrals is not None:
+        headers["siq_deferrals"] = keep_deferrals
+    opts["headers"] = headers
+    return str(dumps({"task": name, "args": list(args or ()), "kwargs": dict(kwargs or {}), "options": opts}))  # type: ignore[no-untyped-call]
+
+
+def park(queue: IntervalQueue, tickets_and_messages: Iterable[tuple[Ticket, str, str]]) -> bool:
+    """Park ``(ticket, task id, message)`` triples of one epoch; False if the epoch moved on."""
+    items = list(tickets_and_messages)
+    if not items:
+        return True
+    epoch = items[0][0].epoch
+    return queue.backend.park(queue.name, epoch, [ParkedTask(t.number, task_id, msg) for t, task_id, msg in items])
+
+
+def release_due(app: Any, queue: IntervalQueue, horizon_us: int, margin: float) -> int:
+    """Publish every parked task of ``queue`` whose slot is within the horizon; how many."""
+    released = 0
+    while True:
+        batch = queue.backend.release(queue.name, horizon_us)
+        if not batch.tasks:
+            return released
+        published: list[str] = []
+        try:
+            for parked, estimate_us in batch.tasks:
+                message = loads(parked.message)  # type: ignore[no-untyped-call]
+                options = dict(message["options"])
+                ticket = Ticket(queue.name, parked.ticket, batch.epoch, estimate_us, batch.now_us)
+                options["headers"] = {**options.get("headers", {}), **ticket_headers(ticket)}
+                due = estimate_us / 1e6 - margin
+                if due > batch.now_us / 1e6:
+                    from datetime import UTC, datetime
+
+                    options["eta"] = datetime.fromtimestamp(due, UTC)
+                options["task_id"] = parked.task_id
+                app.send_task(message["task"], args=message["args"], kwargs=message["kwargs"], **options)
+                published.append(parked.task_id)
+        finally:
+            # Published ones are forgotten; the rest come back when their lease ends.
+            queue.backend.unpark(queue.name, published)
+        released += len(published)
+        if len(batch.tasks) < 500:
+            return released
+
+
+class ReleaseThrottle:
+    """At most one release per queue per ``every`` seconds in this process."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every = every
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def due(self, queue: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last.get(queue, -1e9) < self.every:
+                return False
+            self._last[queue] = now
+            return True
+
+
+class Releaser(threading.Thread):
+    """A worker's release loop: every ``every`` seconds, each interval queue of the app."""
+
+    def __init__(self, app: Any, every: float) -> None:
+        super().__init__(name="siq-releaser", daemon=True)
+        self.app, self.every = app, every
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        from .config import siq_state
+        from .task import IntervalTask
+
+        state = siq_state(self.app)
+        while not self._stop_event.wait(self.every):
+            queues = {t.siq_queue() for t in self.app.tasks.values() if isinstance(t, IntervalTask)}
+            for queue in queues | set(state.known_queues()):
+                try:
+                    count = release_due(self.app, queue, state.settings.horizon_us, state.settings.countdown_margin)
+                    if count:
+                        logger.info("siq_celery: released %d parked task(s) of %r", count, queue.name)
+                except Exception as exc:  # the next round tries again; nothing is lost
+                    logger.warning("siq_celery: releasing parked tasks of %r failed: %s", queue.name, exc)
+
+    def stop(self) -> None:
+        self._stop_event.set()

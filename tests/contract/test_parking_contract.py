@@ -1,0 +1,120 @@
+"""Parked tasks, on every store: kept in ticket order, released when their slot comes
+within the horizon (never while paused), leased so two releasers never get the same
+task, handed out again if a releaser dies, renumbered by a reset. Pinned clock."""
+
+from __future__ import annotations
+
+from siq_celery.types import ParkedTask
+from tests.conftest import Store
+
+I = 100_000
+H = 10 * I  # the horizon: ten slots
+
+
+def parked(first: int, last: int) -> list[ParkedTask]:
+    return [ParkedTask(n, f"task-{n}", f'{{"n": {n}}}') for n in range(first, last + 1)]
+
+
+def test_released_in_ticket_order_as_their_slots_come_within_the_horizon(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(30)
+    backend = q.backend
+    assert backend.park("q", tickets[0].epoch, list(reversed(parked(11, 30))))
+    assert q.status().parked == 20
+    release = backend.release("q", H)
+    # ticket n is due at t0 + n*I: within the horizon (t0 + 10 I) are tickets up to 10, none parked
+    assert release.tasks == []
+    store.clock.now_us = t0 + 3 * I
+    release = backend.release("q", H)
+    assert [t.ticket for t, _ in release.tasks] == [11, 12, 13]
+    assert [est for _, est in release.tasks] == [t0 + 11 * I, t0 + 12 * I, t0 + 13 * I]
+    assert release.tasks[0][0].message == '{"n": 11}' and release.epoch == tickets[0].epoch
+    assert backend.release("q", H).tasks == []  # leased: not handed out twice
+    backend.unpark("q", [t.task_id for t, _ in release.tasks])
+    assert q.status().parked == 17
+
+
+def test_a_releaser_that_dies_has_its_tasks_handed_out_again_after_the_lease(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    epoch = q.claim_many(20)[0].epoch
+    backend = q.backend
+    backend.park("q", epoch, parked(15, 20))
+    store.clock.now_us = t0 + 6 * I
+    first = backend.release("q", H, lease_us=5 * I)
+    assert [t.ticket for t, _ in first.tasks] == [15, 16]
+    store.clock.now_us = t0 + 6 * I + 5 * I - 1
+    assert [t.ticket for t, _ in backend.release("q", H, lease_us=5 * I).tasks] == [17, 18, 19, 20]
+    store.clock.now_us = t0 + 11 * I
+    again = backend.release("q", H, lease_us=5 * I)
+    assert [t.ticket for t, _ in again.tasks] == [15, 16]  # the first releaser never unparked them
+
+
+def test_nothing_is_released_while_paused_and_the_line_moves_on_after(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    epoch = q.claim_many(15)[0].epoch
+    q.backend.park("q", epoch, parked(12, 15))
+    q.pause()
+    store.clock.now_us = t0 + 50 * I
+    assert q.backend.release("q", H).tasks == []
+    q.resume(grace=0)  # the line continues from now: ticket 12 is 12 slots out
+    assert q.backend.release("q", H).tasks == []
+    assert [t.ticket for t, _ in q.backend.release("q", 2 * H).tasks] == [12, 13, 14, 15]
+
+
+def test_a_longer_interval_releases_fewer(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    epoch = q.claim_many(30)[0].epoch
+    q.backend.park("q", epoch, parked(5, 30))
+    q.set_interval(0.2)  # slots twice as far apart: 5 tickets fit in the horizon
+    store.clock.now_us = t0
+    assert [t.ticket for t, _ in q.backend.release("q", H).tasks] == [5]
+
+
+def test_tickets_of_another_epoch_are_not_parked(store: Store) -> None:
+    q = store.queue()
+    q.ensure()
+    old = q.claim_many(3)[0].epoch
+    q.reset()
+    assert not q.backend.park("q", old, parked(1, 3))
+    assert q.status().parked == 0
+    assert not q.backend.park("missing", old, parked(1, 1))
+
+
+def test_a_reset_keeps_parked_tasks_in_order_ahead_of_new_claims(store: Store) -> None:
+    q = store.queue()
+    q.ensure()
+    tickets = q.claim_many(50)
+    q.backend.park("q", tickets[0].epoch, parked(40, 50) + parked(20, 25))
+    q.backend.release("q", 10**12, limit=3)  # three leased (20, 21, 22): renumbered too
+    state = q.reset()
+    assert state.ticket == 17 and q.status().parked == 17
+    release = q.backend.release("q", 10**12, limit=100)
+    assert [(t.ticket, t.task_id) for t, _ in release.tasks][:4] == [
+        (1, "task-20"), (2, "task-21"), (3, "task-22"), (4, "task-23"),
+    ]  # fmt: skip
+    assert release.epoch == state.epoch and q.claim().number == 18
+
+
+def test_delete_removes_parked_tasks(store: Store) -> None:
+    q = store.queue()
+    q.ensure()
+    q.backend.park("q", q.claim_many(3)[0].epoch, parked(1, 3))
+    assert q.delete()
+    assert q.backend.release("q", H).tasks == []
+
+
+def test_after_an_outage_release_counts_the_horizon_from_now(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    epoch = q.claim_many(100)[0].epoch
+    q.backend.park("q", epoch, parked(20, 100))
+    store.clock.now_us = t0 + 600 * I  # a minute with no worker: the line restarts 1 s from now
+    assert q.backend.release("q", H, limit=100).tasks == []  # tickets 1-19 are ahead, in the broker
+    store.clock.now_us += 19 * I + 1  # they never came (lost): the line still moves on
+    release = q.backend.release("q", H, limit=100)
+    assert [t.ticket for t, _ in release.tasks] == [20]
+    assert release.tasks[0][1] == t0 + 600 * I + 10 * I + 19 * I

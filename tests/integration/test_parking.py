@@ -1,0 +1,176 @@
+"""Long backlogs with real workers: tasks beyond the horizon wait parked in the store and
+come back in time, in order, once each (Redis broker and store)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from siq_celery import IntervalQueue
+from tests.integration.conftest import CeleryRun, gaps_ms, inversions
+
+pytestmark = [pytest.mark.processes, pytest.mark.slow, pytest.mark.flaky(reruns=int(os.environ.get("SIQ_RERUNS", "2")))]
+
+
+def assert_clean(starts: list[dict[str, object]], count: int, interval_ms: float) -> None:
+    assert sorted(r["n"] for r in starts) == list(range(count))  # each ran exactly once
+    assert min(gaps_ms(starts)) >= 0.9 * interval_ms
+    ordered = sorted(starts, key=lambda r: r["store_start_us"])  # type: ignore[arg-type, return-value]
+    store_gaps = [(b["store_start_us"] - a["store_start_us"]) / 1000 for a, b in itertools.pairwise(ordered)]  # type: ignore[operator]
+    assert min(store_gaps) >= interval_ms
+    by_start = [r["ticket"] for r in sorted(starts, key=lambda r: r["store_start_us"])]  # type: ignore[arg-type, return-value]
+    assert inversions(starts) == 0, " ".join(map(str, by_start))
+
+
+def test_a_producer_parks_what_is_beyond_the_horizon_and_workers_release_it(celery_run: CeleryRun) -> None:
+    celery_run.env.update(SIQ_TEST_INTERVAL="50ms", SIQ_TEST_HORIZON="2", SIQ_TEST_RELEASE_EVERY="0.5")
+    celery_run.start_workers(2, 2)
+    record = celery_run.app.tasks["geo.record"]
+    queue = record.siq_queue()
+    queue.ensure(0.05, reset=True)
+    for n in range(120):  # 6 s of backlog at 50 ms
+        record.delay(n)
+    parked = queue.status().parked
+    assert parked >= 60, parked  # beyond 2 s: in the store, not in a worker
+    starts = celery_run.wait_for_count(120)
+    assert_clean(starts, 120, 50)
+    assert queue.status().parked == 0
+    print(f"\nparking: {parked} of 120 parked at publish, smallest gap {min(gaps_ms(starts)):.2f} ms")
+
+
+def test_apply_many_claims_in_chunks_and_parks_the_far_ones(celery_run: CeleryRun) -> None:
+    celery_run.env.update(SIQ_TEST_INTERVAL="20ms", SIQ_TEST_HORIZON="2", SIQ_TEST_RELEASE_EVERY="0.5")
+    celery_run.start_workers(2, 2)
+    record = celery_run.app.tasks["geo.record"]
+    queue = record.siq_queue()
+    queue.ensure(0.02, reset=True)
+    results = record.apply_many([(n,) for n in range(300)], chunk_size=100)
+    assert len(results) == 300 and len({r.id for r in results}) == 300
+    parked = queue.status().parked
+    assert 180 <= parked <= 210, parked  # 6 s of backlog, 2 s of it within the horizon
+    starts = celery_run.wait_for_count(300)
+    assert_clean(starts, 300, 20)
+    assert {r["task_id"] for r in starts} == {r.id for r in results}
+
+
+def test_a_worker_parks_a_task_whose_slot_is_beyond_the_horizon(celery_run: CeleryRun) -> None:
+    """Published before the backlog was known (no ETA), the task is parked by the worker."""
+    celery_run.env.update(SIQ_TEST_INTERVAL="100ms", SIQ_TEST_HORIZON="1", SIQ_TEST_RELEASE_EVERY="0.3")
+    celery_run.start_workers(1, 2)
+    record = celery_run.app.tasks["geo.record"]
+    queue = record.siq_queue()
+    queue.ensure(0.1, reset=True)
+    # 2 s of line ahead, claimed by another producer (never started: each costs a slot)
+    IntervalQueue("geo", url=celery_run.env["SIQ_TEST_STORE"]).claim_many(20)
+    record.delay(0)
+    deadline = time.monotonic() + 10
+    while queue.status().parked == 0:
+        assert time.monotonic() < deadline, "not parked"
+        time.sleep(0.05)
+    [start] = celery_run.wait_for_count(1, timeout=30)
+    assert start["ticket"] == 21 and start["header_ticket"] == 21
+    log = "".join(w.log() for w in celery_run.workers)
+    assert "ticket 21 of 'geo' parked" in log, log[-3000:]
+
+
+@pytest.mark.timeout(400)
+def test_a_two_minute_backlog_with_a_20s_visibility_timeout_runs_each_task_once(celery_run: CeleryRun) -> None:
+    """Without parking, tasks held by ETA for up to 2 minutes would be redelivered after 20 s."""
+    celery_run.env.update(
+        SIQ_TEST_INTERVAL="100ms", SIQ_TEST_HORIZON="10",
+        SIQ_TEST_TRANSPORT=json.dumps({"visibility_timeout": 20, "unacked_restore_interval": 5}),
+    )  # fmt: skip
+    celery_run.start_workers(2, 2)
+    record = celery_run.app.tasks["geo.record"]
+    record.siq_queue().ensure(0.1, reset=True)
+    record.apply_many([(n,) for n in range(1200)])  # 120 s of backlog
+    starts = celery_run.wait_for_count(1200, timeout=200)
+    time.sleep(6)  # one more restore sweep: a redelivered copy would start now
+    starts = celery_run.starts()
+    assert len(starts) == 1200 and len({r["task_id"] for r in starts}) == 1200  # 0 duplicate starts
+    assert_clean(starts, 1200, 100)
+    print(f"\nvisibility 20 s, 1200 tasks over {(max(r['t'] for r in starts) - min(r['t'] for r in starts)):.0f} s: "
+          f"0 duplicates, smallest gap {min(gaps_ms(starts)):.2f} ms")  # fmt: skip
+
+
+@pytest.mark.timeout(400)
+def test_workers_stopped_for_a_minute_then_everything_runs_in_ticket_order(celery_run: CeleryRun) -> None:
+    celery_run.env.update(SIQ_TEST_INTERVAL="50ms", SIQ_TEST_HORIZON="2", SIQ_TEST_RELEASE_EVERY="0.5")
+    workers = celery_run.start_workers(2, 2)
+    record = celery_run.app.tasks["geo.record"]
+    queue = record.siq_queue()
+    queue.ensure(0.05, reset=True)
+    record.apply_many([(n,) for n in range(200)])  # 10 s of backlog: most of it parked
+    celery_run.wait_for_count(40)
+    for w in workers:  # all at once (one by one, a stopping node holds its ETA tasks while the rest go on)
+        w.signal(signal.SIGTERM)  # warm shutdown: tasks held by ETA go back to the broker unacknowledged
+    for w in workers:
+        w.stop()
+    stopped = time.monotonic()
+    before = len(celery_run.starts())
+    status = queue.status()
+    assert status.parked > 0 and before < 200
+    time.sleep(max(0.0, float(os.environ.get("SIQ_TEST_OUTAGE_S", "60")) - (time.monotonic() - stopped)))
+    assert len(celery_run.starts()) == before  # nothing ran meanwhile
+    celery_run.workers.clear()
+    celery_run.start_workers(2, 2)
+    starts = celery_run.wait_for_count(200, timeout=120)
+    if os.environ.get("SIQ_TEST_DEBUG"):
+        ordered = sorted(starts, key=lambda r: r["store_start_us"])
+        late = [r for i, r in enumerate(ordered) if any(o["ticket"] > r["ticket"] for o in ordered[:i])]
+        for r in late[:3]:
+            print(r["ticket"], r["task_id"], r["node"])
+            for w in celery_run.workers + workers:
+                print("\n".join(line for line in w.log().splitlines() if r["task_id"] in line))
+    assert_clean(starts, 200, 50)  # every task once, in ticket order, at the interval
+    outage = os.environ.get("SIQ_TEST_OUTAGE_S", "60")
+    print(f"\nstopped {outage} s with {status.parked} parked and {200 - before - status.parked} in the broker: "
+          f"all 200 ran once, 0 inversions")  # fmt: skip
+
+
+def _rabbitmq_consumer_timeout(ms: int | None = None) -> int:
+    """Read (and with ``ms``, set) the RabbitMQ server's consumer_timeout at runtime."""
+    command = "application:get_env(rabbit, consumer_timeout)."
+    if ms is not None:
+        command = f"application:set_env(rabbit, consumer_timeout, {ms}), {command}"
+    out = subprocess.run(["rabbitmqctl", "eval", command], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0 or "{ok," not in out.stdout:
+        pytest.skip(f"cannot read or set RabbitMQ's consumer_timeout with rabbitmqctl: {out.stderr.strip()[:200]}")
+    return int(out.stdout.split("{ok,")[1].split("}")[0])
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.timeout(400)
+def test_rabbitmq_backlog_longer_than_consumer_timeout_keeps_its_channel(celery_run: CeleryRun, amqp_url: str) -> None:
+    """consumer_timeout 10 s on the server (set at runtime, restored after), a 90 s backlog:
+    no task is held unacknowledged near that long, so no channel is closed. (RabbitMQ checks
+    the timeout about once a minute; with siq_horizon 600 s the same run ends in
+    "PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out" and a dead worker.)"""
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("rabbitmqctl is not on PATH: cannot set the server's consumer_timeout")
+    before = _rabbitmq_consumer_timeout()
+    try:
+        assert _rabbitmq_consumer_timeout(10_000) == 10_000
+        celery_run.env.update(SIQ_TEST_BROKER=amqp_url, SIQ_TEST_INTERVAL="100ms", SIQ_TEST_HORIZON="5",
+                              SIQ_TEST_RELEASE_EVERY="0.5")  # fmt: skip
+        celery_run.start_workers(2, 2)
+        record = celery_run.app.tasks["geo.record"]
+        record.siq_queue().ensure(0.1, reset=True)
+        record.apply_many([(n,) for n in range(900)])
+        starts = celery_run.wait_for_count(900, timeout=200)
+    finally:
+        _rabbitmq_consumer_timeout(before)
+    assert len(starts) == 900 and len({r["task_id"] for r in starts}) == 900
+    logs = "".join(w.log() for w in celery_run.workers)
+    assert "PRECONDITION_FAILED" not in logs and "timed out" not in logs.lower(), logs[-3000:]
+    assert all(w.alive for w in celery_run.workers)
+    print(
+        f"\nRabbitMQ consumer_timeout 10 s, 900 tasks over {starts[-1]['t'] - starts[0]['t']:.0f} s: no channel error"
+    )
