@@ -77,16 +77,19 @@ def run(broker: str, tasks: int, interval: str, logs: str) -> dict[str, float]:
         deadline = time.monotonic() + 120 + tasks * 0.01
         while True:
             status = queue.status()
-            if status.state.current >= tasks and status.parked == 0:
+            if status.finished >= tasks:
                 break
             if time.monotonic() > deadline:
-                raise SystemExit(f"timed out at ticket {status.state.current} of {tasks}")
+                raise SystemExit(f"timed out: {status.finished} of {tasks} finished, {status.parked} parked")
             time.sleep(1)
-        time.sleep(2)  # the last finishes
     finally:
         stop.set()
         for w in workers:
             w.stop(timeout=30)
+    if os.environ.get("SIQ_BENCH_DEBUG"):
+        for pid, rss in sorted(peaks.items(), key=lambda kv: -kv[1]):
+            main = any(w.process and w.process.pid == pid for w in workers)
+            print(f"  pid {pid} {'main ' if main else 'child'} peak {rss / 2**20:.1f} MB", flush=True)
     rows = list(queue.ledger())
     ids = [r.task_id for r in rows]
     assert len(rows) == tasks and len(set(ids)) == tasks, f"{len(rows)} starts, {len(set(ids))} distinct"

@@ -14,6 +14,7 @@ app.conf.update(
     siq_url=BROKER,
     siq_horizon=float(os.environ.get("SIQ_BENCH_HORIZON", "20")),
     siq_ledger_max=200_000,
+    siq_paused_poll=float(os.environ.get("SIQ_BENCH_PAUSED_POLL", "1.0")),
     task_default_queue="siq-bench-parking",
     task_acks_late=True,
     worker_prefetch_multiplier=4,

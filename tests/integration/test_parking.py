@@ -174,3 +174,31 @@ def test_rabbitmq_backlog_longer_than_consumer_timeout_keeps_its_channel(celery_
     print(
         f"\nRabbitMQ consumer_timeout 10 s, 900 tasks over {starts[-1]['t'] - starts[0]['t']:.0f} s: no channel error"
     )
+
+
+def test_pool_processes_stay_flat_through_thousands_of_deferrals(celery_run: CeleryRun) -> None:
+    """Each deferral ends in Celery's Ignore, whose traceback copy is cyclic garbage (about
+    20 KB to 200 KB); siq_celery collects it every 20 deferrals."""
+    import psutil
+
+    celery_run.env.update(SIQ_TEST_PAUSED_POLL="0.1")
+    [worker] = celery_run.start_workers(1, 2)
+    record = celery_run.app.tasks["geo.record"]
+    queue = record.siq_queue()
+    queue.ensure(0.02, reset=True)
+    assert worker.process is not None
+    children = psutil.Process(worker.process.pid).children()
+    baseline = max(c.memory_info().rss for c in children)
+    queue.pause()
+    for n in range(40):  # 40 tasks polling a paused queue every 0.1 s: 400 deferrals a second
+        record.delay(n)
+    peak, started = baseline, time.monotonic()
+    while time.monotonic() - started < 10:
+        peak = max([peak, *(c.memory_info().rss for c in children)])
+        time.sleep(0.2)
+    deferrals = sum(w.log().count("deferred") for w in celery_run.workers)
+    queue.resume(grace=0.2)
+    celery_run.wait_for_count(40)
+    print(f"\n{deferrals} deferrals: pool process peak {peak / 2**20:.1f} MB, baseline {baseline / 2**20:.1f} MB")
+    assert deferrals > 1500
+    assert peak - baseline < 20 * 2**20
