@@ -25,6 +25,7 @@ from typing import Any
 
 from kombu.utils.json import dumps, loads  # Celery's JSON: datetimes, UUIDs, Decimals
 
+from .backends.base import RELEASE_LIMIT
 from .messages import ticket_headers
 from .queue import IntervalQueue
 from .types import ParkedTask, Ticket
@@ -73,13 +74,14 @@ def release_due(app: Any, queue: IntervalQueue, horizon_us: int, margin: float) 
 
                     options["eta"] = datetime.fromtimestamp(due, UTC)
                 options["task_id"] = parked.task_id
+                options["add_to_parent"] = False  # a task that releases others is not their parent
                 app.send_task(message["task"], args=message["args"], kwargs=message["kwargs"], **options)
                 published.append(parked.task_id)
         finally:
             # Published ones are forgotten; the rest come back when their lease ends.
             queue.backend.unpark(queue.name, published)
         released += len(published)
-        if len(batch.tasks) < 500:
+        if len(batch.tasks) < RELEASE_LIMIT:
             return released
 
 

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import time
+from typing import Any
 
 import pytest
 
@@ -29,12 +30,18 @@ def assert_clean(starts: list[dict[str, object]], count: int, interval_ms: float
     assert inversions(starts) == 0, " ".join(map(str, by_start))
 
 
-def test_a_producer_parks_what_is_beyond_the_horizon_and_workers_release_it(celery_run: CeleryRun) -> None:
-    celery_run.env.update(SIQ_TEST_INTERVAL="50ms", SIQ_TEST_HORIZON="2", SIQ_TEST_RELEASE_EVERY="0.5")
-    celery_run.start_workers(2, 2)
+def fleet(celery_run: CeleryRun, interval_ms: int, nodes: int = 2, **env: str) -> tuple[Any, IntervalQueue]:
+    """``nodes`` workers x -c 2 on a fresh geo queue at ``interval_ms``; the task and its queue."""
+    celery_run.env.update(SIQ_TEST_INTERVAL=f"{interval_ms}ms", **env)
+    celery_run.start_workers(nodes, 2)
     record = celery_run.app.tasks["geo.record"]
     queue = record.siq_queue()
-    queue.ensure(0.05, reset=True)
+    queue.ensure(interval_ms / 1000, reset=True)
+    return record, queue
+
+
+def test_a_producer_parks_what_is_beyond_the_horizon_and_workers_release_it(celery_run: CeleryRun) -> None:
+    record, queue = fleet(celery_run, 50, SIQ_TEST_HORIZON="2", SIQ_TEST_RELEASE_EVERY="0.5")
     for n in range(120):  # 6 s of backlog at 50 ms
         record.delay(n)
     parked = queue.status().parked
@@ -46,11 +53,7 @@ def test_a_producer_parks_what_is_beyond_the_horizon_and_workers_release_it(cele
 
 
 def test_apply_many_claims_in_chunks_and_parks_the_far_ones(celery_run: CeleryRun) -> None:
-    celery_run.env.update(SIQ_TEST_INTERVAL="20ms", SIQ_TEST_HORIZON="2", SIQ_TEST_RELEASE_EVERY="0.5")
-    celery_run.start_workers(2, 2)
-    record = celery_run.app.tasks["geo.record"]
-    queue = record.siq_queue()
-    queue.ensure(0.02, reset=True)
+    record, queue = fleet(celery_run, 20, SIQ_TEST_HORIZON="2", SIQ_TEST_RELEASE_EVERY="0.5")
     results = record.apply_many([(n,) for n in range(300)], chunk_size=100)
     assert len(results) == 300 and len({r.id for r in results}) == 300
     parked = queue.status().parked
@@ -62,11 +65,7 @@ def test_apply_many_claims_in_chunks_and_parks_the_far_ones(celery_run: CeleryRu
 
 def test_a_worker_parks_a_task_whose_slot_is_beyond_the_horizon(celery_run: CeleryRun) -> None:
     """Published before the backlog was known (no ETA), the task is parked by the worker."""
-    celery_run.env.update(SIQ_TEST_INTERVAL="100ms", SIQ_TEST_HORIZON="1", SIQ_TEST_RELEASE_EVERY="0.3")
-    celery_run.start_workers(1, 2)
-    record = celery_run.app.tasks["geo.record"]
-    queue = record.siq_queue()
-    queue.ensure(0.1, reset=True)
+    record, queue = fleet(celery_run, 100, nodes=1, SIQ_TEST_HORIZON="1", SIQ_TEST_RELEASE_EVERY="0.3")
     # 2 s of line ahead, claimed by another producer (never started: each costs a slot)
     IntervalQueue("geo", url=celery_run.env["SIQ_TEST_STORE"]).claim_many(20)
     record.delay(0)
@@ -102,13 +101,10 @@ def test_a_two_minute_backlog_with_a_20s_visibility_timeout_runs_each_task_once(
 
 @pytest.mark.timeout(400)
 def test_workers_stopped_for_a_minute_then_everything_runs_in_ticket_order(celery_run: CeleryRun) -> None:
-    celery_run.env.update(SIQ_TEST_INTERVAL="50ms", SIQ_TEST_HORIZON="2", SIQ_TEST_RELEASE_EVERY="0.5")
-    workers = celery_run.start_workers(2, 2)
-    record = celery_run.app.tasks["geo.record"]
-    queue = record.siq_queue()
-    queue.ensure(0.05, reset=True)
+    record, queue = fleet(celery_run, 50, SIQ_TEST_HORIZON="2", SIQ_TEST_RELEASE_EVERY="0.5")
     record.apply_many([(n,) for n in range(200)])  # 10 s of backlog: most of it parked
     celery_run.wait_for_count(40)
+    workers = list(celery_run.workers)
     for w in workers:  # all at once (one by one, a stopping node holds its ETA tasks while the rest go on)
         w.signal(signal.SIGTERM)  # warm shutdown: tasks held by ETA go back to the broker unacknowledged
     for w in workers:
