@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from kombu.utils.json import dumps, loads  # Celery's JSON: datetimes, UUIDs, Decimals
@@ -70,8 +71,6 @@ def release_due(app: Any, queue: IntervalQueue, horizon_us: int, margin: float) 
                 options["headers"] = {**options.get("headers", {}), **ticket_headers(ticket)}
                 due = estimate_us / 1e6 - margin
                 if due > batch.now_us / 1e6:
-                    from datetime import UTC, datetime
-
                     options["eta"] = datetime.fromtimestamp(due, UTC)
                 options["task_id"] = parked.task_id
                 options["add_to_parent"] = False  # a task that releases others is not their parent

@@ -108,7 +108,7 @@ class IntervalTask(Task):  # type: ignore[misc]
         try:
             pending = queue.claim_later()
         except StoreUnavailableError as exc:
-            logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", self.name, exc)
+            _warn_no_ticket(self.name, exc)
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         _CLAIMS_IN_FLIGHT[task_id] = (pending, queue, settings.countdown_margin, settings.horizon)
         try:
@@ -122,7 +122,7 @@ class IntervalTask(Task):  # type: ignore[misc]
         try:
             ticket = queue.claim()
         except StoreUnavailableError as exc:
-            logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", self.name, exc)
+            _warn_no_ticket(self.name, exc)
             return None
         options["headers"].update(ticket_headers(ticket))
         settings = siq_state(self.app).settings
@@ -149,21 +149,21 @@ class IntervalTask(Task):  # type: ignore[misc]
             for start in range(0, len(normalized), chunk_size):
                 chunk = normalized[start : start + chunk_size]
                 tickets = queue.claim_many(len(chunk))
-                to_park = []
+                to_park, parked_calls = [], []
                 for (args, kwargs), ticket in zip(chunk, tickets, strict=True):
                     task_id = uuid()
                     opts = {**options, "headers": {**(options.get("headers") or {}), **ticket_headers(ticket)}}
                     if ticket.delay > settings.horizon:
-                        to_park.append(
-                            (ticket, task_id, parked_message(self.name, args, kwargs, {**opts, "task_id": task_id}))
-                        )
+                        message = parked_message(self.name, args, kwargs, {**opts, "task_id": task_id})
+                        to_park.append((ticket, task_id, message))
+                        parked_calls.append((args, kwargs, task_id))
                     else:
                         eta = _eta(ticket, settings.countdown_margin)
                         super().apply_async(args, kwargs, task_id, producer, eta=eta, **opts)
                     results.append(self.AsyncResult(task_id))
                 if to_park and not park(queue, to_park):
-                    for ticket, task_id, _ in to_park:  # the line moved on (reset): the worker re-claims
-                        super().apply_async(*chunk[tickets.index(ticket)], task_id, producer, **options)
+                    for args, kwargs, task_id in parked_calls:  # the line moved on (reset): the worker re-claims
+                        super().apply_async(args, kwargs, task_id, producer, **options)
         self._release_now_and_then(queue)
         return results
 
@@ -199,18 +199,10 @@ class IntervalTask(Task):  # type: ignore[misc]
                 record=record,
             )
         except DeferralNeeded as deferral:
-            deferred: DeferralNeeded | None = deferral
+            self._defer(deferral.ticket, deferral.decision)
         except DuplicateTaskError:
             logger.info("%s[%s] already finished: a redelivered copy, not run again", self.name, task_id)
             raise Ignore() from None
-        else:
-            deferred = None
-        if deferred is not None:
-            # Outside the except block: the Ignore that ends this delivery must not carry the
-            # DeferralNeeded (and its frames) as its context.
-            ticket, deferred_decision = deferred.ticket, deferred.decision
-            del deferred
-            self._defer(ticket, deferred_decision)
         request.siq_decision = decision
         super().before_start(task_id, args, kwargs)
 
@@ -292,6 +284,10 @@ def _call(call: Any) -> tuple[Sequence[Any], dict[str, Any]]:
     raise ConfigurationError(f"apply_many: a call is an args list/tuple or an (args, kwargs) pair, not {call!r}")
 
 
+def _warn_no_ticket(task: object, exc: Exception) -> None:
+    logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", task, exc)
+
+
 def _eta(ticket: Ticket, margin: float) -> datetime | None:
     """The ETA that brings a task ``margin`` before its estimated slot, on the store's clock
     (not a countdown: Celery turns a countdown into an ETA with the producer's own clock,
@@ -309,7 +305,7 @@ def _put_ticket_in_headers(sender: Any = None, headers: dict[str, Any] | None = 
     try:
         ticket = pending.ticket()
     except StoreUnavailableError as exc:
-        logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", sender, exc)
+        _warn_no_ticket(sender, exc)
         return
     queue.last_delay = ticket.delay  # a long backlog: the next publish claims first, to park
     headers.update(ticket_headers(ticket))
