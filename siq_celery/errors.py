@@ -55,8 +55,9 @@ class CorruptStateError(SiqError):
         self.queue, self.key, self.field, self.value = queue, key, field, value
         super().__init__(
             f"queue {queue!r}: field {field!r} of {key!r} holds {value!r}, not a valid value; "
-            f"nothing was started. Inspect it, then run `IntervalQueue({queue!r}, url=...).reset()` "
-            f"or `celery siq reset {queue}` to start the queue's state afresh."
+            f"nothing was started. Inspect it, then start the queue's state afresh with "
+            f"`celery -A APP siq reset {queue} --interval INTERVAL --yes` (or `siq --url URL reset ...`, "
+            f"or IntervalQueue({queue!r}, url=..., interval=...).reset())."
         )
 
 

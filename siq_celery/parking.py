@@ -110,12 +110,17 @@ class Releaser(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
+        from .clock import CLOCK
         from .config import siq_state
         from .task import IntervalTask
 
         state = siq_state(self.app)
         while not self._stop_event.wait(self.every):
             queues = {t.siq_queue() for t in self.app.tasks.values() if isinstance(t, IntervalTask)}
+            try:  # this worker's clock against the store's: Celery reads ETAs by it (clock.py)
+                CLOCK.observe(state.backend.now_us())
+            except Exception as exc:  # the releases below say what is wrong with the store
+                logger.debug("siq_celery: could not read the store's clock: %s", exc)
             for queue in queues | set(state.known_queues()):
                 try:
                     count = release_due(self.app, queue, state.settings.horizon_us, state.settings.countdown_margin)

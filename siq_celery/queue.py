@@ -24,6 +24,7 @@ from .backends import Backend, backend_from_url
 from .backends.base import PendingClaim
 from .errors import (
     ConfigurationError,
+    CorruptStateError,
     IntervalMismatchError,
     QueueExistsError,
     QueueNotFoundError,
@@ -50,6 +51,7 @@ MAX_RESTAMPS = 3
 RESUME_GRACE_S = 1.0  # the longest paused poll of wait_for_turn
 PAUSED_POLL_S = (0.05, 1.0)  # first and largest poll period while paused
 UNAVAILABLE_RETRY_S = (0.1, 5.0)  # first and largest retry period while the store is down
+CORRUPT_RETRY_S = (1.0, 30.0)  # ... while the queue's state is corrupt (an operator must act)
 
 
 class DuplicateTaskError(SiqError):
@@ -263,13 +265,15 @@ class IntervalQueue:
 
         Claims a ticket if none is given and claims anew if the queue's state changed
         life (reset or lost). While paused it polls with backoff; while the store is
-        unreachable nothing starts: it logs and retries with backoff (fail closed).
+        unreachable, or its state corrupt, nothing starts: it logs why and retries with
+        backoff (fail closed).
         With ``max_sleep`` (seconds), a longer wait raises DeferralNeeded instead; with
         ``defer_paused``, so does a paused queue. ``record`` goes to the ledger with the
         authorized start.
         """
         deadline = None if timeout is None else self._monotonic() + timeout
         paused_poll, unavailable_retry = PAUSED_POLL_S[0], UNAVAILABLE_RETRY_S[0]
+        corrupt_retry = CORRUPT_RETRY_S[0]
         while True:
             try:
                 if ticket is None:
@@ -282,6 +286,13 @@ class IntervalQueue:
                                self.name, unavailable_retry, exc)  # fmt: skip
                 self._nap(unavailable_retry, deadline)
                 unavailable_retry = min(unavailable_retry * 2, UNAVAILABLE_RETRY_S[1])
+                continue
+            except CorruptStateError as exc:
+                # Fail closed and keep the task: nothing starts until an operator repairs
+                # or resets the state; the task goes on when they have (no crash loop).
+                logger.error("%s; retrying in %.0fs", exc, corrupt_retry)
+                self._nap(corrupt_retry, deadline)
+                corrupt_retry = min(corrupt_retry * 2, CORRUPT_RETRY_S[1])
                 continue
             unavailable_retry = UNAVAILABLE_RETRY_S[0]
             verdict = decision.verdict

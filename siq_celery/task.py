@@ -36,7 +36,7 @@ from celery.exceptions import Ignore
 from kombu.utils.uuid import uuid
 
 from .config import siq_state
-from .errors import ConfigurationError, StoreUnavailableError
+from .errors import ConfigurationError, CorruptStateError, StoreUnavailableError
 from .intervals import IntervalLike
 from .ledger import StartRecord
 from .messages import HEADER_NAMES, ticket_from_headers, ticket_headers
@@ -63,6 +63,9 @@ class IntervalTask(Task):  # type: ignore[misc]
     #: The interval queue's name; several task types may share one queue (one API, one
     #: quota). Defaults to the task's name.
     interval_queue: str | None = None
+
+    #: Celery's request, reading the message's ETA on the state store's clock (clock.py).
+    Request = "siq_celery.clock:StoreClockRequest"
 
     def siq_queue(self) -> IntervalQueue:
         """This task's IntervalQueue (cached on the app)."""
@@ -107,7 +110,7 @@ class IntervalTask(Task):  # type: ignore[misc]
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         try:
             pending = queue.claim_later()
-        except StoreUnavailableError as exc:
+        except NO_TICKET_ERRORS as exc:
             _warn_no_ticket(self.name, exc)
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         _CLAIMS_IN_FLIGHT[task_id] = (pending, queue, settings.countdown_margin, settings.horizon)
@@ -121,7 +124,7 @@ class IntervalTask(Task):  # type: ignore[misc]
     def _claim_into(self, queue: IntervalQueue, options: dict[str, Any]) -> Ticket | None:
         try:
             ticket = queue.claim()
-        except StoreUnavailableError as exc:
+        except NO_TICKET_ERRORS as exc:
             _warn_no_ticket(self.name, exc)
             return None
         options["headers"].update(ticket_headers(ticket))
@@ -225,7 +228,11 @@ class IntervalTask(Task):  # type: ignore[misc]
                 self._send_deferred_event(ticket, decision, decision.wait)
                 raise Ignore()
         countdown = min(countdown, settings.horizon)  # nothing waits in a worker beyond the horizon
-        signature.apply_async(countdown=countdown, **{KEEP_TICKET: True})
+        # An ETA on the store's clock, like the producer's: a countdown would become an ETA
+        # on this worker's clock, and a worker whose clock is off would send the task to
+        # every other worker that much early or late.
+        eta = datetime.fromtimestamp(decision.now_us / 1e6 + countdown, UTC)
+        signature.apply_async(eta=eta, **{KEEP_TICKET: True})
         logger.info("%s[%s]: %s; ticket %s of %r deferred %.3fs",
                     self.name, request.id, decision.verdict.value, ticket.number, ticket.queue, countdown)  # fmt: skip
         self._send_deferred_event(ticket, decision, countdown)
@@ -253,7 +260,7 @@ class IntervalTask(Task):  # type: ignore[misc]
         queue = self.siq_queue()
         try:
             queue.finish(task_id, "SUCCESS" if status == "SUCCESS" else "FAILURE")
-        except StoreUnavailableError as exc:
+        except (StoreUnavailableError, CorruptStateError) as exc:
             logger.warning("%s[%s]: could not record the finish (a redelivered copy may run again): %s",
                            self.name, task_id, exc)  # fmt: skip
         self._release_now_and_then(queue)
@@ -284,8 +291,17 @@ def _call(call: Any) -> tuple[Sequence[Any], dict[str, Any]]:
     raise ConfigurationError(f"apply_many: a call is an args list/tuple or an (args, kwargs) pair, not {call!r}")
 
 
+#: A producer that meets these publishes the task without a ticket (nothing is lost): the
+#: worker claims one, and waits, logging why, until the store answers or is repaired.
+NO_TICKET_ERRORS = (StoreUnavailableError, CorruptStateError)
+
+
 def _warn_no_ticket(task: object, exc: Exception) -> None:
-    logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", task, exc)
+    if isinstance(exc, CorruptStateError):
+        logger.error("%s: published without a ticket; the worker will claim one once the state is repaired: %s",
+                     task, exc)  # fmt: skip
+    else:
+        logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", task, exc)
 
 
 def _eta(ticket: Ticket, margin: float) -> datetime | None:
@@ -304,7 +320,7 @@ def _put_ticket_in_headers(sender: Any = None, headers: dict[str, Any] | None = 
     pending, queue, margin, horizon = claim
     try:
         ticket = pending.ticket()
-    except StoreUnavailableError as exc:
+    except NO_TICKET_ERRORS as exc:
         _warn_no_ticket(sender, exc)
         return
     queue.last_delay = ticket.delay  # a long backlog: the next publish claims first, to park

@@ -128,3 +128,11 @@ def spark() -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def amqp_url() -> str:
+    url = os.environ.get("SIQ_TEST_AMQP_URL")
+    if not url:
+        pytest.skip("SIQ_TEST_AMQP_URL is not set (.ci/run sets it to the machine's RabbitMQ)")
+    return url

@@ -210,6 +210,10 @@ class Backend(ABC):
         """Connect and prepare now (a worker process does this at start, so that its first
         task is not late)."""
 
+    def now_us(self) -> int:
+        """The store's clock, in microseconds (the clock every decision is made on)."""
+        return (self.clock or system_clock_us)()
+
 
 def state_from_fields(queue: str, key: str, fields: Mapping[str, Any]) -> QueueState:
     """Build a QueueState from stored fields, or raise CorruptStateError naming the field."""
@@ -306,9 +310,6 @@ class ModelBackend(Backend):
 
         Corrupt stored state raises CorruptStateError, unless ``replace_corrupt`` (used by
         reset, the way out of corruption) makes it load as missing."""
-
-    def now_us(self) -> int:
-        return (self.clock or system_clock_us)()
 
     def ensure(self, queue: str, interval_us: int, epoch: str) -> tuple[QueueState, bool]:
         with self.transaction(queue) as tx:

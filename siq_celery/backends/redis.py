@@ -29,7 +29,9 @@ from .base import RELEASE_LEASE_US, RELEASE_LIMIT, Backend, PendingClaim
 
 try:
     import redis
+    from redis.backoff import NoBackoff
     from redis.cluster import ClusterNode, RedisCluster
+    from redis.retry import Retry
     from redis.sentinel import Sentinel
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError("the Redis state store needs redis-py: pip install 'siq_celery[redis]'") from exc
@@ -55,10 +57,31 @@ def load_script_source(name: str) -> str:
     return (lua / "_prelude.lua").read_text("utf-8") + "\n" + (lua / f"{name}.lua").read_text("utf-8")
 
 
+#: Seconds a store command may take before it counts as unreachable (a hung server or a
+#: dropped network must not hold a worker forever), and to open a connection.
+SOCKET_TIMEOUT_S = 5.0
+SOCKET_CONNECT_TIMEOUT_S = 2.0
+
+
+def client_defaults() -> dict[str, Any]:
+    """Options siq_celery gives its Redis clients unless the caller (or the URL) says
+    otherwise: bounded timeouts, and no retry inside redis-py. A script whose reply was
+    lost may have run: re-sending it blindly could claim a second ticket. siq_celery's
+    own loops retry instead, knowing what each operation means (queue.wait_for_turn)."""
+    return {
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": SOCKET_CONNECT_TIMEOUT_S,
+        "retry": Retry(NoBackoff(), 0),
+    }
+
+
 def redis_client_from_url(url: str, **options: Any) -> Any:
-    """A redis-py client (plain, Cluster or Sentinel master) for ``url``."""
+    """A redis-py client (plain, Cluster or Sentinel master) for ``url``. Query options
+    of the URL (``?socket_timeout=10``, ``?ssl_ca_certs=/path/ca.pem``) win over
+    ``options``, which win over :func:`client_defaults`."""
     parts = urlsplit(url)
     scheme = parts.scheme
+    options = {**client_defaults(), **options}
     if scheme in ("redis", "rediss", "unix"):
         return redis.Redis.from_url(url, **options)
     tls = scheme.startswith("rediss")
@@ -66,6 +89,7 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
     username = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password else None
     query = dict(parse_qsl(parts.query))
+    options.update(_connection_query(query, url))
     if scheme.endswith("+cluster"):
         return RedisCluster(
             startup_nodes=[ClusterNode(h, p) for h, p in hosts],
@@ -97,6 +121,19 @@ def _ledger_entry(queue: str, raw: Mapping[bytes, bytes]) -> LedgerRow | FinishE
         queue, f["ep"], int(f["t"]), f["id"] or None, f["n"], int(f["sl"]), int(f["st"]), int(f["iv"]),
         deferrals=int(f["d"]), host=f["h"], pid=int(f["p"]),
     )  # fmt: skip
+
+
+def _connection_query(query: Mapping[str, str], url: str) -> dict[str, Any]:
+    """TLS files and timeouts from a Cluster or Sentinel URL's query (a plain URL's query
+    is read by redis-py itself)."""
+    options: dict[str, Any] = {k: v for k, v in query.items() if k.startswith("ssl_")}
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        if name in query:
+            try:
+                options[name] = float(query[name])
+            except ValueError:
+                raise ConfigurationError(f"{name}={query[name]!r} in {url!r} is not a number of seconds") from None
+    return options
 
 
 def _hosts(netloc: str, url: str) -> list[tuple[str, int]]:
@@ -371,6 +408,15 @@ class RedisBackend(Backend):
             return bool(self.client.delete(*k.all))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+
+    def now_us(self) -> int:
+        if self.clock:
+            return self.clock()
+        try:
+            seconds, micros = self.client.time()
+        except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
+            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        return int(seconds) * 1_000_000 + int(micros)
 
     def warm(self) -> None:
         try:

@@ -4,11 +4,15 @@ Configured by environment, so the test process (publisher) and the worker subpro
 build the same app: ``SIQ_TEST_BROKER``, ``SIQ_TEST_STORE`` (siq_url),
 ``SIQ_TEST_RECORD`` (Redis URL where bodies record their starts), ``SIQ_TEST_INTERVAL``,
 ``SIQ_TEST_TRANSPORT`` (JSON broker transport options), ``SIQ_TEST_QUEUE`` (the broker queue),
-``SIQ_TEST_HORIZON`` and ``SIQ_TEST_RELEASE_EVERY`` (parking).
+``SIQ_TEST_HORIZON`` and ``SIQ_TEST_RELEASE_EVERY`` (parking), ``SIQ_TEST_MAX_SLEEP``,
+``SIQ_TEST_MARGIN`` and ``SIQ_TEST_KEY_PREFIX`` (the siq settings of those names), and
+``SIQ_TEST_CLOCK_JUMP``: ``"+180@3"`` moves this process's wall clock 180 s ahead 3 s after
+the app is imported (a host clock jump; see :func:`jump_clock`).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import socket
@@ -17,12 +21,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, signals
 
 from siq_celery import IntervalTask
 
 STARTS = "siq-test:starts"
 FINISHES = "siq-test:finishes"
+PRERUNS = "siq-test:preruns"  # a task entered its trace (before_start: it may still be waiting)
+#: The real wall clock, for the records (jump_clock patches time.time, the worker's own).
+real_time = time.time
 
 
 def make_app(env: Mapping[str, str]) -> Celery:
@@ -32,6 +39,9 @@ def make_app(env: Mapping[str, str]) -> Celery:
         siq_paused_poll=float(env.get("SIQ_TEST_PAUSED_POLL", "0.5")),
         siq_horizon=float(env.get("SIQ_TEST_HORIZON", "600")),
         siq_release_every=float(env.get("SIQ_TEST_RELEASE_EVERY", "1.0")),
+        siq_max_sleep=float(env.get("SIQ_TEST_MAX_SLEEP", "0.1")),
+        siq_countdown_margin=float(env.get("SIQ_TEST_MARGIN", "0.02")),
+        siq_key_prefix=env.get("SIQ_TEST_KEY_PREFIX", "siq"),
         broker_transport_options=json.loads(env.get("SIQ_TEST_TRANSPORT", "{}")),
         broker_connection_retry_on_startup=True,
         task_acks_late=True,
@@ -60,13 +70,24 @@ def make_app(env: Mapping[str, str]) -> Celery:
             "node": task.request.hostname, "host": socket.gethostname(), "retries": task.request.retries,
         }))  # fmt: skip
 
+    if env.get("SIQ_TEST_TRACE_PRERUN"):
+
+        def prerun(sender: Any = None, task_id: str | None = None, args: Any = None, **_: Any) -> None:
+            if getattr(sender, "app", None) is app:
+                recorder().rpush(PRERUNS, json.dumps({
+                    "n": args[0] if args else None, "t": real_time(), "task_id": task_id, "pid": os.getpid(),
+                    "node": sender.request.hostname,
+                }))  # fmt: skip
+
+        signals.task_prerun.connect(prerun, weak=False)
+
     @app.task(shared=False, name="geo.record", base=IntervalTask, interval=interval, interval_queue="geo", bind=True)
     def record(self: Any, n: int, work: float = 0.0) -> int:
-        t = time.time()
+        t = real_time()
         note(self, n, t)
         if work:
             time.sleep(work)
-        recorder().rpush(FINISHES, json.dumps({"n": n, "t": time.time(), "node": self.request.hostname}))
+        recorder().rpush(FINISHES, json.dumps({"n": n, "t": real_time(), "node": self.request.hostname}))
         return n
 
     @app.task(
@@ -79,14 +100,14 @@ def make_app(env: Mapping[str, str]) -> Celery:
         max_retries=0,
     )
     def no_retries(self: Any, n: int) -> int:
-        note(self, n, time.time())
+        note(self, n, real_time())
         return n
 
     @app.task(
         shared=False, name="geo.retry_once", base=IntervalTask, interval=interval, interval_queue="geo", bind=True
     )
     def retry_once(self: Any, n: int) -> int:
-        note(self, n, time.time())
+        note(self, n, real_time())
         if self.request.retries == 0:
             raise self.retry(countdown=0)
         return n
@@ -94,4 +115,33 @@ def make_app(env: Mapping[str, str]) -> Celery:
     return app
 
 
+def jump_clock(spec: str) -> None:
+    """Patch this process's wall-clock sources so that, ``after`` seconds from now, they
+    read ``offset`` seconds off the real time (``spec``: ``"+180@3"``, ``"-120@2"``): what
+    a host sees when NTP or an operator steps its clock. Patched: ``time.time`` (and
+    ``time_ns``), kombu's timer (Celery's ETA scheduling) and Celery's ``app.now``
+    (monotonic clocks do not jump, as on a real host)."""
+    import kombu.asynchronous.timer as kombu_timer
+    from celery.app import base as celery_base
+
+    offset_text, _, after_text = spec.partition("@")
+    offset, after = float(offset_text), float(after_text or 0)
+    real_time_ns, since = time.time_ns, time.monotonic()
+
+    def skew() -> float:
+        return offset if time.monotonic() - since >= after else 0.0
+
+    time.time = lambda: real_time() + skew()
+    time.time_ns = lambda: real_time_ns() + int(skew() * 1e9)
+    kombu_timer._time = time.time  # imported by name into kombu's timer: patch it there too
+    real_now = celery_base.Celery.now
+
+    def now(self: Celery) -> Any:
+        return real_now(self) + datetime.timedelta(seconds=skew())
+
+    celery_base.Celery.now = now  # type: ignore[method-assign]
+
+
+if os.environ.get("SIQ_TEST_CLOCK_JUMP"):
+    jump_clock(os.environ["SIQ_TEST_CLOCK_JUMP"])
 app = make_app(os.environ)

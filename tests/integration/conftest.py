@@ -21,7 +21,7 @@ from celery import Celery
 
 from siq_celery.embedded import EmbeddedRedis
 from siq_celery.workers import WorkerProcess
-from tests.apps.geo import FINISHES, STARTS, make_app
+from tests.apps.geo import FINISHES, PRERUNS, STARTS, make_app
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,10 +44,12 @@ class CeleryRun:
     def records(self) -> redis.Redis:
         return redis.Redis.from_url(self.env["SIQ_TEST_RECORD"])
 
-    def start_worker(self, name: str, concurrency: int = 2, pool: str = "prefork", *extra: str) -> WorkerProcess:
+    def start_worker(
+        self, name: str, concurrency: int = 2, pool: str = "prefork", *extra: str, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
         worker = WorkerProcess(
             "tests.apps.geo", f"{name}@siq-test", self.logdir / f"{name}.log",
-            concurrency=concurrency, pool=pool, env=self.env, extra_args=extra, cwd=ROOT,
+            concurrency=concurrency, pool=pool, env={**self.env, **(env or {})}, extra_args=extra, cwd=ROOT,
         )  # fmt: skip
         self.workers.append(worker.start())
         return worker
@@ -65,6 +67,10 @@ class CeleryRun:
 
     def finishes(self) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self.records.lrange(FINISHES, 0, -1)]
+
+    def preruns(self) -> list[dict[str, Any]]:
+        """Tasks that entered their trace (with ``SIQ_TEST_TRACE_PRERUN``): waiting or running."""
+        return [json.loads(raw) for raw in self.records.lrange(PRERUNS, 0, -1)]
 
     def siq(self, *args: str) -> str:
         """Run ``celery -A tests.apps.geo siq ARGS`` as an operator would; its output."""
@@ -128,11 +134,3 @@ def inversions(starts: list[dict[str, Any]]) -> int:
         count += r["ticket"] < highest
         highest = max(highest, r["ticket"])
     return count
-
-
-@pytest.fixture
-def amqp_url() -> str:
-    url = os.environ.get("SIQ_TEST_AMQP_URL")
-    if not url:
-        pytest.skip("SIQ_TEST_AMQP_URL is not set (.ci/run sets it to the machine's RabbitMQ)")
-    return url

@@ -1,0 +1,65 @@
+"""A worker whose wall clock is off: ETAs read on the state store's clock.
+
+siq_celery never decides by a host's clock (the store's clock decides every start), but
+Celery schedules a message's ETA by the worker's own wall clock. A worker host whose
+clock jumped three minutes back would hold every ETA task three minutes too long, and
+one three minutes ahead would take every task early and send it back again. So each
+worker measures its clock against the store's (its release loop asks the store for the
+time every ``siq_release_every``), warns once a minute while they differ by more than
+a second, and reads the ETA of interval tasks corrected by the difference
+(:class:`StoreClockRequest`, the ``Request`` class of :class:`~siq_celery.IntervalTask`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery.worker.request import Request
+
+logger = logging.getLogger("siq_celery")
+
+#: Clocks closer than this are taken as agreeing (nothing is corrected).
+TOLERANCE_S = 1.0
+WARN_EVERY_S = 60.0
+
+
+class ClockWatch:
+    """How far this process's wall clock is from the store's (seconds, + = ahead)."""
+
+    def __init__(self) -> None:
+        self.skew = 0.0
+        self._warned_at = -math.inf
+
+    def observe(self, store_now_us: int, local_now: float | None = None) -> float:
+        local = time.time() if local_now is None else local_now
+        self.skew = local - store_now_us / 1e6
+        if abs(self.skew) > TOLERANCE_S and time.monotonic() - self._warned_at >= WARN_EVERY_S:
+            self._warned_at = time.monotonic()
+            logger.warning(
+                "siq_celery: this host's clock is %.1f s %s the state store's; ETAs of interval tasks are "
+                "read on the store's clock, but fix the host's time sync",
+                abs(self.skew), "ahead of" if self.skew > 0 else "behind",
+            )  # fmt: skip
+        return self.skew
+
+    def local_eta(self, eta: datetime | None) -> datetime | None:
+        """``eta`` (meant on the store's clock) on this host's clock."""
+        if eta is None or abs(self.skew) <= TOLERANCE_S:
+            return eta
+        return eta + timedelta(seconds=self.skew)
+
+
+#: This process's watch: the worker's release loop keeps it up to date.
+CLOCK = ClockWatch()
+
+
+class StoreClockRequest(Request):  # type: ignore[misc]
+    """Celery's task request, whose ETA is corrected for this host's clock skew."""
+
+    @property
+    def eta(self) -> Any:
+        return CLOCK.local_eta(self._eta)

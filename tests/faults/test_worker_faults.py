@@ -1,0 +1,140 @@
+"""Workers die, stop, or lose track of time while they hold interval tasks.
+
+A waiting task holds a ticket; a running one has used its slot. Whatever happens to the
+worker, the line must go on at the interval (no gap below 0.9 x interval), and the
+broker's redelivery must bring every task to exactly one finish.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from siq_celery.workers import WorkerProcess
+from tests.faults.conftest import publish, wait_finished
+from tests.integration.conftest import CeleryRun, gaps_ms
+
+pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.faults, pytest.mark.flaky(reruns=1)]
+
+
+def waiting_on(run: CeleryRun, node: str) -> set[str]:
+    """Task ids ``node`` has taken into its trace but not started: waiting for their slot."""
+    started = {s["task_id"] for s in run.starts()}
+    return {p["task_id"] for p in run.preruns() if p["node"] == node and p["task_id"] not in started}
+
+
+def running_on(run: CeleryRun, node: str) -> set[int]:
+    finished = {f["n"] for f in run.finishes()}
+    return {s["n"] for s in run.starts() if s["node"] == node and s["n"] not in finished}
+
+
+def until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def sleepy_fleet(run: CeleryRun) -> tuple[WorkerProcess, WorkerProcess]:
+    """200 ms, tasks brought 1 s before their slot and slept in the worker: at any moment
+    several pool processes are waiting for a slot."""
+    run.env.update(SIQ_TEST_INTERVAL="200ms", SIQ_TEST_MARGIN="1.0", SIQ_TEST_MAX_SLEEP="3", SIQ_TEST_TRACE_PRERUN="1")
+    survivor = run.start_worker("survivor", 2)
+    victim = run.start_worker("victim", 4)
+    survivor.wait_ready()
+    victim.wait_ready()
+    return survivor, victim
+
+
+def test_sigkill_while_tasks_sleep_before_their_slot(fault_run: CeleryRun) -> None:
+    _, victim = sleepy_fleet(fault_run)
+    publish(fault_run, range(40))
+    fault_run.wait_for(lambda s: len(s) >= 8, 30, "8 starts")
+    until(lambda: waiting_on(fault_run, victim.name), 10, "the victim to be waiting for a slot")
+    victim.kill()
+    killed_at = time.time()
+    sleeping = waiting_on(fault_run, victim.name)
+    finishes = wait_finished(fault_run, 40, 60)
+    starts = fault_run.starts()
+    rerun = [s for s in starts if s["task_id"] in sleeping]
+    print(f"\n{len(sleeping)} tasks waiting for their slot when killed; started again after "
+          f"{min(s['t'] for s in rerun) - killed_at:.1f} s on {sorted({s['node'] for s in rerun})}; "
+          f"smallest gap {min(gaps_ms(starts)):.2f} ms")  # fmt: skip
+    assert sleeping, "the kill hit tasks waiting for their slot"
+    assert sorted(finishes) == list(range(40)) and max(finishes.values()) == 1
+    assert {s["node"] for s in rerun} == {"survivor@siq-test"} and len(rerun) == len(sleeping)
+    assert min(gaps_ms(starts)) >= 180.0
+
+
+def test_sigkill_while_bodies_run(fault_run: CeleryRun) -> None:
+    fault_run.env.update(SIQ_TEST_INTERVAL="100ms")
+    fault_run.start_worker("survivor", 2).wait_ready()
+    victim = fault_run.start_worker("victim", 4).wait_ready()
+    publish(fault_run, range(40), work=0.5)
+    until(lambda: len(running_on(fault_run, victim.name)) >= 2, 30, "two bodies running on the victim")
+    victim.kill()
+    interrupted = running_on(fault_run, victim.name)
+    finishes = wait_finished(fault_run, 40, 90)
+    starts = fault_run.starts()
+    twice = sorted(n for n, c in Counter(s["n"] for s in starts).items() if c > 1)
+    print(f"\nkilled with {sorted(interrupted)} running; started twice: {twice}; "
+          f"smallest gap {min(gaps_ms(starts)):.2f} ms")  # fmt: skip
+    assert sorted(finishes) == list(range(40)) and max(finishes.values()) == 1, "every task finished once"
+    assert set(twice) == interrupted, "an interrupted body runs again (at least once), nothing else does"
+    assert min(gaps_ms(starts)) >= 90.0, "the re-run took a slot of its own"
+
+
+def test_sigterm_warm_shutdown_with_tasks_waiting(fault_run: CeleryRun) -> None:
+    survivor, victim = sleepy_fleet(fault_run)
+    publish(fault_run, range(40))
+    fault_run.wait_for(lambda s: len(s) >= 8, 30, "8 starts")
+    until(lambda: waiting_on(fault_run, victim.name), 10, "the victim to be waiting for a slot")
+    assert victim.process is not None
+    os.kill(victim.process.pid, signal.SIGTERM)  # the main process: Celery's warm shutdown
+    stopped_at = time.monotonic()
+    waiting = waiting_on(fault_run, victim.name)
+    code = victim.process.wait(30)
+    took = time.monotonic() - stopped_at
+    finishes = wait_finished(fault_run, 40, 60)
+    starts = fault_run.starts()
+    by_victim = {s["task_id"] for s in starts if s["node"] == victim.name}
+    print(f"\nwarm shutdown in {took:.1f} s (exit {code}) with {len(waiting)} tasks waiting for their slot; "
+          f"{sum(1 for s in starts if s['node'] == survivor.name)} starts on the survivor; "
+          f"smallest gap {min(gaps_ms(starts)):.2f} ms")  # fmt: skip
+    assert code == 0
+    assert waiting and waiting <= by_victim, "the tasks it was waiting with started before it stopped"
+    assert sorted(finishes) == list(range(40)) and max(finishes.values()) == 1, "the rest went to the survivor"
+    assert min(gaps_ms(starts)) >= 180.0
+
+
+@pytest.mark.parametrize("jump", ["+180", "-180"])
+def test_a_worker_host_clock_jumps_minutes(fault_run: CeleryRun, jump: str) -> None:
+    """One of two workers' wall clock jumps 3 minutes, 4 s after it starts. The store's
+    clock decides every start, so the cap holds; the worker notices the skew within a
+    second and reads ETAs on the store's clock, so its tasks are not held or bounced."""
+    fault_run.start_worker("steady", 2).wait_ready()
+    skewed = fault_run.start_worker("skewed", 2, env={"SIQ_TEST_CLOCK_JUMP": f"{jump}@4"}).wait_ready()
+    published_at = time.time()
+    for burst in range(8):  # 20 tasks a second, 8 s at 50 ms: the jump comes in the middle
+        publish(fault_run, range(20 * burst, 20 * burst + 20))
+        time.sleep(max(published_at + burst + 1 - time.time(), 0))
+    finishes = wait_finished(fault_run, 160, 120)
+    took = max(f["t"] for f in fault_run.finishes()) - published_at
+    starts = fault_run.starts()
+    per_node = Counter(s["node"] for s in starts)
+    deferrals = skewed.log().count("deferred")
+    warned = "clock is" in skewed.log()
+    print(f"\n{jump} s: starts per node {dict(per_node)}, {deferrals} deferrals on the skewed worker, "
+          f"skew warned {warned}, all done in {took:.1f} s, "
+          f"smallest gap {min(gaps_ms(starts)):.2f} ms")  # fmt: skip
+    assert sorted(finishes) == list(range(160)) and max(finishes.values()) == 1
+    assert min(gaps_ms(starts)) >= 45.0
+    # ETAs read on the store's clock: the skewed worker neither holds tasks minutes too
+    # long (-180) nor takes them early and sends them back (+180).
+    assert warned and took < 20.0 and deferrals <= 10

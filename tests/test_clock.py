@@ -1,0 +1,35 @@
+"""A worker's clock measured against the store's, and ETAs read on the store's clock."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from siq_celery.clock import ClockWatch, StoreClockRequest
+from siq_celery.task import IntervalTask
+
+ETA = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+STORE_NOW_US = 1_800_000_000_000_000
+
+
+@pytest.mark.parametrize(("skew", "shift"), [(0.0, 0.0), (0.9, 0.0), (-0.9, 0.0), (180.0, 180.0), (-180.0, -180.0)])
+def test_an_eta_is_moved_by_the_skew_only_beyond_a_second(skew: float, shift: float) -> None:
+    watch = ClockWatch()
+    assert watch.observe(STORE_NOW_US, local_now=STORE_NOW_US / 1e6 + skew) == pytest.approx(skew)
+    assert watch.local_eta(ETA) == ETA + timedelta(seconds=shift)
+    assert watch.local_eta(None) is None
+
+
+def test_a_skewed_clock_is_reported_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    watch = ClockWatch()
+    with caplog.at_level(logging.WARNING, logger="siq_celery"):
+        for _ in range(5):
+            watch.observe(STORE_NOW_US, local_now=STORE_NOW_US / 1e6 - 120)
+    assert caplog.text.count("120.0 s behind the state store's") == 1
+
+
+def test_interval_tasks_read_their_eta_through_the_store_clock_request() -> None:
+    assert IntervalTask.Request == "siq_celery.clock:StoreClockRequest"
+    assert isinstance(StoreClockRequest.eta, property)
