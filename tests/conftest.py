@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import settings
 
 from siq_celery import IntervalQueue
 from siq_celery.backends import Backend, backend_from_url
@@ -18,6 +19,12 @@ from siq_celery.embedded import EmbeddedRedis
 from siq_celery.testing import EmbeddedRedisCluster, PinnedClock
 
 _prefixes = itertools.count()
+
+#: Examples per property test: at least 500 in CI (SIQ_HYPOTHESIS_EXAMPLES to explore more,
+#: or fewer while iterating). The stateful model test reads the same variable.
+HYPOTHESIS_EXAMPLES = int(os.environ.get("SIQ_HYPOTHESIS_EXAMPLES", "500"))
+settings.register_profile("siq", max_examples=HYPOTHESIS_EXAMPLES, deadline=None, print_blob=True)
+settings.load_profile("siq")
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from siq_celery.backends import Backend, backend_from_url
 from siq_celery.testing import PinnedClock
 
-EXAMPLES = int(os.environ.get("SIQ_HYPOTHESIS_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("SIQ_HYPOTHESIS_EXAMPLES", "500"))
 INTERVALS = [10_000, 25_000, 100_000]
 TASKS = ["a", "b", "c", "d"]
 _run = itertools.count()

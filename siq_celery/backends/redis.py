@@ -37,10 +37,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise MissingDependencyError("the Redis state store needs redis-py: pip install 'siq_celery[redis]'") from exc
 
 #: The Redis ACL a siq_celery user needs (README, "Redis ACL"): its scripts, the commands
-#: they call, and SCAN/DEL for listing and deleting queues, on its own keys only.
+#: they call, SCAN/DEL for listing and deleting queues, TIME (a worker compares its clock
+#: with the store's) and SELECT (a database other than 0), on its own keys only.
 ACL_RULES = (
     "~siq:*",
-    "+evalsha", "+eval", "+script|load", "+ping", "+scan", "+del",
+    "+evalsha", "+eval", "+script|load", "+ping", "+select", "+scan", "+del",
     "+time", "+hmget", "+hset", "+zscore", "+zadd", "+zremrangebyscore", "+zremrangebyrank", "+zcard",
     "+xadd", "+xrange", "+hget", "+hdel", "+zrange", "+zrangebyscore", "+zrem",
 )  # fmt: skip

@@ -45,6 +45,8 @@ def make_app(env: Mapping[str, str]) -> Celery:
         broker_transport_options=json.loads(env.get("SIQ_TEST_TRANSPORT", "{}")),
         broker_connection_retry_on_startup=True,
         task_acks_late=True,
+        task_serializer="json",
+        accept_content=["json"],  # nothing else is ever deserialized
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=int(env.get("SIQ_TEST_PREFETCH", "4")),
         result_backend=env.get("SIQ_TEST_RESULTS") or None,
