@@ -65,7 +65,15 @@ def release_due(app: Any, queue: IntervalQueue, horizon_us: int, margin: float) 
         published: list[str] = []
         try:
             for parked, estimate_us in batch.tasks:
-                message = loads(parked.message)  # type: ignore[no-untyped-call]
+                try:
+                    message = _readable(parked.message)
+                except ValueError as exc:
+                    # Left parked (an operator can read it with `siq export --parked`) and
+                    # skipped: one unreadable entry must not hold back the rest.
+                    where = queue.backend.keys(queue.name).parked_messages
+                    logger.error("siq_celery: parked task %s (ticket %s) of %r in %r is unreadable, not released: %s",
+                                 parked.task_id, parked.ticket, queue.name, where, exc)  # fmt: skip
+                    continue
                 options = dict(message["options"])
                 ticket = Ticket(queue.name, parked.ticket, batch.epoch, estimate_us, batch.now_us)
                 options["headers"] = {**options.get("headers", {}), **ticket_headers(ticket)}
@@ -82,6 +90,22 @@ def release_due(app: Any, queue: IntervalQueue, horizon_us: int, margin: float) 
         released += len(published)
         if len(batch.tasks) < RELEASE_LIMIT:
             return released
+
+
+def _readable(text: str) -> dict[str, Any]:
+    """A parked message as :func:`parked_message` wrote it, or ValueError saying what is off
+    (the store is outside this process: its values are checked, never trusted)."""
+    try:
+        message = loads(text)  # type: ignore[no-untyped-call]
+    except Exception as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not (
+        isinstance(message, dict) and isinstance(message.get("task"), str) and isinstance(message.get("args"), list)
+        and isinstance(message.get("kwargs"), dict) and isinstance(message.get("options"), dict)
+        and isinstance(message["options"].get("headers", {}), dict)
+    ):  # fmt: skip
+        raise ValueError(f"not a parked task message: {text[:200]!r}")
+    return message
 
 
 class ReleaseThrottle:

@@ -308,7 +308,8 @@ class IntervalQueue:
                 self._nap(paused_poll, deadline)
                 paused_poll = min(paused_poll * 2, PAUSED_POLL_S[1])
             elif verdict is Verdict.RECLAIM:
-                logger.info("queue %r: ticket %s is from another epoch; claiming anew", self.name, ticket.number)
+                logger.info("queue %r: ticket %s was not issued in the queue's current life (a reset, a lost store, "
+                            "or never claimed); claiming anew", self.name, ticket.number)  # fmt: skip
                 ticket = None
             else:
                 raise DuplicateTaskError(f"queue {self.name!r}: task {task_id!r} already finished")

@@ -4,6 +4,12 @@ task, handed out again if a releaser dies, renumbered by a reset. Pinned clock."
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+import pytest
+
+from siq_celery.parking import parked_message, release_due
 from siq_celery.types import ParkedTask
 from tests.conftest import Store
 
@@ -118,3 +124,33 @@ def test_after_an_outage_release_counts_the_horizon_from_now(store: Store) -> No
     release = q.backend.release("q", H, limit=100)
     assert [t.ticket for t, _ in release.tasks] == [20]
     assert release.tasks[0][1] == t0 + 600 * I + 10 * I + 19 * I
+
+
+class RecordingApp:
+    """Stands in for a Celery app: release_due only calls send_task."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send_task(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> None:
+        self.sent.append((name, options))
+
+
+def test_an_unreadable_parked_message_is_named_and_skipped_and_the_rest_released(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = store.queue()
+    q.ensure()
+    tickets = q.claim_many(4)
+    good = parked_message("geo.record", (1,), {}, {"headers": {"mine": "kept"}})
+    entries = [ParkedTask(1, "ok-1", good), ParkedTask(2, "bad-json", "{not json"),
+               ParkedTask(3, "bad-shape", '{"task": 5}'), ParkedTask(4, "ok-4", good)]  # fmt: skip
+    assert q.backend.park("q", tickets[0].epoch, entries)
+    app = RecordingApp()
+    with caplog.at_level(logging.ERROR, logger="siq_celery"):
+        assert release_due(app, q, H, 0.02) == 2
+    assert [options["task_id"] for _, options in app.sent] == ["ok-1", "ok-4"]
+    assert app.sent[0][1]["headers"]["mine"] == "kept" and app.sent[0][1]["headers"]["siq_ticket"] == 1
+    assert "parked task bad-json (ticket 2)" in caplog.text and "parked task bad-shape (ticket 3)" in caplog.text
+    assert q.backend.keys("q").parked_messages in caplog.text
+    assert q.status().parked == 2, "left parked for an operator to read (siq export --parked)"
