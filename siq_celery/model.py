@@ -83,11 +83,18 @@ def shift_after_outage(state: QueueState, now_us: int) -> bool:
     return True
 
 
-def start(state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False) -> Decision:
-    """Decide whether ``ticket`` may start at ``now_us`` (mutates ``state`` if authorized)."""
+def start(
+    state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1
+) -> Decision:
+    """Decide whether ``ticket`` may start at ``now_us`` (mutates ``state`` if authorized).
+
+    A start of ``cost`` c holds tickets ``ticket .. ticket + c - 1`` (claimed together) and
+    takes c slots: the next start may come c intervals after it. It is recorded as if its
+    last slot had been used at ``now + (c - 1) * interval`` (anchor and last start), so
+    every other rule stays as it is."""
     if finished:
         return Decision(Verdict.DUPLICATE, ticket, now_us)
-    if epoch != state.epoch or ticket < 1 or ticket > state.ticket:
+    if epoch != state.epoch or ticket < 1 or ticket + cost - 1 > state.ticket:
         return Decision(Verdict.RECLAIM, ticket, now_us)
     if state.paused:
         # wait_us: how far behind the head of the line this ticket is, so a caller that
@@ -102,10 +109,18 @@ def start(state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: 
     # The line continues from this start. For a late ticket (ticket <= current) that
     # means it took the slot ticket current+1 was due at, and the line behind it shifts
     # by one slot, keeping its order.
-    state.current = max(state.current, ticket)
-    state.anchor_us = now_us
-    state.last_start_us = now_us
+    state.current = max(state.current, ticket + cost - 1)
+    state.anchor_us = state.last_start_us = now_us + (cost - 1) * state.interval_us
     return Decision(Verdict.AUTHORIZED, ticket, now_us, 0, slot, state.interval_us)
+
+
+def backoff(state: QueueState, now_us: int, hold_us: int) -> None:
+    """No start before ``now + hold`` (the service said "retry after"): the last start
+    and the anchor move so that the cap and ticket ``current + 1`` both fall then, and the
+    line behind keeps its order. Never earlier than already due: a back-off only delays."""
+    until = now_us + hold_us - state.interval_us
+    state.last_start_us = max(state.last_start_us, until)
+    state.anchor_us = max(state.anchor_us, until)
 
 
 def pause(state: QueueState) -> None:

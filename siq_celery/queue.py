@@ -31,7 +31,7 @@ from .errors import (
     SiqError,
     StoreUnavailableError,
 )
-from .intervals import IntervalLike, format_interval, parse_interval
+from .intervals import IntervalLike, format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
 from .ledger import LedgerRow, StartRecord
 from .types import ClaimResult, Decision, QueueState, QueueStatus, Ticket, Verdict
@@ -201,17 +201,19 @@ class IntervalQueue:
 
     # -- tickets --------------------------------------------------------------------
 
-    def claim(self) -> Ticket:
-        """Take the next ticket (one round trip)."""
-        r = self.backend.claim(self.name, 1, self.interval_us or 0, new_epoch())
+    def claim(self, cost: int = 1) -> Ticket:
+        """Take the next ticket (one round trip). A ticket of ``cost`` c holds c slots: its
+        start keeps the next one c intervals away (start it with the same ``cost``)."""
+        r = self.backend.claim(self.name, validate_cost(cost), self.interval_us or 0, new_epoch())
         ticket = Ticket(self.name, r.first, r.epoch, r.estimate_us(r.first), r.now_us)
         self.last_delay = ticket.delay
         return ticket
 
-    def claim_later(self) -> PendingTicket:
+    def claim_later(self, cost: int = 1) -> PendingTicket:
         """Send a claim for one ticket now and read the answer later: the round trip
         overlaps whatever the caller does meanwhile (Redis; other stores claim at once)."""
-        return PendingTicket(self.name, self.backend.claim_later(self.name, 1, self.interval_us or 0, new_epoch()))
+        pending = self.backend.claim_later(self.name, validate_cost(cost), self.interval_us or 0, new_epoch())
+        return PendingTicket(self.name, pending)
 
     def claim_many(self, count: int) -> list[Ticket]:
         """Take ``count`` consecutive tickets in one round trip."""
@@ -225,9 +227,11 @@ class IntervalQueue:
     def _tickets(self, r: ClaimResult) -> list[Ticket]:
         return [Ticket(self.name, n, r.epoch, r.estimate_us(n), r.now_us) for n in range(r.first, r.first + r.count)]
 
-    def start(self, ticket: Ticket, *, task_id: str | None = None, record: StartRecord | None = None) -> Decision:
+    def start(
+        self, ticket: Ticket, *, task_id: str | None = None, record: StartRecord | None = None, cost: int = 1
+    ) -> Decision:
         """Ask the store whether ``ticket`` may start now (authorizes it if so, and writes
-        ``record`` to the ledger with it)."""
+        ``record`` to the ledger with it). ``cost``: as claimed."""
         return self.backend.start(
             self.name,
             ticket.number,
@@ -236,7 +240,17 @@ class IntervalQueue:
             interval_us=self.interval_us or 0,
             new_epoch=new_epoch(),
             record=record,
+            cost=cost,
         )
+
+    def backoff(self, seconds: float) -> QueueState:
+        """Hold every start of this queue, on every worker, for ``seconds`` from now (a
+        service answered 429 with Retry-After). The line keeps its order; a back-off
+        never brings a start closer than the interval."""
+        hold = parse_duration(seconds)
+        if hold > MAX_BACKOFF_US:
+            raise ConfigurationError(f"queue {self.name!r}: a back-off is at most a day, not {seconds!r}")
+        return self.backend.backoff(self.name, hold)
 
     def finish(self, task_id: str, outcome: str = "SUCCESS") -> None:
         """Record that ``task_id`` finished (a redelivered copy is then not started) and
@@ -260,6 +274,7 @@ class IntervalQueue:
         max_sleep: float | None = None,
         defer_paused: bool = False,
         record: StartRecord | None = None,
+        cost: int = 1,
     ) -> Decision:
         """Block until a start is authorized and return that decision.
 
@@ -269,7 +284,7 @@ class IntervalQueue:
         backoff (fail closed).
         With ``max_sleep`` (seconds), a longer wait raises DeferralNeeded instead; with
         ``defer_paused``, so does a paused queue. ``record`` goes to the ledger with the
-        authorized start.
+        authorized start. ``cost``: the slots this start takes (claimed together).
         """
         deadline = None if timeout is None else self._monotonic() + timeout
         paused_poll, unavailable_retry = PAUSED_POLL_S[0], UNAVAILABLE_RETRY_S[0]
@@ -277,9 +292,9 @@ class IntervalQueue:
         while True:
             try:
                 if ticket is None:
-                    ticket = self.claim()
+                    ticket = self.claim(cost)
                 sent = self._monotonic()
-                decision = self.start(ticket, task_id=task_id, record=record)
+                decision = self.start(ticket, task_id=task_id, record=record, cost=cost)
                 round_trip = self._monotonic() - sent
             except StoreUnavailableError as exc:
                 logger.warning("queue %r: state store unreachable, nothing starts; retrying in %.1fs: %s",
@@ -345,15 +360,18 @@ class IntervalQueue:
 
     @contextmanager
     def slot(
-        self, *, task_id: str | None = None, timeout: float | None = None, name: str = "slot"
+        self, *, task_id: str | None = None, timeout: float | None = None, name: str = "slot", cost: int = 1
     ) -> Iterator[Decision]:
         """Block until this caller's turn, then run the ``with`` body. The start and the
-        finish (SUCCESS, or FAILURE if the body raised) go to the ledger under ``name``."""
+        finish (SUCCESS, or FAILURE if the body raised) go to the ledger under ``name``.
+        ``cost``: slots this call takes (the next start waits ``cost`` intervals)."""
         # Without a task id of the caller's, the id only joins the ledger's start and finish:
         # it is not remembered as finished (nothing could be redelivered under it).
         remember = task_id is not None
         ledger_id = task_id or secrets.token_hex(16)
-        decision = self.wait_for_turn(task_id=task_id, timeout=timeout, record=StartRecord.here(name, ledger_id))
+        decision = self.wait_for_turn(
+            task_id=task_id, timeout=timeout, record=StartRecord.here(name, ledger_id), cost=validate_cost(cost)
+        )
         outcome = "FAILURE"
         try:
             yield decision
@@ -377,6 +395,17 @@ class IntervalQueue:
 
     def close(self) -> None:
         self.backend.close()
+
+
+MAX_COST = 10_000
+MAX_BACKOFF_US = 86_400_000_000
+
+
+def validate_cost(cost: object) -> int:
+    """``cost`` if it is a whole number of slots from 1 to MAX_COST, else ConfigurationError."""
+    if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
+        raise ConfigurationError(f"a cost is a whole number of slots from 1 to {MAX_COST}, not {cost!r}")
+    return cost
 
 
 def late_reply_threshold(interval_us: int | None) -> float:

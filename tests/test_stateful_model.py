@@ -54,12 +54,14 @@ class Reference:
         q["ticket"] = q["ticket"] + n  # type: ignore[operator]
         return first, str(q["epoch"]), due, max(now, q["last"] + q["I"])  # type: ignore[operator]
 
-    def start(self, number: int, epoch: str, task: str | None, interval: int, new_epoch: str) -> tuple[str, int, int]:
+    def start(
+        self, number: int, epoch: str, task: str | None, interval: int, new_epoch: str, cost: int
+    ) -> tuple[str, int, int]:
         now = self.clock.now_us
         q = self.q = self.q or self._new(interval, new_epoch)
         if task is not None and task in self.finished:
             return "duplicate", 0, 0
-        if epoch != q["epoch"] or not 1 <= number <= q["ticket"]:  # type: ignore[operator]
+        if epoch != q["epoch"] or not 1 <= number <= q["ticket"] - cost + 1:  # type: ignore[operator]
             return "reclaim", 0, 0
         I, cur = q["I"], q["cur"]
         if q["paused"]:
@@ -72,9 +74,15 @@ class Reference:
         slot = max(due, q["last"] + I)  # type: ignore[operator]
         if now < slot:
             return "wait", slot - now, slot
-        q["cur"] = max(cur, number)  # type: ignore[call-overload]
-        q["anchor"] = q["last"] = now
+        q["cur"] = max(cur, number + cost - 1)  # type: ignore[call-overload]
+        q["anchor"] = q["last"] = now + (cost - 1) * I  # type: ignore[operator]  # c slots: the last one's
         return "authorized", 0, slot
+
+    def backoff(self, hold: int) -> None:
+        q = self.q
+        until = self.clock.now_us + hold - q["I"]  # type: ignore[index, operator]
+        q["last"] = max(q["last"], until)  # type: ignore[index, call-overload]
+        q["anchor"] = max(q["anchor"], until)  # type: ignore[index, call-overload]
 
 
 class StoresAgree(RuleBasedStateMachine):
@@ -90,7 +98,10 @@ class StoresAgree(RuleBasedStateMachine):
         self.tickets: list[tuple[int, str]] = []
         self.epochs = (f"e{i}" for i in itertools.count())
         self.interval = INTERVALS[0]
-        self.starts: list[tuple[int, int]] = []  # (time, interval in force)
+        self.starts: list[tuple[int, int]] = []  # (time, least time to the next start)
+        # (when, until) of back-offs in force: no start in between. A shorter interval set
+        # later shortens a back-off by the difference, and a lost state forgets it.
+        self.backoffs: list[tuple[int, int]] = []
 
     def teardown(self) -> None:
         for s in self.stores:
@@ -117,19 +128,19 @@ class StoresAgree(RuleBasedStateMachine):
         self.tickets += [(expected[0] + i, expected[1]) for i in range(n)]
 
     @precondition(lambda self: self.tickets)
-    @rule(data=st.data(), task=st.sampled_from([None, *TASKS]))
-    def start(self, data: st.DataObject, task: str | None) -> None:
+    @rule(data=st.data(), task=st.sampled_from([None, *TASKS]), cost=st.sampled_from([1, 1, 2, 3]))
+    def start(self, data: st.DataObject, task: str | None, cost: int) -> None:
         number, epoch = data.draw(st.sampled_from(self.tickets))
         new_epoch = next(self.epochs)
         decisions = [
-            s.start("q", number, epoch, task_id=task, interval_us=self.interval, new_epoch=new_epoch)
+            s.start("q", number, epoch, task_id=task, interval_us=self.interval, new_epoch=new_epoch, cost=cost)
             for s in self.stores
         ]
-        verdict, wait, slot = self.ref.start(number, epoch, task, self.interval, new_epoch)
+        verdict, wait, slot = self.ref.start(number, epoch, task, self.interval, new_epoch, cost)
         for d in decisions:
             assert (d.verdict.value, d.wait_us, d.slot_us) == (verdict, wait, slot)
-        if verdict == "authorized":
-            self.starts.append((self.clock.now_us, self.ref.q["I"]))  # type: ignore[index]
+        if verdict == "authorized":  # the next start may come no sooner than cost intervals
+            self.starts.append((self.clock.now_us, cost * self.ref.q["I"]))  # type: ignore[index, operator]
 
     @precondition(lambda self: self.ref.q is not None)
     @rule(stale=st.booleans(), same_epoch=st.booleans())
@@ -167,10 +178,18 @@ class StoresAgree(RuleBasedStateMachine):
             q["anchor"] = max(q["anchor"], self.clock.now_us + grace - q["I"])  # type: ignore[index, operator]
 
     @precondition(lambda self: self.ref.q is not None)
+    @rule(hold=st.sampled_from([0, 50_000, 1_000_000]))
+    def backoff(self, hold: int) -> None:
+        self._all("backoff", hold)
+        self.ref.backoff(hold)
+        self.backoffs.append((self.clock.now_us, self.clock.now_us + hold))
+
+    @precondition(lambda self: self.ref.q is not None)
     @rule(interval=st.sampled_from(INTERVALS))
     def set_interval(self, interval: int) -> None:
         self._all("set_interval", interval)
         self.ref.q["I"] = interval  # type: ignore[index]
+        self.backoffs.clear()
 
     @precondition(lambda self: self.ref.q is not None)
     @rule(interval=st.sampled_from([None, *INTERVALS]))
@@ -187,6 +206,7 @@ class StoresAgree(RuleBasedStateMachine):
         self._all("delete")
         self.ref.q = None
         self.ref.finished.clear()
+        self.backoffs.clear()
 
     @invariant()
     def states_agree(self) -> None:
@@ -209,8 +229,13 @@ class StoresAgree(RuleBasedStateMachine):
 
     @invariant()
     def starts_never_closer_than_the_interval(self) -> None:
-        for (a, _), (b, interval) in zip(self.starts, self.starts[1:], strict=False):
-            assert b - a >= interval
+        for (a, least), (b, _) in zip(self.starts, self.starts[1:], strict=False):
+            assert b - a >= least
+
+    @invariant()
+    def nothing_starts_during_a_backoff(self) -> None:
+        for at, end in self.backoffs:
+            assert not [t for t, _ in self.starts if at <= t < end], (at, end)
 
 
 REDIS_URL: list[str] = []

@@ -133,10 +133,12 @@ class Backend(ABC):
         interval_us: int,
         new_epoch: str,
         record: StartRecord | None = None,
+        cost: int = 1,
     ) -> Decision:
         """Decide (and, if authorized, record) the start of ``ticket``. A missing state is
         created with ``new_epoch`` (so the answer is RECLAIM). With ``record``, an
-        authorized start is written to the ledger in the same atomic step."""
+        authorized start is written to the ledger in the same atomic step. ``cost``: the
+        slots this start takes (see :func:`siq_celery.model.start`)."""
 
     @abstractmethod
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
@@ -162,6 +164,10 @@ class Backend(ABC):
 
     @abstractmethod
     def set_interval(self, queue: str, interval_us: int) -> QueueState: ...
+
+    @abstractmethod
+    def backoff(self, queue: str, hold_us: int) -> QueueState:
+        """No start of ``queue`` before ``hold_us`` from now (see :func:`siq_celery.model.backoff`)."""
 
     @abstractmethod
     def reset(self, queue: str, interval_us: int | None, epoch: str) -> QueueState:
@@ -339,11 +345,12 @@ class ModelBackend(Backend):
         interval_us: int,
         new_epoch: str,
         record: StartRecord | None = None,
+        cost: int = 1,
     ) -> Decision:
         with self.transaction(queue) as tx:
             state = self._created(tx, queue, interval_us, new_epoch)
             finished = task_id is not None and tx.is_finished(task_id)
-            decision = model.start(state, ticket, epoch, tx.now_us, finished=finished)
+            decision = model.start(state, ticket, epoch, tx.now_us, finished=finished, cost=cost)
             if record is not None and self.ledger_max and decision.authorized:
                 tx.record_start(
                     LedgerRow(
@@ -383,6 +390,11 @@ class ModelBackend(Backend):
     def set_interval(self, queue: str, interval_us: int) -> QueueState:
         with self.transaction(queue) as tx:
             model.set_interval(self._existing(tx, queue), interval_us)
+            return _copy(self._existing(tx, queue))
+
+    def backoff(self, queue: str, hold_us: int) -> QueueState:
+        with self.transaction(queue) as tx:
+            model.backoff(self._existing(tx, queue), tx.now_us, hold_us)
             return _copy(self._existing(tx, queue))
 
     def reset(self, queue: str, interval_us: int | None, epoch: str) -> QueueState:

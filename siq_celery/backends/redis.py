@@ -48,7 +48,7 @@ ACL_RULES = (
 
 SCRIPTS = (
     "claim", "start", "restamp", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status",
-    "park", "release", "unpark",
+    "park", "release", "unpark", "backoff",
 )  # fmt: skip
 
 
@@ -279,6 +279,7 @@ class RedisBackend(Backend):
         interval_us: int,
         new_epoch: str,
         record: StartRecord | None = None,
+        cost: int = 1,
     ) -> Decision:
         k = self.keys(queue)
         if record is not None and self.ledger_max:
@@ -290,7 +291,7 @@ class RedisBackend(Backend):
             "start",
             queue,
             [k.state, k.finished, k.ledger],
-            [ticket, epoch, task_id or "", interval_us, new_epoch, *ledger],
+            [ticket, epoch, task_id or "", interval_us, new_epoch, *ledger, cost],
         )
         return Decision(Verdict(verdict.decode()), int(number), int(now), int(wait), int(slot), int(interval))
 
@@ -338,6 +339,9 @@ class RedisBackend(Backend):
 
     def set_interval(self, queue: str, interval_us: int) -> QueueState:
         return self._state(self._run("set_interval", queue, [self.keys(queue).state], [interval_us]))[0]
+
+    def backoff(self, queue: str, hold_us: int) -> QueueState:
+        return self._state(self._run("backoff", queue, [self.keys(queue).state], [hold_us]))[0]
 
     def reset(self, queue: str, interval_us: int | None, epoch: str) -> QueueState:
         k = self.keys(queue)

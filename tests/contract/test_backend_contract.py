@@ -13,6 +13,7 @@ import time
 import pytest
 
 from siq_celery import (
+    ConfigurationError,
     CorruptStateError,
     IntervalMismatchError,
     QueueExistsError,
@@ -421,3 +422,70 @@ def test_after_an_outage_a_lost_head_costs_one_slot_not_a_stall(store: Store) ->
     assert d.verdict is Verdict.WAIT and d.wait_us == SETTLE + 10 * I
     at(store, outage_end + SETTLE + 10 * I)  # the head is 10 intervals late again: no second shift
     assert q.start(tickets[11]).authorized
+
+
+def test_a_start_of_cost_3_keeps_the_next_start_three_intervals_away(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    heavy = q.claim(cost=3)
+    light = q.claim()
+    assert (heavy.number, light.number) == (1, 4)
+    assert (heavy.estimated_start_us, light.estimated_start_us) == (t0 + I, t0 + 4 * I)
+    at(store, t0 + I)
+    assert q.start(heavy, cost=3).authorized
+    at(store, t0 + 4 * I - 1)
+    assert q.start(light).verdict is Verdict.WAIT
+    late = Ticket("q", 1, heavy.epoch, 0, 0)  # a late ticket takes the next free slot: also 3 I away
+    assert q.start(late).verdict is Verdict.WAIT
+    at(store, t0 + 4 * I)
+    d = q.start(light)
+    assert d.authorized and d.now_us - (t0 + I) == 3 * I
+    assert q.status().state.current == 4
+
+
+def test_a_cost_beyond_the_tickets_claimed_is_not_authorized(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    ticket = q.claim(cost=2)
+    at(store, t0 + 10 * I)
+    assert q.start(ticket, cost=3).verdict is Verdict.RECLAIM  # tickets 1..3, but only 1..2 were claimed
+    assert q.start(ticket, cost=2).authorized
+
+
+@pytest.mark.parametrize("cost", [0, -1, 1.5, "3", True, None, 10_001])
+def test_costs_are_whole_numbers_of_slots(store: Store, cost: object) -> None:
+    q = store.queue()
+    q.ensure()
+    with pytest.raises(ConfigurationError, match="cost"):
+        q.claim(cost=cost)  # type: ignore[arg-type]
+    assert q.status().state.ticket == 0
+
+
+def test_a_backoff_holds_every_start_then_the_line_continues_in_order(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(3)
+    at(store, t0 + I)
+    assert q.start(tickets[0]).authorized
+    q.backoff(1.0)  # at t0 + I: nothing before t0 + I + 1 s
+    hold_end = t0 + I + 1_000_000
+    at(store, hold_end - 1)
+    assert q.start(tickets[1]).verdict is Verdict.WAIT and q.start(tickets[2]).wait_us == I + 1
+    at(store, hold_end)
+    assert q.start(tickets[2]).verdict is Verdict.WAIT  # ticket 3 still waits for ticket 2
+    assert q.start(tickets[1]).authorized
+    at(store, hold_end + I)
+    assert q.start(tickets[2]).authorized
+    q.backoff(0)  # a back-off never brings a start closer
+    assert q.start(q.claim()).wait_us == I
+
+
+def test_a_backoff_never_shortens_a_longer_one(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    q.backoff("5s")
+    q.backoff("1s")
+    assert q.start(q.claim()).wait_us == 5_000_000
+    with pytest.raises(ConfigurationError):
+        q.backoff("2d")
+    assert q.status().state.last_start_us == t0 + 5_000_000 - I

@@ -10,11 +10,14 @@
 -- ARGV[6]  epoch for a state created here (the ticket's own is then stale: 'reclaim')
 -- ARGV[7]  ledger cap (entries kept, about); 0 = write no ledger entry
 -- ARGV[8..11]  for the ledger: task name, host, pid, deferrals
+-- ARGV[12]  cost: slots this start takes (tickets ARGV[2] .. ARGV[2] + cost - 1, claimed
+--           together); the next start may come cost intervals after it
 -- Returns {verdict, ticket, now_us, wait_us, slot_us, interval_us}; verdict is one of
 -- 'authorized', 'wait', 'paused', 'reclaim', 'duplicate'. With 'paused', wait_us is the
 -- ticket's distance behind the head of the line (interval x tickets ahead of it).
 local now = siq_now(ARGV[1])
 local ticket = tonumber(ARGV[2]) or 0
+local cost = tonumber(ARGV[12]) or 1
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then
@@ -25,7 +28,7 @@ end
 if ARGV[4] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[4]) then
   return {'duplicate', ticket, now, 0, 0, 0}
 end
-if ARGV[3] ~= s.epoch or ticket < 1 or ticket > s.ticket or ticket ~= math.floor(ticket) then
+if ARGV[3] ~= s.epoch or ticket < 1 or ticket + cost - 1 > s.ticket or ticket ~= math.floor(ticket) then
   return {'reclaim', ticket, now, 0, 0, 0}
 end
 if s.paused == 1 then
@@ -42,9 +45,10 @@ if now < slot then return {'wait', ticket, now, slot - now, slot, interval} end
 
 -- The line continues from this start (for a late ticket: the line behind it shifts one
 -- slot and keeps its order). See siq_celery/model.py for why the anchor does not lag.
-if ticket > s.current then s.current = ticket end
-s.anchor_us = now
-s.last_start_us = now
+-- A start of cost c is recorded as if its last slot were used c - 1 intervals from now.
+if ticket + cost - 1 > s.current then s.current = ticket + cost - 1 end
+s.anchor_us = now + (cost - 1) * interval
+s.last_start_us = s.anchor_us
 siq_save(KEYS[1], s)
 local cap = tonumber(ARGV[7]) or 0
 if cap > 0 then

@@ -1,0 +1,16 @@
+-- backoff: no start of the queue before now + ARGV[2] (the service said "retry after").
+-- The last start and the anchor move so that the cap and ticket current+1 both fall
+-- then; the line behind keeps its order. Never earlier than already due.
+-- KEYS[1]  the queue's state hash
+-- ARGV[1]  now in microseconds, or '' for Redis TIME
+-- ARGV[2]  how long to hold, in microseconds (>= 0)
+-- Returns the state as siq_reply; error SIQNOTFOUND if the queue has no state.
+local now = siq_now(ARGV[1])
+local s, err = siq_load(KEYS[1])
+if err then return redis.error_reply(err) end
+if not s then return redis.error_reply('SIQNOTFOUND') end
+local until_us = now + tonumber(ARGV[2]) - s.interval_us
+s.last_start_us = math.max(s.last_start_us, until_us)
+s.anchor_us = math.max(s.anchor_us, until_us)
+siq_save(KEYS[1], s)
+return siq_reply(s, now)
