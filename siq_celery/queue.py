@@ -97,8 +97,12 @@ class IntervalQueue:
     ``redis+sentinel://...``, ``unix://...``, ``sqlite:///path.db`` or ``memory://``.
     ``interval``: seconds, a ``timedelta``, ``"200ms"``, ``"2s"``, or a rate ``"5/s"``; used
     to create the queue's state when it has none (the stored interval is shared and wins
-    afterwards: change it with :meth:`set_interval`). ``clock`` pins the store clock
-    (microseconds; tests), ``sleep`` and ``monotonic`` replace the local time functions.
+    afterwards: change it with :meth:`set_interval`). ``idle_expiry`` (seconds, or text
+    like ``"1h"``): on Redis, the queue's keys disappear that long after its last claim,
+    start or finish, unless it is paused or has parked tasks; the next use starts it
+    afresh (a new epoch, whose first start waits one interval). ``clock`` pins the store
+    clock (microseconds; tests), ``sleep`` and ``monotonic`` replace the local time
+    functions.
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class IntervalQueue:
         clock: Callable[[], int] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         monotonic: Callable[[], float] = time.monotonic,
+        idle_expiry: IntervalLike | None = None,
         **backend_options: Any,
     ) -> None:
         self.name = validate_queue_name(name)
@@ -124,6 +129,11 @@ class IntervalQueue:
                 )
             backend = backend_from_url(url, key_prefix=key_prefix, clock=clock, **backend_options)
         self.backend = backend
+        if idle_expiry is not None:
+            idle_us = parse_duration(idle_expiry)
+            if idle_us < 1_000_000:
+                raise ConfigurationError(f"queue {name!r}: idle_expiry is at least 1s, not {idle_expiry!r}")
+            backend.expire_when_idle(self.name, idle_us)
         self._sleep, self._monotonic = sleep, monotonic
         #: Seconds from claim to estimated start of the last ticket this object claimed:
         #: a producer uses it to see that its queue has a long backlog.

@@ -89,6 +89,18 @@ class Backend(ABC):
         self.finished_max = finished_max
         self.ledger_max = max(int(ledger_max), 0)
         self._keys_cache: dict[str, QueueKeys] = {}
+        self._idle_expiry_us: dict[str, int] = {}
+
+    def expire_when_idle(self, queue: str, idle_us: int) -> None:
+        """Let ``queue``'s state disappear ``idle_us`` after its last claim, start or
+        finish (per-key queues: thousands of idle keys must cost nothing), unless it is
+        paused or has parked tasks. It comes back, in a new epoch, on its next use. Only
+        stores with expiring keys honour it (Redis); SQLite and memory keep one small
+        row per queue."""
+        self._idle_expiry_us[queue] = max(int(idle_us), 0)
+
+    def idle_expiry_us(self, queue: str) -> int:
+        return self._idle_expiry_us.get(queue, 0)
 
     @classmethod
     @abstractmethod

@@ -41,7 +41,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 #: with the store's) and SELECT (a database other than 0), on its own keys only.
 ACL_RULES = (
     "~siq:*",
-    "+evalsha", "+eval", "+script|load", "+ping", "+select", "+scan", "+del",
+    "+evalsha", "+eval", "+script|load", "+ping", "+select", "+scan", "+del", "+exists", "+pexpire", "+persist",
     "+time", "+hmget", "+hset", "+zscore", "+zadd", "+zremrangebyscore", "+zremrangebyrank", "+zcard",
     "+xadd", "+xrange", "+hget", "+hdel", "+zrange", "+zrangebyscore", "+zrem",
 )  # fmt: skip
@@ -230,14 +230,16 @@ class RedisBackend(Backend):
 
     def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
         k = self.keys(queue)
-        return _claim_result(self._run("claim", queue, [k.state], [count, interval_us, epoch]))
+        reply = self._run("claim", queue, k.all, [count, interval_us, epoch, self.idle_expiry_us(queue)])
+        return _claim_result(reply)
 
     def claim_later(self, queue: str, count: int, interval_us: int, epoch: str) -> PendingClaim:
         """Write the claim's EVALSHA on a connection of its own and return; the reply is read
         by :meth:`PendingClaim.result` (a plain server only; Cluster claims at once)."""
         if isinstance(self.client, RedisCluster):
             return super().claim_later(queue, count, interval_us, epoch)
-        key = self.keys(queue).state
+        keys = self.keys(queue).all
+        key = keys[0]
         script = self._script("claim")
         pool = self.client.connection_pool
         try:
@@ -245,7 +247,10 @@ class RedisBackend(Backend):
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
         try:
-            conn.send_command("EVALSHA", script.sha, 1, key, self._now_arg(), count, interval_us, epoch)
+            conn.send_command(
+                "EVALSHA", script.sha, len(keys), *keys, self._now_arg(), count, interval_us, epoch,
+                self.idle_expiry_us(queue),
+            )  # fmt: skip
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             conn.disconnect()
             pool.release(conn)
@@ -290,8 +295,8 @@ class RedisBackend(Backend):
         verdict, number, now, wait, slot, interval = self._run(
             "start",
             queue,
-            [k.state, k.finished, k.ledger],
-            [ticket, epoch, task_id or "", interval_us, new_epoch, *ledger, cost],
+            k.all,
+            [ticket, epoch, task_id or "", interval_us, new_epoch, *ledger, cost, self.idle_expiry_us(queue)],
         )
         return Decision(Verdict(verdict.decode()), int(number), int(now), int(wait), int(slot), int(interval))
 
@@ -302,8 +307,9 @@ class RedisBackend(Backend):
     def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
         k = self.keys(queue)
         self._run(
-            "finish", queue, [k.finished, k.ledger],
-            [task_id, self.finished_retention_us, self.finished_max, 2 * self.ledger_max, outcome, int(remember)],
+            "finish", queue, [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing],
+            [task_id, self.finished_retention_us, self.finished_max, 2 * self.ledger_max, outcome, int(remember),
+             self.idle_expiry_us(queue)],
         )  # fmt: skip
 
     def ledger(self, queue: str, since_us: int | None = None, until_us: int | None = None) -> Iterator[LedgerRow]:

@@ -70,3 +70,20 @@ local function siq_shift_after_outage(s, now)
   s.anchor_us = now + settle - s.interval_us
   return true
 end
+
+-- Idle expiry (per-key queues): every key of the queue expires ttl_us after the queue's
+-- last claim, start or finish, unless it is paused or holds parked tasks (those outlive
+-- any idle time). keys: the queue's keys in QueueKeys.all order (state, finished, ledger,
+-- parked, parked messages, releasing). ttl_us <= 0: keys never expire.
+local function siq_touch(keys, s, ttl_us)
+  if not ttl_us or ttl_us <= 0 then return end
+  local pin = (s ~= nil and s.paused == 1)
+    or redis.call('EXISTS', keys[4]) == 1 or redis.call('EXISTS', keys[6]) == 1
+  for i = 1, #keys do
+    if pin then
+      redis.call('PERSIST', keys[i])
+    else
+      redis.call('PEXPIRE', keys[i], math.max(math.floor(ttl_us / 1000), 1))
+    end
+  end
+end

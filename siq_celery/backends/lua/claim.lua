@@ -1,9 +1,11 @@
 -- claim: issue ARGV[2] consecutive tickets of one queue.
 -- KEYS[1]  the queue's state hash, siq:{<queue>}:state
+-- KEYS[2..6]  the queue's other keys (QueueKeys.all), for idle expiry
 -- ARGV[1]  now in microseconds, or '' for Redis TIME (tests pin the clock)
 -- ARGV[2]  count of tickets, whole number >= 1
 -- ARGV[3]  interval in microseconds for a state created here; 0 = do not create
 -- ARGV[4]  epoch for a state created here
+-- ARGV[5]  idle expiry in microseconds (0: never; see siq_touch)
 -- Returns {first, count, epoch, base_us, floor_us, interval_us, now_us}: ticket n is
 -- estimated to start at max(base_us + (n - first) * interval_us, floor_us).
 -- Errors: SIQNOTFOUND (no state and ARGV[3] = 0), SIQCORRUPT <field> <value>.
@@ -25,5 +27,6 @@ if due < now then
 end
 s.ticket = s.ticket + count
 siq_save(KEYS[1], s)
+siq_touch(KEYS, s, tonumber(ARGV[5]))
 return {first, count, s.epoch, due, math.max(now, s.last_start_us + s.interval_us),
         s.interval_us, now}

@@ -1,6 +1,8 @@
 -- finish: record that a task finished, so a redelivered copy of it is not run again.
 -- KEYS[1]  the queue's finished-task sorted set, siq:{<queue>}:finished (score: time)
 -- KEYS[2]  the queue's ledger stream, siq:{<queue>}:ledger
+-- KEYS[3..6]  the queue's state hash and parked keys, for idle expiry: in the order
+--             state, parked, parked messages, releasing
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  task id
 -- ARGV[3]  retention in microseconds: older records are dropped
@@ -8,13 +10,24 @@
 -- ARGV[5]  ledger cap (entries kept, about); 0 = write no ledger entry
 -- ARGV[6]  outcome for the ledger (SUCCESS, FAILURE)
 -- ARGV[7]  1: remember the task as finished; 0: only write the ledger entry
+-- ARGV[8]  idle expiry in microseconds (0: never; see siq_touch)
 -- Returns the number of records kept.
 local now = siq_now(ARGV[1])
 local cap = tonumber(ARGV[5]) or 0
+local function touch()
+  local ttl = tonumber(ARGV[8]) or 0
+  if ttl > 0 then
+    local s = siq_load(KEYS[3])  -- corrupt state: touched as if running (no pause to keep)
+    siq_touch({KEYS[3], KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6]}, s, ttl)
+  end
+end
 if cap > 0 then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', cap, '*', 'e', 'f', 'id', ARGV[2], 'ft', now, 'o', ARGV[6])
 end
-if ARGV[7] == '0' then return redis.call('ZCARD', KEYS[1]) end
+if ARGV[7] == '0' then
+  touch()
+  return redis.call('ZCARD', KEYS[1])
+end
 redis.call('ZADD', KEYS[1], now, ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]) - 1)
 local kept = redis.call('ZCARD', KEYS[1])
@@ -23,4 +36,5 @@ if kept > most then
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, kept - most - 1)
   kept = most
 end
+touch()
 return kept

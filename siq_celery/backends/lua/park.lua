@@ -9,6 +9,7 @@
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s or s.epoch ~= ARGV[2] then return 0 end
+redis.call('PERSIST', KEYS[1])  -- a queue with parked tasks never expires (idle expiry)
 for i = 3, #ARGV, 3 do
   redis.call('ZADD', KEYS[2], tonumber(ARGV[i]), ARGV[i + 1])
   redis.call('HSET', KEYS[3], ARGV[i + 1], ARGV[i] .. '|' .. ARGV[i + 2])

@@ -8,4 +8,5 @@ if err then return redis.error_reply(err) end
 if not s then return redis.error_reply('SIQNOTFOUND') end
 s.paused = 1
 siq_save(KEYS[1], s)
+redis.call('PERSIST', KEYS[1])  -- a paused queue never expires (idle expiry)
 return siq_reply(s, now)

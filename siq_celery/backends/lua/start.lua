@@ -2,6 +2,7 @@
 -- KEYS[1]  the queue's state hash, siq:{<queue>}:state
 -- KEYS[2]  the queue's finished-task sorted set, siq:{<queue>}:finished
 -- KEYS[3]  the queue's ledger stream, siq:{<queue>}:ledger
+-- KEYS[4..6]  the queue's parked keys (QueueKeys.all), for idle expiry
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  ticket number
 -- ARGV[3]  the ticket's epoch
@@ -12,6 +13,7 @@
 -- ARGV[8..11]  for the ledger: task name, host, pid, deferrals
 -- ARGV[12]  cost: slots this start takes (tickets ARGV[2] .. ARGV[2] + cost - 1, claimed
 --           together); the next start may come cost intervals after it
+-- ARGV[13]  idle expiry in microseconds (0: never; see siq_touch)
 -- Returns {verdict, ticket, now_us, wait_us, slot_us, interval_us}; verdict is one of
 -- 'authorized', 'wait', 'paused', 'reclaim', 'duplicate'. With 'paused', wait_us is the
 -- ticket's distance behind the head of the line (interval x tickets ahead of it).
@@ -56,4 +58,5 @@ if cap > 0 then
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', cap, '*', 'e', 's', 'ep', s.epoch, 't', ticket, 'id', ARGV[4],
     'n', ARGV[8], 'sl', slot, 'st', now, 'iv', interval, 'h', ARGV[9], 'p', ARGV[10], 'd', ARGV[11])
 end
+siq_touch(KEYS, s, tonumber(ARGV[13]))
 return {'authorized', ticket, now, 0, slot, interval}

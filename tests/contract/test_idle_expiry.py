@@ -1,0 +1,79 @@
+"""Idle expiry of per-key queues (Redis and Redis Cluster): every key of an idle queue
+disappears after the idle time, a paused queue or one with parked tasks stays, and a
+queue that comes back starts afresh without a burst. (SQLite and memory keep one small
+row per queue: nothing to expire.)"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from siq_celery import ConfigurationError, IntervalQueue, Verdict
+from siq_celery.backends.redis import redis_client_from_url
+from siq_celery.types import ParkedTask
+from tests.conftest import Store
+
+I = 100_000
+
+
+def redis_only(store: Store) -> Any:
+    if not store.kind.startswith("redis"):
+        pytest.skip(f"{store.kind} keeps a row per queue: idle expiry is a Redis feature")
+    return redis_client_from_url(store.url)
+
+
+def keys_of(client: Any, store: Store, queue: str) -> list[str]:
+    return sorted(k.decode() for k in client.scan_iter(match=f"{store.prefix}:{{{queue}}}*", count=1000))
+
+
+def idle_queue(store: Store, name: str = "shop:1") -> IntervalQueue:
+    return IntervalQueue(name, interval=I / 1e6, backend=store.backend(), idle_expiry=1)
+
+
+def test_an_idle_queue_leaves_no_keys_and_comes_back_in_a_new_epoch(store: Store) -> None:
+    client = redis_only(store)
+    q = idle_queue(store)
+    t0 = q.ensure().last_start_us
+    ticket = q.claim()
+    store.clock.now_us = t0 + I
+    assert q.start(ticket, task_id="t1").authorized
+    q.finish("t1")
+    assert len(keys_of(client, store, "shop:1")) == 3  # state, finished, ledger
+    assert all(0 < client.pttl(k) <= 1000 for k in keys_of(client, store, "shop:1"))
+    time.sleep(1.2)
+    assert keys_of(client, store, "shop:1") == []
+    back = q.claim()  # comes back on use: a new life, whose first start waits one interval
+    assert back.number == 1 and back.epoch != ticket.epoch
+    assert q.start(back).verdict is Verdict.WAIT
+
+
+def test_a_paused_queue_and_one_with_parked_tasks_never_expire(store: Store) -> None:
+    client = redis_only(store)
+    paused, parking = idle_queue(store, "shop:paused"), idle_queue(store, "shop:parked")
+    paused.ensure()
+    paused.claim()
+    paused.pause()
+    parking.ensure()
+    ticket = parking.claim()
+    assert parking.backend.park("shop:parked", ticket.epoch, [ParkedTask(1, "t1", "{}")])
+    parking.claim()  # activity after parking keeps it pinned
+    time.sleep(1.2)
+    assert len(keys_of(client, store, "shop:paused")) == 1 and paused.status().state.paused
+    assert parking.status().parked == 1
+    assert all(client.pttl(k) == -1 for k in keys_of(client, store, "shop:parked"))
+
+
+def test_queues_without_idle_expiry_never_expire(store: Store) -> None:
+    client = redis_only(store)
+    q = store.queue("fixed")
+    q.ensure()
+    q.claim()
+    assert [client.pttl(k) for k in keys_of(client, store, "fixed")] == [-1]
+
+
+@pytest.mark.parametrize("idle", [0, 0.5, -1, "soon"])
+def test_an_idle_expiry_under_a_second_is_refused(store: Store, idle: object) -> None:
+    with pytest.raises(ConfigurationError):
+        IntervalQueue("q", interval="1s", backend=store.backend(), idle_expiry=idle)  # type: ignore[arg-type]
