@@ -93,18 +93,19 @@ def _interval(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
 def status_command(store: StoreOptions, queues: tuple[str, ...], as_json: bool) -> None:
     """Show queues (all, or those named; glob patterns like 'shop:*' work)."""
     with one_line_errors():
-        names: list[str] = []
+        names: dict[str, bool] = {}  # name -> named explicitly (not found by a pattern)
         for q in queues or ("*",):
             if any(c in q for c in "*?["):
-                names += store.backend.queues(q)
+                names.update(dict.fromkeys(store.backend.queues(q), False))  # SCAN: never blocks Redis
             else:
-                names.append(q)
+                names[q] = True
         statuses = []
-        for name in dict.fromkeys(names):
+        for name, explicit in names.items():
             st = store.backend.status(name)
-            if st is None:
+            if st is None and explicit:
                 raise QueueNotFoundError(f"queue {name!r} has no state in this store")
-            statuses.append(st)
+            if st is not None:  # a listed per-key queue may have expired in the meantime
+                statuses.append(st)
     if as_json:
         click.echo(json.dumps([s.as_dict() for s in statuses], indent=2))
     elif statuses:
@@ -121,6 +122,19 @@ def pause_command(store: StoreOptions, queue: str) -> None:
     with one_line_errors():
         store.queue(queue).pause()
     click.echo(f"paused {queue}")
+
+
+@click.command("backoff")
+@click.argument("queue")
+@click.argument("duration")
+@click.pass_obj
+def backoff_command(store: StoreOptions, queue: str, duration: str) -> None:
+    """Hold every start of QUEUE, on every worker, for DURATION (30s, 2m): the service
+    said "retry after". The line keeps its order; nothing starts closer than the interval."""
+    with one_line_errors():
+        state = store.queue(queue).backoff(duration)
+        now_us = store.backend.now_us()
+    click.echo(f"{queue}: held, no start before {_when(state.last_start_us + state.interval_us, now_us)} UTC")
 
 
 @click.command("resume")
@@ -222,7 +236,8 @@ def _names(store: StoreOptions, queues: tuple[str, ...]) -> list[str]:
 
 
 QUEUE_COMMANDS = [
-    status_command, pause_command, resume_command, set_interval_command, reset_command, export_command,
+    status_command, pause_command, resume_command, backoff_command, set_interval_command, reset_command,
+    export_command,
 ]  # fmt: skip
 
 

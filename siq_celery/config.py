@@ -18,6 +18,9 @@
   within the horizon.
 * ``siq_ledger_max`` (100000): about this many starts are kept per queue in the ledger
   (``siq export`` reads it); 0 turns the ledger off.
+* ``siq_key_idle_expiry`` (86400 s): the state of a per-key queue (a callable
+  ``interval_queue``) disappears from Redis after this long without a claim, start or
+  finish, unless it is paused or has parked tasks; it comes back on use.
 
 Precedence: task attribute > app setting > default. The store client and the
 :class:`IntervalQueue` objects are cached on the app (never in a module global), and
@@ -53,6 +56,7 @@ class SiqSettings:
     ledger_max: int
     horizon: float
     release_every: float
+    key_idle_expiry: float
 
     @property
     def horizon_us(self) -> int:
@@ -74,6 +78,7 @@ class SiqSettings:
             ledger_max=_count(conf, "siq_ledger_max", DEFAULT_LEDGER_MAX),
             horizon=_seconds(conf, "siq_horizon", DEFAULT_HORIZON_S, minimum=1.0),
             release_every=_seconds(conf, "siq_release_every", 1.0, minimum=0.05),
+            key_idle_expiry=_seconds(conf, "siq_key_idle_expiry", 86_400.0, minimum=1.0),
         )
 
 
@@ -141,9 +146,10 @@ class SiqState:
         """Every IntervalQueue this app has used in this process."""
         return list(self._queues.values())
 
-    def queue(self, name: str, interval: IntervalLike | None) -> IntervalQueue:
+    def queue(self, name: str, interval: IntervalLike | None, *, per_key: bool = False) -> IntervalQueue:
         """The IntervalQueue ``name``; ``interval`` (or siq_default_interval) is used only to
-        create its state. Raises ConfigurationError when neither is set."""
+        create its state. Raises ConfigurationError when neither is set. A ``per_key``
+        queue's state expires after ``siq_key_idle_expiry`` of idleness."""
         cached = self._by_declaration.get((name, interval))
         if cached is not None:  # the publish path: no parsing, no validation
             return cached
@@ -156,7 +162,10 @@ class SiqState:
         key = (name, interval_us)
         q = self._queues.get(key)
         if q is None:
-            q = self._queues[key] = IntervalQueue(name, interval=interval_us / 1e6, backend=self.backend)
+            idle = self.settings.key_idle_expiry if per_key else None
+            q = self._queues[key] = IntervalQueue(
+                name, interval=interval_us / 1e6, backend=self.backend, idle_expiry=idle
+            )
         if isinstance(interval, (str, int, float, type(None))):  # hashable declarations only
             self._by_declaration[(name, interval)] = q
         return q

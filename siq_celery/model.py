@@ -114,13 +114,15 @@ def start(
     return Decision(Verdict.AUTHORIZED, ticket, now_us, 0, slot, state.interval_us)
 
 
-def backoff(state: QueueState, now_us: int, hold_us: int) -> None:
+def backoff(state: QueueState, now_us: int, hold_us: int, keep_first: bool = False) -> None:
     """No start before ``now + hold`` (the service said "retry after"): the last start
     and the anchor move so that the cap and ticket ``current + 1`` both fall then, and the
-    line behind keeps its order. Never earlier than already due: a back-off only delays."""
+    line behind keeps its order. Never earlier than already due: a back-off only delays.
+    ``keep_first``: the first slot after the hold is kept for the task that backed off
+    (it comes back with its own, passed-over ticket), and the line follows one slot on."""
     until = now_us + hold_us - state.interval_us
     state.last_start_us = max(state.last_start_us, until)
-    state.anchor_us = max(state.anchor_us, until)
+    state.anchor_us = max(state.anchor_us, until + (state.interval_us if keep_first else 0))
 
 
 def pause(state: QueueState) -> None:

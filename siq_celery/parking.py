@@ -17,6 +17,7 @@ only if that releaser dies before publishing it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -126,7 +127,11 @@ class ReleaseThrottle:
 
 
 class Releaser(threading.Thread):
-    """A worker's release loop: every ``every`` seconds, each interval queue of the app."""
+    """A worker's release loop: every ``every`` seconds, the app's fixed interval queues,
+    and the queues found holding parked tasks (looked up every ``DISCOVER_EVERY`` rounds:
+    thousands of per-key queues are never polled one by one)."""
+
+    DISCOVER_EVERY = 10
 
     def __init__(self, app: Any, every: float) -> None:
         super().__init__(name="siq-releaser", daemon=True)
@@ -136,16 +141,25 @@ class Releaser(threading.Thread):
     def run(self) -> None:
         from .clock import CLOCK
         from .config import siq_state
-        from .task import IntervalTask
+        from .task import fixed_queues
 
         state = siq_state(self.app)
-        while not self._stop_event.wait(self.every):
-            queues = {t.siq_queue() for t in self.app.tasks.values() if isinstance(t, IntervalTask)}
+        parked: list[IntervalQueue] = []
+        for round_ in itertools.count():
+            if self._stop_event.wait(self.every):
+                return
             try:  # this worker's clock against the store's: Celery reads ETAs by it (clock.py)
                 CLOCK.observe(state.backend.now_us())
             except Exception as exc:  # the releases below say what is wrong with the store
                 logger.debug("siq_celery: could not read the store's clock: %s", exc)
-            for queue in queues | set(state.known_queues()):
+            if round_ % self.DISCOVER_EVERY == 0:
+                try:
+                    parked = [IntervalQueue(name, backend=state.backend) for name in state.backend.parked_queues()]
+                except Exception as exc:
+                    logger.debug("siq_celery: could not list queues with parked tasks: %s", exc)
+            fixed = fixed_queues(self.app)
+            names = {q.name for q in fixed}
+            for queue in [*fixed, *(q for q in parked if q.name not in names)]:
                 try:
                     count = release_due(self.app, queue, state.settings.horizon_us, state.settings.countdown_margin)
                     if count:

@@ -15,7 +15,7 @@ import functools
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, ParamSpec, TypeVar
@@ -234,6 +234,21 @@ class IntervalQueue:
         self.last_delay = tickets[-1].delay
         return tickets
 
+    def claim_costs(self, costs: Sequence[int]) -> list[Ticket]:
+        """One ticket per cost, consecutive, in one round trip: a ticket of cost c holds c
+        slots (start it with that cost)."""
+        checked = [validate_cost(c) for c in costs]
+        total = sum(checked)
+        if not 1 <= total <= MAX_CLAIM:
+            raise ConfigurationError(f"claim_costs: {total} slots in one claim; 1 to {MAX_CLAIM} can be claimed")
+        r = self.backend.claim(self.name, total, self.interval_us or 0, new_epoch())
+        tickets, number = [], r.first
+        for cost in checked:
+            tickets.append(Ticket(self.name, number, r.epoch, r.estimate_us(number), r.now_us))
+            number += cost
+        self.last_delay = tickets[-1].delay
+        return tickets
+
     def _tickets(self, r: ClaimResult) -> list[Ticket]:
         return [Ticket(self.name, n, r.epoch, r.estimate_us(n), r.now_us) for n in range(r.first, r.first + r.count)]
 
@@ -253,14 +268,15 @@ class IntervalQueue:
             cost=cost,
         )
 
-    def backoff(self, seconds: float) -> QueueState:
+    def backoff(self, seconds: IntervalLike, *, keep_first: bool = False) -> QueueState:
         """Hold every start of this queue, on every worker, for ``seconds`` from now (a
         service answered 429 with Retry-After). The line keeps its order; a back-off
-        never brings a start closer than the interval."""
+        never brings a start closer than the interval. ``keep_first``: the first slot
+        after the hold is kept for a passed-over ticket (the task that backed off)."""
         hold = parse_duration(seconds)
         if hold > MAX_BACKOFF_US:
             raise ConfigurationError(f"queue {self.name!r}: a back-off is at most a day, not {seconds!r}")
-        return self.backend.backoff(self.name, hold)
+        return self.backend.backoff(self.name, hold, keep_first)
 
     def finish(self, task_id: str, outcome: str = "SUCCESS") -> None:
         """Record that ``task_id`` finished (a redelivered copy is then not started) and

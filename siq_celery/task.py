@@ -27,7 +27,7 @@ import gc
 import logging
 import os
 import socket
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,7 +41,7 @@ from .intervals import IntervalLike
 from .ledger import StartRecord
 from .messages import HEADER_NAMES, ticket_from_headers, ticket_headers
 from .parking import Releaser, ReleaseThrottle, park, parked_message, release_due
-from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, PendingTicket
+from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, PendingTicket, validate_cost
 from .types import Decision, Ticket, Verdict
 
 logger = logging.getLogger("siq_celery")
@@ -61,15 +61,66 @@ class IntervalTask(Task):  # type: ignore[misc]
     interval: IntervalLike | None = None
 
     #: The interval queue's name; several task types may share one queue (one API, one
-    #: quota). Defaults to the task's name.
-    interval_queue: str | None = None
+    #: quota). Defaults to the task's name. Or a callable receiving the call's ``args``
+    #: (a list) and ``kwargs`` (a dict) and returning the name: one queue per customer,
+    #: user or API key, created on first use with ``interval``, expiring after
+    #: ``siq_key_idle_expiry`` of idleness (Redis).
+    interval_queue: str | Callable[[list[Any], dict[str, Any]], str] | None = None
+
+    #: Slots one start takes (a search that costs 10 points of a 100-point budget): the
+    #: next start of the queue waits ``cost`` intervals. A whole number >= 1, or a callable
+    #: like ``interval_queue``'s.
+    cost: int | Callable[[list[Any], dict[str, Any]], int] = 1
 
     #: Celery's request, reading the message's ETA on the state store's clock (clock.py).
     Request = "siq_celery.clock:StoreClockRequest"
 
-    def siq_queue(self) -> IntervalQueue:
-        """This task's IntervalQueue (cached on the app)."""
-        return siq_state(self.app).queue(self.interval_queue or self.name, self.interval)
+    def siq_queue(self, args: Any = None, kwargs: Any = None) -> IntervalQueue:
+        """The IntervalQueue of a call with ``args`` and ``kwargs`` (cached on the app);
+        the arguments matter only when ``interval_queue`` is a callable."""
+        name = _declared(self, self.interval_queue)
+        if callable(name):
+            return siq_state(self.app).queue(_per_call(self, "interval_queue", name, args, kwargs), self.interval,
+                                             per_key=True)  # fmt: skip
+        return siq_state(self.app).queue(name or self.name, self.interval)
+
+    def siq_cost(self, args: Any = None, kwargs: Any = None) -> int:
+        """Slots a call with ``args`` and ``kwargs`` takes."""
+        cost = _declared(self, self.cost)
+        if callable(cost):
+            cost = _per_call(self, "cost", cost, args, kwargs)
+        try:
+            return validate_cost(cost)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"task {self.name}: {exc}") from None
+
+    def siq_backoff(self, seconds: float | str) -> None:
+        """From inside a running task: hold every start of this task's queue, on every
+        worker, for ``seconds`` (say, a 429's Retry-After), then run this task again with
+        its arguments, id and retry count unchanged, first in line after the hold. A
+        back-off is not a retry: it never counts against ``max_retries``. Ends this run
+        (raises Celery's ``Ignore``)."""
+        request = self.request
+        queue = self.siq_queue(request.args, request.kwargs)
+        state = queue.backoff(seconds, keep_first=True)
+        decision = getattr(request, "siq_decision", None)
+        if decision is not None:  # the run ends here: its ledger row says why
+            try:
+                queue.backend.finish(queue.name, request.id, "BACKOFF", remember=False)
+            except (StoreUnavailableError, CorruptStateError) as exc:
+                logger.warning("%s[%s]: could not record the back-off: %s", self.name, request.id, exc)
+        # Its old ticket, now behind the line's head: a late ticket, it takes the first free
+        # slot after the hold.
+        number = decision.ticket if decision is not None else 1
+        ticket = Ticket(queue.name, number, state.epoch, 0, 0)
+        hold_end_us = state.last_start_us + state.interval_us
+        logger.info("%s[%s]: queue %r held for %ss; this task runs again after it",
+                    self.name, request.id, queue.name, seconds)  # fmt: skip
+        headers = {**(request.headers or {}), **ticket_headers(ticket)}
+        signature = self.signature_from_request(request, request.args, request.kwargs, headers=headers)
+        margin = siq_state(self.app).settings.countdown_margin
+        signature.apply_async(eta=datetime.fromtimestamp(hold_end_us / 1e6 - margin, UTC), **{KEEP_TICKET: True})
+        raise Ignore()
 
     # -- producer -------------------------------------------------------------------
 
@@ -87,7 +138,8 @@ class IntervalTask(Task):  # type: ignore[misc]
         keep_ticket = options.pop(KEEP_TICKET, False)
         if keep_ticket or self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
-        queue = self.siq_queue()  # a queue with no interval anywhere fails here, at publish
+        queue = self.siq_queue(args, kwargs)  # a queue with no interval anywhere fails here, at publish
+        cost = self.siq_cost(args, kwargs)
         # A retry arrives with the old ticket's headers: it is a new start, with a new ticket.
         options["headers"] = {
             k: v for k, v in (options.get("headers") or {}).items() if k not in (*HEADER_NAMES, DEFERRALS)
@@ -99,7 +151,7 @@ class IntervalTask(Task):  # type: ignore[misc]
         # building the message, and the ticket is read back in before_task_publish
         # (_put_ticket_in_headers), just before it is sent.
         if self.app.conf.task_protocol == 1 or queue.last_delay > settings.horizon / 2:
-            ticket = self._claim_into(queue, options)
+            ticket = self._claim_into(queue, options, cost)
             if ticket is not None and ticket.delay > settings.horizon:
                 extra = {"link": link, "link_error": link_error, "shadow": shadow}
                 message = parked_message(self.name, args, kwargs, {**options, **extra, "task_id": task_id})
@@ -109,7 +161,7 @@ class IntervalTask(Task):  # type: ignore[misc]
                 options.pop("eta", None)  # the line moved on (reset): publish it, the worker re-claims
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         try:
-            pending = queue.claim_later()
+            pending = queue.claim_later(cost)
         except NO_TICKET_ERRORS as exc:
             _warn_no_ticket(self.name, exc)
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
@@ -121,9 +173,9 @@ class IntervalTask(Task):  # type: ignore[misc]
             if unread is not None:  # not published through send_task_message: no ticket went out
                 unread[0].discard()
 
-    def _claim_into(self, queue: IntervalQueue, options: dict[str, Any]) -> Ticket | None:
+    def _claim_into(self, queue: IntervalQueue, options: dict[str, Any], cost: int) -> Ticket | None:
         try:
-            ticket = queue.claim()
+            ticket = queue.claim(cost)
         except NO_TICKET_ERRORS as exc:
             _warn_no_ticket(self.name, exc)
             return None
@@ -145,29 +197,39 @@ class IntervalTask(Task):  # type: ignore[misc]
         AsyncResults, in order."""
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= 10_000:
             raise ConfigurationError(f"apply_many(chunk_size) takes a whole number from 1 to 10000, not {chunk_size!r}")
-        normalized = [_call(c) for c in calls]  # bad input fails here, before anything is claimed
-        queue, settings = self.siq_queue(), siq_state(self.app).settings
-        results = []
+        normalized = [_call(c) for c in calls]
+        # Bad input (a call, its queue, its cost) fails here, before anything is claimed.
+        routed = [
+            (self.siq_queue(args, kwargs), self.siq_cost(args, kwargs), args, kwargs) for args, kwargs in normalized
+        ]
+        settings = siq_state(self.app).settings
+        by_queue: dict[str, list[int]] = {}
+        for i, (queue, *_) in enumerate(routed):
+            by_queue.setdefault(queue.name, []).append(i)
+        results: list[Any] = [None] * len(routed)
         with self.app.producer_or_acquire() as producer:
-            for start in range(0, len(normalized), chunk_size):
-                chunk = normalized[start : start + chunk_size]
-                tickets = queue.claim_many(len(chunk))
-                to_park, parked_calls = [], []
-                for (args, kwargs), ticket in zip(chunk, tickets, strict=True):
-                    task_id = uuid()
-                    opts = {**options, "headers": {**(options.get("headers") or {}), **ticket_headers(ticket)}}
-                    if ticket.delay > settings.horizon:
-                        message = parked_message(self.name, args, kwargs, {**opts, "task_id": task_id})
-                        to_park.append((ticket, task_id, message))
-                        parked_calls.append((args, kwargs, task_id))
-                    else:
-                        eta = _eta(ticket, settings.countdown_margin)
-                        super().apply_async(args, kwargs, task_id, producer, eta=eta, **opts)
-                    results.append(self.AsyncResult(task_id))
-                if to_park and not park(queue, to_park):
-                    for args, kwargs, task_id in parked_calls:  # the line moved on (reset): the worker re-claims
-                        super().apply_async(args, kwargs, task_id, producer, **options)
-        self._release_now_and_then(queue)
+            for indexes in by_queue.values():
+                queue = routed[indexes[0]][0]
+                for start in range(0, len(indexes), chunk_size):
+                    chunk = indexes[start : start + chunk_size]
+                    tickets = queue.claim_costs([routed[i][1] for i in chunk])
+                    to_park, parked_calls = [], []
+                    for i, ticket in zip(chunk, tickets, strict=True):
+                        _, _, args, kwargs = routed[i]
+                        task_id = uuid()
+                        opts = {**options, "headers": {**(options.get("headers") or {}), **ticket_headers(ticket)}}
+                        if ticket.delay > settings.horizon:
+                            message = parked_message(self.name, args, kwargs, {**opts, "task_id": task_id})
+                            to_park.append((ticket, task_id, message))
+                            parked_calls.append((args, kwargs, task_id))
+                        else:
+                            eta = _eta(ticket, settings.countdown_margin)
+                            super().apply_async(args, kwargs, task_id, producer, eta=eta, **opts)
+                        results[i] = self.AsyncResult(task_id)
+                    if to_park and not park(queue, to_park):
+                        for args, kwargs, task_id in parked_calls:  # the line moved on (reset): the worker re-claims
+                            super().apply_async(args, kwargs, task_id, producer, **options)
+                self._release_now_and_then(queue)
         return results
 
     def _release_now_and_then(self, queue: IntervalQueue) -> None:
@@ -184,7 +246,8 @@ class IntervalTask(Task):  # type: ignore[misc]
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         request = self.request
-        queue = self.siq_queue()
+        queue = self.siq_queue(args, kwargs)
+        cost = self.siq_cost(args, kwargs)
         ticket, problem = ticket_from_headers(request.headers, queue.name)
         if problem:
             logger.warning("%s[%s]: %s; claiming a fresh ticket", self.name, task_id, problem)
@@ -200,6 +263,7 @@ class IntervalTask(Task):  # type: ignore[misc]
                 max_sleep=None if eager else settings.max_sleep,
                 defer_paused=not eager,
                 record=record,
+                cost=cost,
             )
         except DeferralNeeded as deferral:
             self._defer(deferral.ticket, deferral.decision)
@@ -222,7 +286,7 @@ class IntervalTask(Task):  # type: ignore[misc]
         signature = self.signature_from_request(request, request.args, request.kwargs, headers=headers)
         if decision.verdict is Verdict.WAIT and decision.wait > settings.horizon:
             message = parked_message(self.name, request.args, request.kwargs, dict(signature.options))
-            if park(self.siq_queue(), [(ticket, request.id, message)]):
+            if park(self.siq_queue(request.args, request.kwargs), [(ticket, request.id, message)]):
                 logger.info("%s[%s]: ticket %s of %r parked, %.0fs from its slot",
                             self.name, request.id, ticket.number, ticket.queue, decision.wait)  # fmt: skip
                 self._send_deferred_event(ticket, decision, decision.wait)
@@ -257,7 +321,7 @@ class IntervalTask(Task):  # type: ignore[misc]
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         # Called for SUCCESS and FAILURE only (not RETRY, not our Ignore): the task is done,
         # so a redelivered copy of it must not run again.
-        queue = self.siq_queue()
+        queue = self.siq_queue(args, kwargs)
         try:
             queue.finish(task_id, "SUCCESS" if status == "SUCCESS" else "FAILURE")
         except (StoreUnavailableError, CorruptStateError) as exc:
@@ -265,6 +329,30 @@ class IntervalTask(Task):  # type: ignore[misc]
                            self.name, task_id, exc)  # fmt: skip
         self._release_now_and_then(queue)
         super().after_return(status, retval, task_id, args, kwargs, einfo)
+
+
+def fixed_queues(app: Any) -> set[IntervalQueue]:
+    """The queues of the app's interval tasks whose queue name is fixed (not per key)."""
+    return {t.siq_queue() for t in app.tasks.values() if isinstance(t, IntervalTask) and not callable(t.interval_queue)}
+
+
+def _declared(task: IntervalTask, value: Any) -> Any:
+    """An attribute as declared: Celery's task decorator makes options class attributes,
+    so a function given as ``interval_queue=`` or ``cost=`` comes back bound to the task."""
+    if getattr(value, "__self__", None) is task:
+        return value.__func__
+    return value
+
+
+def _per_call(task: IntervalTask, what: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """``fn(args, kwargs)`` for one call of ``task``; a failure names the task and the call."""
+    call_args, call_kwargs = list(args or ()), dict(kwargs or {})
+    try:
+        return fn(call_args, call_kwargs)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"task {task.name}: {what}({call_args!r}, {call_kwargs!r}) raised {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _deferrals(headers: dict[str, Any] | None) -> int:
@@ -368,7 +456,7 @@ signals.worker_init.connect(_note_task_events, weak=False)
 def warm_interval_queues(app: Any) -> None:
     """Connect to the store and load its scripts for every IntervalTask of ``app``, so the
     first task a fresh worker process runs is not late (a cold start took 60 ms)."""
-    queues = {task.siq_queue() for task in app.tasks.values() if isinstance(task, IntervalTask)}
+    queues = fixed_queues(app)
     for queue in queues:
         try:
             queue.backend.warm()

@@ -75,3 +75,16 @@ def test_missing_url_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SIQ_URL", raising=False)
     result = CliRunner().invoke(siq, ["status"])
     assert result.exit_code == 1 and "SIQ_URL" in result.output
+
+
+def test_backoff_holds_the_queue_and_refuses_bad_durations(url: str) -> None:
+    q = IntervalQueue("api", url=url, interval="100ms")
+    q.ensure()
+    code, out = run(url, "backoff", "api", "30s")
+    assert code == 0 and "api: held, no start before" in out and "(+30.0" in out
+    assert 29.9 < q.start(q.claim()).wait < 30.1
+    for bad in ("soon", "-1s", "2d"):
+        code, out = run(url, "backoff", "api", bad)
+        assert code in (1, 2) and "Error" in out  # 2: click reads "-1s" as an option
+    code, out = run(url, "backoff", "nosuch", "1s")
+    assert code == 1 and "no state" in out

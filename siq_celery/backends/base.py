@@ -178,7 +178,7 @@ class Backend(ABC):
     def set_interval(self, queue: str, interval_us: int) -> QueueState: ...
 
     @abstractmethod
-    def backoff(self, queue: str, hold_us: int) -> QueueState:
+    def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
         """No start of ``queue`` before ``hold_us`` from now (see :func:`siq_celery.model.backoff`)."""
 
     @abstractmethod
@@ -216,6 +216,10 @@ class Backend(ABC):
     @abstractmethod
     def queues(self, pattern: str = "*") -> list[str]:
         """Names of the queues with state, matching a glob ``pattern``, sorted."""
+
+    def parked_queues(self) -> list[str]:
+        """Names of the queues that hold parked tasks (for workers' release loops)."""
+        return [name for name in self.queues() if (status := self.status(name)) is not None and status.parked]
 
     @abstractmethod
     def delete(self, queue: str) -> bool:
@@ -404,9 +408,9 @@ class ModelBackend(Backend):
             model.set_interval(self._existing(tx, queue), interval_us)
             return _copy(self._existing(tx, queue))
 
-    def backoff(self, queue: str, hold_us: int) -> QueueState:
+    def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
         with self.transaction(queue) as tx:
-            model.backoff(self._existing(tx, queue), tx.now_us, hold_us)
+            model.backoff(self._existing(tx, queue), tx.now_us, hold_us, keep_first)
             return _copy(self._existing(tx, queue))
 
     def reset(self, queue: str, interval_us: int | None, epoch: str) -> QueueState:

@@ -346,8 +346,8 @@ class RedisBackend(Backend):
     def set_interval(self, queue: str, interval_us: int) -> QueueState:
         return self._state(self._run("set_interval", queue, [self.keys(queue).state], [interval_us]))[0]
 
-    def backoff(self, queue: str, hold_us: int) -> QueueState:
-        return self._state(self._run("backoff", queue, [self.keys(queue).state], [hold_us]))[0]
+    def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
+        return self._state(self._run("backoff", queue, [self.keys(queue).state], [hold_us, int(keep_first)]))[0]
 
     def reset(self, queue: str, interval_us: int | None, epoch: str) -> QueueState:
         k = self.keys(queue)
@@ -412,6 +412,19 @@ class RedisBackend(Backend):
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
         return sorted(n for n in names if n)
+
+    def parked_queues(self) -> list[str]:
+        names = set()
+        try:
+            for suffix in ("parked", "releasing"):
+                for key in self.client.scan_iter(match=f"{self.key_prefix}:{{*}}:{suffix}", count=1000):
+                    text = key.decode()
+                    start, end = text.find(":{"), text.rfind(f"}}:{suffix}")
+                    if 0 <= start < end:
+                        names.add(text[start + 2 : end])
+        except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
+            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        return sorted(names)
 
     def delete(self, queue: str) -> bool:
         k = self.keys(queue)

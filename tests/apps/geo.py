@@ -17,6 +17,8 @@ import json
 import os
 import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +44,7 @@ def make_app(env: Mapping[str, str]) -> Celery:
         siq_max_sleep=float(env.get("SIQ_TEST_MAX_SLEEP", "0.1")),
         siq_countdown_margin=float(env.get("SIQ_TEST_MARGIN", "0.02")),
         siq_key_prefix=env.get("SIQ_TEST_KEY_PREFIX", "siq"),
+        siq_key_idle_expiry=float(env.get("SIQ_TEST_KEY_IDLE", "86400")),
         broker_transport_options=json.loads(env.get("SIQ_TEST_TRANSPORT", "{}")),
         broker_connection_retry_on_startup=True,
         task_acks_late=True,
@@ -70,7 +73,11 @@ def make_app(env: Mapping[str, str]) -> Celery:
             "header_ticket": headers.get("siq_ticket"), "store_start_us": decision.now_us if decision else None,
             "slot_us": decision.slot_us if decision else None, "pid": os.getpid(),
             "node": task.request.hostname, "host": socket.gethostname(), "retries": task.request.retries,
+            "queue": task.siq_queue(task.request.args, task.request.kwargs).name,
         }))  # fmt: skip
+
+    def finished(task: Any, n: int) -> None:
+        recorder().rpush(FINISHES, json.dumps({"n": n, "t": real_time(), "node": task.request.hostname}))
 
     if env.get("SIQ_TEST_TRACE_PRERUN"):
 
@@ -112,6 +119,37 @@ def make_app(env: Mapping[str, str]) -> Celery:
         note(self, n, real_time())
         if self.request.retries == 0:
             raise self.retry(countdown=0)
+        return n
+
+    @app.task(shared=False, name="geo.per_key", base=IntervalTask, interval=interval, bind=True,
+              interval_queue=lambda args, kwargs: f"shop:{kwargs['shop']}")  # fmt: skip
+    def per_key(self: Any, n: int, shop: str, work: float = 0.0) -> int:
+        note(self, n, real_time())
+        if work:
+            time.sleep(work)
+        finished(self, n)
+        return n
+
+    @app.task(shared=False, name="geo.weighted", base=IntervalTask, interval=interval, interval_queue="geo",
+              bind=True, cost=lambda args, kwargs: kwargs.get("cost", 1))  # fmt: skip
+    def weighted(self: Any, n: int, cost: int = 1) -> int:
+        note(self, n, real_time())
+        finished(self, n)
+        return n
+
+    @app.task(shared=False, name="geo.call_api", base=IntervalTask, interval=interval, interval_queue="geo",
+              bind=True, max_retries=0)  # fmt: skip
+    def call_api(self: Any, n: int, url: str) -> int:
+        """Calls a rate-limited service; on 429 the whole queue backs off by Retry-After."""
+        note(self, n, real_time())
+        try:
+            with urllib.request.urlopen(f"{url}/call?n={n}", timeout=5) as response:
+                response.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code == 429:
+                self.siq_backoff(float(exc.headers["Retry-After"]))
+            raise
+        finished(self, n)
         return n
 
     return app

@@ -489,3 +489,18 @@ def test_a_backoff_never_shortens_a_longer_one(store: Store) -> None:
     with pytest.raises(ConfigurationError):
         q.backoff("2d")
     assert q.status().state.last_start_us == t0 + 5_000_000 - I
+
+
+def test_a_backoff_can_keep_the_first_slot_for_the_task_that_backed_off(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    first, second = q.claim_many(2)
+    at(store, t0 + I)
+    assert q.start(first).authorized  # its call answered 429: it backs off and comes back
+    q.backoff(1.0, keep_first=True)
+    hold_end = t0 + I + 1_000_000
+    at(store, hold_end)
+    assert q.start(second).verdict is Verdict.WAIT  # the line follows one slot on
+    assert q.start(first).authorized  # the passed-over ticket takes the first slot
+    at(store, hold_end + I)
+    assert q.start(second).authorized

@@ -154,3 +154,15 @@ def test_an_unreadable_parked_message_is_named_and_skipped_and_the_rest_released
     assert "parked task bad-json (ticket 2)" in caplog.text and "parked task bad-shape (ticket 3)" in caplog.text
     assert q.backend.keys("q").parked_messages in caplog.text
     assert q.status().parked == 2, "left parked for an operator to read (siq export --parked)"
+
+
+def test_queues_holding_parked_tasks_are_found_without_polling_each(store: Store) -> None:
+    a, b, idle = store.queue("shop:a"), store.queue("shop:b"), store.queue("shop:idle")
+    for q in (a, b, idle):
+        q.ensure()
+    for q in (a, b):
+        ticket = q.claim()
+        assert q.backend.park(q.name, ticket.epoch, [ParkedTask(1, f"{q.name}-1", "{}")])
+    assert a.backend.parked_queues() == ["shop:a", "shop:b"]
+    a.backend.unpark("shop:a", ["shop:a-1"])
+    assert a.backend.parked_queues() == ["shop:b"]

@@ -4,6 +4,8 @@
 -- KEYS[1]  the queue's state hash
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  how long to hold, in microseconds (>= 0)
+-- ARGV[3]  1: keep the first slot after the hold for the task that backed off (it comes
+--          back with its passed-over ticket); the line follows one slot on
 -- Returns the state as siq_reply; error SIQNOTFOUND if the queue has no state.
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
@@ -11,6 +13,8 @@ if err then return redis.error_reply(err) end
 if not s then return redis.error_reply('SIQNOTFOUND') end
 local until_us = now + tonumber(ARGV[2]) - s.interval_us
 s.last_start_us = math.max(s.last_start_us, until_us)
-s.anchor_us = math.max(s.anchor_us, until_us)
+local keep = 0
+if ARGV[3] == '1' then keep = s.interval_us end
+s.anchor_us = math.max(s.anchor_us, until_us + keep)
 siq_save(KEYS[1], s)
 return siq_reply(s, now)

@@ -1,0 +1,131 @@
+"""What rate-limited fleets ask for next, under real workers: per-key queues, weighted
+tasks, and backing off the whole queue on a 429."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import redis
+
+from tests.integration.conftest import CeleryRun, gaps_ms
+
+pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.flaky(reruns=1)]
+
+
+def by_queue(starts: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in starts:
+        grouped[s["queue"]].append(s)
+    return grouped
+
+
+def test_a_thousand_per_key_queues_on_two_nodes(celery_run: CeleryRun) -> None:
+    celery_run.env.update(SIQ_TEST_INTERVAL="50ms", SIQ_TEST_KEY_IDLE="10")
+    celery_run.start_workers(2, 4)
+    task = celery_run.app.tasks["geo.per_key"]
+    hot = [f"hot-{i}" for i in range(10)]
+    calls = [((n,), {"shop": hot[n % 10]}) for n in range(300)]  # 30 calls for each of 10 busy shops
+    calls += [((300 + i,), {"shop": f"quiet-{i}"}) for i in range(990)]  # and one for each of 990 more
+    calls.sort(key=lambda c: c[0][0] % 7)  # mixed traffic
+    published = time.time()
+    task.apply_many(calls)
+    starts = celery_run.wait_for_count(len(calls), timeout=120)
+    took = max(s["t"] for s in starts) - published
+    queues = by_queue(starts)
+    smallest = {q: min(gaps_ms(s)) for q, s in queues.items() if len(s) > 1}
+    hot_gaps = [g for q in hot for g in gaps_ms(queues[f"shop:{q}"])]
+    listed = celery_run.siq("status", "shop:*").strip().splitlines()[1:]
+    print(f"\n{len(queues)} queues, {len(starts)} starts in {took:.1f} s; smallest per-key gap "
+          f"{min(smallest.values()):.2f} ms; busy shops' gaps median {statistics.median(hot_gaps):.1f} ms, "
+          f"max {max(hot_gaps):.1f} ms; siq status 'shop:*' listed {len(listed)}")  # fmt: skip
+    assert len(queues) == 1000 and len(starts) == len(calls)
+    assert min(smallest.values()) >= 45.0, "each key keeps its own interval"
+    assert statistics.median(hot_gaps) <= 75.0, "busy keys run near their interval next to 990 others"
+    assert len(listed) == 1000
+    store = redis.Redis.from_url(celery_run.env["SIQ_TEST_STORE"])
+    time.sleep(11.0)  # idle for longer than siq_key_idle_expiry (10 s)
+    left = list(store.scan_iter(match="siq:{shop:*", count=1000))
+    print(f"keys of per-key queues left after 11 s idle: {len(left)}")
+    assert left == []
+
+
+def test_a_cost_3_task_keeps_the_next_start_three_intervals_away(celery_run: CeleryRun) -> None:
+    celery_run.env.update(SIQ_TEST_INTERVAL="20ms")
+    celery_run.start_workers(2, 2)
+    task = celery_run.app.tasks["geo.weighted"]
+    costs = [3, 1, 1, 3, 1, 2, 1, 3, 3, 1] * 4
+    for n, cost in enumerate(costs):
+        task.delay(n, cost=cost)
+    starts = sorted(celery_run.wait_for_count(len(costs)), key=lambda s: s["t"])
+    after = [(costs[a["n"]], (b["t"] - a["t"]) * 1000) for a, b in itertools.pairwise(starts)]
+    worst = {c: min(g for k, g in after if k == c) for c in (1, 2, 3)}
+    print(f"\nsmallest gap after a start of cost 1/2/3: {worst[1]:.2f} / {worst[2]:.2f} / {worst[3]:.2f} ms")
+    assert worst[3] >= 0.9 * 60 and worst[2] >= 0.9 * 40 and worst[1] >= 0.9 * 20
+
+
+class FlakyService:
+    """A local API: 200, except one 429 with Retry-After: 1 on the 10th call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, int, int]] = []  # (time, n, status)
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                n = int(self.path.split("n=")[1])
+                status = 429 if len(service.calls) == 9 else 200
+                service.calls.append((time.time(), n, status))
+                self.send_response(status)
+                if status == 429:
+                    self.send_header("Retry-After", "1")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def service() -> Iterator[FlakyService]:
+    s = FlakyService()
+    yield s
+    s.server.shutdown()
+    s.server.server_close()
+
+
+def test_a_429_backs_off_every_worker_and_the_call_is_retried_without_using_a_retry(
+    celery_run: CeleryRun, service: FlakyService
+) -> None:
+    celery_run.env.update(SIQ_TEST_INTERVAL="100ms")
+    celery_run.start_workers(2, 2)
+    task = celery_run.app.tasks["geo.call_api"]  # max_retries=0: a retry would fail it
+    for n in range(30):
+        task.delay(n, service.url)
+    celery_run.wait_for(lambda s: len({f["n"] for f in celery_run.finishes()}) >= 30, 60, "30 calls")
+    calls = sorted(service.calls)
+    limited = next(i for i, c in enumerate(calls) if c[2] == 429)
+    t429, n429, _ = calls[limited]
+    pause = calls[limited + 1][0] - t429
+    retried = [c for c in calls if c[1] == n429 and c[2] == 200]
+    starts = celery_run.starts()
+    gaps = [(b[0] - a[0]) * 1000 for a, b in itertools.pairwise(calls)]
+    print(f"\n429 on call {limited + 1} (task {n429}); next call {pause:.3f} s later; task {n429} succeeded "
+          f"{len(retried)} time(s); {len(calls)} calls; smallest gap {min(gaps):.2f} ms; "
+          f"retries used {sorted({s['retries'] for s in starts})}")  # fmt: skip
+    assert pause >= 0.99, "every worker held its starts for Retry-After"
+    assert pause < 1.5, "and went on right after it"
+    assert len(retried) == 1 and sum(1 for c in calls if c[2] == 200) == 30, "the failed call ran again, once"
+    assert {s["retries"] for s in starts} == {0}, "the back-off used no retry"
+    assert min(gaps) >= 90.0
+    assert calls[limited + 1][1] == n429, "the backed-off task kept its place: first after the hold"
