@@ -32,6 +32,16 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 def parse_time(text: str, now: float | None = None) -> float:
     """Unix seconds from ``2026-11-21T08:00:00`` (UTC unless it says otherwise),
     ``1795250000`` (Unix seconds), or ``2h`` / ``30m`` / ``7d`` (that long ago)."""
+    seconds = _parse_time(text, now)
+    if not abs(seconds) <= MAX_TIME_S:  # also NaN
+        raise ConfigurationError(f"time {text!r} is not between year 1 and 9999")
+    return seconds
+
+
+MAX_TIME_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z; its microseconds fit every store
+
+
+def _parse_time(text: str, now: float | None) -> float:
     text = text.strip()
     if m := _AGO.match(text):
         return (time.time() if now is None else now) - float(m.group(1)) * _UNIT_S[m.group(2)]
@@ -83,14 +93,21 @@ def _written_in_place_at_the_end(out: str) -> Iterator[str]:
     target = Path(out)
     if target.parent and not target.parent.is_dir():
         raise ConfigurationError(f"cannot write {out!r}: folder {str(target.parent)!r} does not exist")
-    fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    if not out or target.is_dir():
+        raise ConfigurationError(f"cannot write {out!r}: it is a folder; give a file name")
+    try:
+        fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot write {out!r}: {exc.strerror or exc}") from None
     os.close(fd)
     try:
         yield partial
         os.replace(partial, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)
+        if isinstance(exc, OSError):
+            raise ConfigurationError(f"cannot write {out!r}: {exc.strerror or exc}") from None
         raise
 
 

@@ -40,7 +40,7 @@ def parse_interval(value: IntervalLike) -> int:
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, (int, float)):
-        seconds = float(value)
+        seconds = _float(value)
     elif isinstance(value, str):
         seconds = _parse_text(value)
     else:
@@ -61,10 +61,17 @@ def parse_duration(value: IntervalLike) -> int:
     elif isinstance(value, str):
         seconds = _parse_text(value)
     else:
-        seconds = float(value)
-    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
+        seconds = _float(value)
+    if math.isnan(seconds) or math.isinf(seconds * US_PER_S) or seconds < 0:
         raise InvalidIntervalError(f"duration {value!r} must be a finite number of seconds >= 0")
     return round(seconds * US_PER_S)
+
+
+def _float(value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond any float: as long as infinity
+        return math.inf if value > 0 else -math.inf
 
 
 def _parse_text(text: str) -> float:
@@ -83,7 +90,7 @@ def _parse_text(text: str) -> float:
 
 
 def _checked(original: object, seconds: float) -> int:
-    if math.isnan(seconds) or math.isinf(seconds):
+    if math.isnan(seconds) or math.isinf(seconds * US_PER_S):
         raise InvalidIntervalError(f"interval {original!r} is not a finite duration")
     us = round(seconds * US_PER_S)
     if us < MIN_INTERVAL_US:
@@ -102,7 +109,9 @@ def format_interval(us: int) -> str:
     if us >= 60 * US_PER_S and us % (6 * US_PER_S) == 0:
         return f"{us / (60 * US_PER_S):g}m"
     if us >= US_PER_S:
-        return f"{us / US_PER_S:g}s"
+        text = f"{us / US_PER_S:g}s"  # 6 significant digits: exact only if it parses back
+        if parse_interval(text) == us:
+            return text
     if us % 1_000 == 0:
         return f"{us // 1_000}ms"
-    return f"{us / 1_000:g}ms"
+    return f"{us / 1_000:g}ms" if us < US_PER_S else f"{us}us"

@@ -15,7 +15,7 @@ MAX_QUEUE_NAME = 200
 DEFAULT_KEY_PREFIX = "siq"
 # Braces would break the hash tag, whitespace and control characters break CLI use and
 # logs, and glob characters would make `siq status PATTERN` ambiguous.
-_FORBIDDEN = re.compile(r"[{}\s*?\[\]\\\x00-\x1f\x7f]")
+_FORBIDDEN = re.compile(r"[{}\s*?\[\]\\\x00-\x1f\x7f\ud800-\udfff]")
 _PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
@@ -32,7 +32,7 @@ def validate_queue_name(name: object) -> str:
     if bad := _FORBIDDEN.search(name):
         raise InvalidQueueNameError(
             f"queue name {name!r} contains {bad.group()!r}; braces, whitespace, control and "
-            f"glob characters (* ? [ ] \\) are not allowed"
+            f"glob characters (* ? [ ] \\) and lone surrogates (bytes that are not UTF-8) are not allowed"
         )
     return name
 

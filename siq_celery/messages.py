@@ -18,7 +18,7 @@ from .types import Ticket
 
 QUEUE, TICKET, EPOCH = "siq_queue", "siq_ticket", "siq_epoch"
 HEADER_NAMES = (QUEUE, TICKET, EPOCH)
-_EPOCH = re.compile(r"^[0-9a-f]{1,64}$")
+_EPOCH = re.compile(r"^[0-9a-f]{1,64}\Z")  # \Z: `$` would also match before a final newline
 MAX_TICKET = 2**53  # Lua numbers are doubles: beyond this tickets are not exact
 
 

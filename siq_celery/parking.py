@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from kombu.exceptions import EncodeError
 from kombu.utils.json import dumps, loads  # Celery's JSON: datetimes, UUIDs, Decimals
 
 from .backends.base import RELEASE_LIMIT
@@ -44,7 +45,11 @@ def parked_message(name: str, args: Any, kwargs: Any, options: dict[str, Any]) -
     if keep_deferrals is not None:
         headers["siq_deferrals"] = keep_deferrals
     opts["headers"] = headers
-    return str(dumps({"task": name, "args": list(args or ()), "kwargs": dict(kwargs or {}), "options": opts}))  # type: ignore[no-untyped-call]
+    message = {"task": name, "args": list(args or ()), "kwargs": dict(kwargs or {}), "options": opts}
+    try:
+        return str(dumps(message))  # type: ignore[no-untyped-call]
+    except (TypeError, ValueError) as exc:  # what a JSON publish of the task raises, too
+        raise EncodeError(f"task {name}: cannot park it, its call is not JSON: {exc}") from exc
 
 
 def park(queue: IntervalQueue, tickets_and_messages: Iterable[tuple[Ticket, str, str]]) -> bool:

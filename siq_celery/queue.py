@@ -49,6 +49,7 @@ NEAR_SLOT_S = 0.002
 MAX_SLEEP_STEP_S = 0.5
 MAX_RESTAMPS = 3
 RESUME_GRACE_S = 1.0  # the longest paused poll of wait_for_turn
+MAX_RESUME_GRACE_S = 86_400.0  # one day, like the longest interval
 PAUSED_POLL_S = (0.05, 1.0)  # first and largest poll period while paused
 UNAVAILABLE_RETRY_S = (0.1, 5.0)  # first and largest retry period while the store is down
 CORRUPT_RETRY_S = (1.0, 30.0)  # ... while the queue's state is corrupt (an operator must act)
@@ -191,6 +192,8 @@ class IntervalQueue:
         Waiters of a paused queue poll it (in-process waiters at most every second, Celery
         tasks every ``siq_paused_poll``); the grace lets each of them come back before its
         slot, so the line resumes in ticket order. ``grace=0`` restarts at once."""
+        if not grace <= MAX_RESUME_GRACE_S:  # also NaN
+            raise ConfigurationError(f"queue {self.name!r}: a resume grace of {grace!r} s is over one day")
         return self.backend.resume(self.name, round(max(grace, 0.0) * 1e6))
 
     def set_interval(self, interval: IntervalLike) -> QueueState:

@@ -198,6 +198,8 @@ class IntervalTask(Task):  # type: ignore[misc]
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= 10_000:
             raise ConfigurationError(f"apply_many(chunk_size) takes a whole number from 1 to 10000, not {chunk_size!r}")
         normalized = [_call(c) for c in calls]
+        for args, kwargs in normalized:  # any call may be parked, as JSON: refuse what JSON cannot carry
+            parked_message(self.name, args, kwargs, {})
         # Bad input (a call, its queue, its cost) fails here, before anything is claimed.
         routed = [
             (self.siq_queue(args, kwargs), self.siq_cost(args, kwargs), args, kwargs) for args, kwargs in normalized

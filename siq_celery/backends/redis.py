@@ -103,6 +103,8 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
         path = [p for p in parts.path.split("/") if p]
         if not path:
             raise ConfigurationError(f"sentinel URL {url!r} needs the service name: .../mymaster[/db]")
+        if len(path) > 1 and not path[1].isdigit():
+            raise ConfigurationError(f"sentinel URL's database {path[1]!r} is not a number")
         db = int(path[1]) if len(path) > 1 else 0
         sentinel = Sentinel(hosts, sentinel_kwargs={"password": query.get("sentinel_password")})
         return sentinel.master_for(path[0], db=db, username=username, password=password, ssl=tls, **options)
@@ -175,6 +177,8 @@ class RedisBackend(Backend):
                 self._client = self._connect()
             except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
                 raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+            except (ValueError, redis.RedisError) as exc:  # the URL itself (redis-py reads it here)
+                raise ConfigurationError(f"the Redis state store URL is not usable: {exc}") from None
         return self._client
 
     def _script(self, name: str) -> Any:
@@ -195,6 +199,8 @@ class RedisBackend(Backend):
             raise self._translate(exc, queue, keys[0]) from None
         except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
             raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+        except redis.RedisError as exc:  # e.g. an ssl_* option redis-py refuses when it connects
+            raise ConfigurationError(f"queue {queue!r}: the Redis client refused the store URL: {exc}") from None
 
     @staticmethod
     def _translate(exc: Exception, queue: str, key: str) -> Exception:

@@ -220,6 +220,8 @@ class SqliteBackend(ModelBackend):
                 f"sqlite URL {url!r} has a host part; write sqlite:///relative.db or sqlite:////abs/path.db"
             )
         path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+        if "\x00" in path:
+            raise ConfigurationError(f"sqlite URL {url!r} has a NUL character in its path")
         return cls(path, **options)
 
     def _connection(self) -> sqlite3.Connection:
