@@ -5,6 +5,7 @@ integration builds on it.
 """
 
 from .backends import Backend, ModelBackend, backend_from_url, register_backend
+from .combined import CombinedQueue
 from .errors import (
     ConfigurationError,
     CorruptStateError,
@@ -30,6 +31,6 @@ __all__ = [
     "ConfigurationError", "CorruptStateError", "IntervalMismatchError", "InvalidIntervalError",
     "InvalidQueueNameError", "MissingDependencyError", "QueueExistsError", "QueueNotFoundError",
     "SiqError", "StoreUnavailableError", "UnknownBackendError", "DuplicateTaskError", "SlotTimeoutError",
-    "format_interval", "parse_interval", "IntervalQueue", "IntervalTask",
+    "format_interval", "parse_interval", "IntervalQueue", "CombinedQueue", "IntervalTask",
     "ClaimResult", "Decision", "QueueState", "QueueStatus", "Ticket", "Verdict",
 ]  # fmt: skip

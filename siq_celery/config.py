@@ -29,11 +29,13 @@ rebuilt lazily after a fork.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from .backends import Backend, backend_from_url
+from .combined import CombinedQueue
 from .errors import ConfigurationError
 from .intervals import IntervalLike, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
@@ -123,6 +125,7 @@ class SiqState:
         self._backend: Backend | None = None
         self._queues: dict[tuple[str, int | None], IntervalQueue] = {}
         self._by_declaration: dict[tuple[str, object], IntervalQueue] = {}
+        self._combined: dict[tuple[str, str, str], CombinedQueue] = {}
 
     @property
     def settings(self) -> SiqSettings:
@@ -169,6 +172,29 @@ class SiqState:
         if isinstance(interval, (str, int, float, type(None))):  # hashable declarations only
             self._by_declaration[(name, interval)] = q
         return q
+
+    def combined(self, task: str, declared: Any, interval: Any) -> CombinedQueue:
+        """The CombinedQueue of a task declared with several interval queues: a mapping of
+        name to interval, or a list of names with ``interval`` a list of as many (or one
+        interval for all)."""
+        key = (task, repr(declared), repr(interval))
+        limits = self._combined.get(key)
+        if limits is None:
+            if isinstance(declared, Mapping):
+                names, intervals = list(declared), list(declared.values())
+            elif isinstance(declared, (list, tuple)):
+                names = list(declared)
+                intervals = list(interval) if isinstance(interval, (list, tuple)) else [interval] * len(names)
+            else:
+                raise ConfigurationError(f"task {task}: interval_queue={declared!r} is not a name, a list or a mapping")
+            if len(intervals) != len(names):
+                raise ConfigurationError(
+                    f"task {task}: {len(names)} interval queues but {len(intervals)} intervals ({intervals!r})"
+                )
+            limits = self._combined[key] = CombinedQueue(
+                [self.queue(n, i) for n, i in zip(names, intervals, strict=True)]
+            )
+        return limits
 
 
 def siq_state(app: Any) -> SiqState:

@@ -1,9 +1,10 @@
 """Parse intervals and rates into integer microseconds, and format them back.
 
 Accepted: ``float``/``int`` seconds, :class:`datetime.timedelta`, ``"200ms"``, ``"250us"``,
-``"2s"``, ``"1.5m"``, ``"1h"``, and rates ``"5/s"``, ``"300/m"``, ``"1000/h"`` (one start per
-``1/rate``). The store keeps microseconds (not milliseconds) so that a 2 ms cap is a 2 ms
-cap and not "anything that rounds to 2 ms".
+``"2s"``, ``"1.5m"``, ``"1h"``, and rates ``"5/s"``, ``"300/m"``, ``"1000/h"``, ``"10/2s"`` (one
+start per ``1/rate``: "10 per 2 s" is one start every 200 ms, never more than 10 in any
+2 s). The store keeps microseconds (not milliseconds) so that a 2 ms cap is a 2 ms cap
+and not "anything that rounds to 2 ms".
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _UNITS_US = {
 }  # fmt: skip
 _RATE_PERIODS_US = {"s": US_PER_S, "m": 60 * US_PER_S, "h": 3_600 * US_PER_S, "d": 86_400 * US_PER_S}
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|µs|ms|sec|min|s|m|h)?\s*$")
-_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*/\s*(s|m|h|d)\s*$")
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*/\s*([0-9]*\.?[0-9]+)?\s*(s|m|h|d)\s*$")
 
 
 def parse_interval(value: IntervalLike) -> int:
@@ -79,13 +80,14 @@ def _parse_text(text: str) -> float:
         count = float(m.group(1))
         if count <= 0:
             raise InvalidIntervalError(f"rate {text!r} must allow at least some starts")
-        return _RATE_PERIODS_US[m.group(2)] / US_PER_S / count
+        periods = float(m.group(2)) if m.group(2) else 1.0  # "10/2s": 10 per 2 seconds
+        return periods * _RATE_PERIODS_US[m.group(3)] / US_PER_S / count
     if m := _DURATION.match(text):
         unit = m.group(2) or "s"
         return float(m.group(1)) * _UNITS_US[unit] / US_PER_S
     raise InvalidIntervalError(
         f"cannot parse interval {text!r}; write it like '200ms', '2s', '1.5m', '250us' or a "
-        f"rate like '5/s', '300/m', '1000/h'"
+        f"rate like '5/s', '300/m', '1000/h', '10/2s'"
     )
 
 

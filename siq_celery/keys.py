@@ -1,7 +1,12 @@
 """Queue names and the store keys derived from them.
 
 All keys of one queue share the Redis Cluster hash tag ``{<queue>}``, so every script of
-a queue runs on one cluster node: ``siq:{geocoder}:state``, ``siq:{geocoder}:finished``, ``siq:{geocoder}:ledger``.
+a queue runs on one cluster node: ``siq:{geocoder}:state``, ``siq:{geocoder}:finished``,
+``siq:{geocoder}:ledger``.
+
+Queues that one script must use together (several limits on one task) must share a hash
+slot: a name may start with its own tag, ``{geo}per-second`` and ``{geo}per-day``, whose
+keys are ``siq:{geo}per-second:state`` and ``siq:{geo}per-day:state``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ DEFAULT_KEY_PREFIX = "siq"
 # Braces would break the hash tag, whitespace and control characters break CLI use and
 # logs, and glob characters would make `siq status PATTERN` ambiguous.
 _FORBIDDEN = re.compile(r"[{}\s*?\[\]\\\x00-\x1f\x7f\ud800-\udfff]")
+_TAGGED = re.compile(r"^\{([^{}]+)\}(.+)$", re.S)  # "{group}rest": a hash tag of its own
 _PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
@@ -29,9 +35,11 @@ def validate_queue_name(name: object) -> str:
         raise InvalidQueueNameError(
             f"queue name {name[:40]!r}... is {len(name)} characters; the limit is {MAX_QUEUE_NAME}"
         )
-    if bad := _FORBIDDEN.search(name):
+    tagged = _TAGGED.match(name)
+    if bad := _FORBIDDEN.search(tagged.group(1) + tagged.group(2) if tagged else name):
         raise InvalidQueueNameError(
-            f"queue name {name!r} contains {bad.group()!r}; braces, whitespace, control and "
+            f"queue name {name!r} contains {bad.group()!r}; braces (except a leading hash tag, "
+            f"'{{group}}rest'), whitespace, control and "
             f"glob characters (* ? [ ] \\) and lone surrogates (bytes that are not UTF-8) are not allowed"
         )
     return name
@@ -53,28 +61,34 @@ class QueueKeys:
     queue: str
 
     @property
+    def base(self) -> str:
+        """``prefix:{queue}``, or ``prefix:{group}rest`` for a name with its own tag."""
+        tagged = self.queue.startswith("{")
+        return f"{self.prefix}:{self.queue}" if tagged else f"{self.prefix}:{{{self.queue}}}"
+
+    @property
     def state(self) -> str:
-        return f"{self.prefix}:{{{self.queue}}}:state"
+        return f"{self.base}:state"
 
     @property
     def finished(self) -> str:
-        return f"{self.prefix}:{{{self.queue}}}:finished"
+        return f"{self.base}:finished"
 
     @property
     def ledger(self) -> str:
-        return f"{self.prefix}:{{{self.queue}}}:ledger"
+        return f"{self.base}:ledger"
 
     @property
     def parked(self) -> str:
-        return f"{self.prefix}:{{{self.queue}}}:parked"
+        return f"{self.base}:parked"
 
     @property
     def parked_messages(self) -> str:
-        return f"{self.prefix}:{{{self.queue}}}:parked:msg"
+        return f"{self.base}:parked:msg"
 
     @property
     def releasing(self) -> str:
-        return f"{self.prefix}:{{{self.queue}}}:releasing"
+        return f"{self.base}:releasing"
 
     @property
     def all(self) -> tuple[str, ...]:
@@ -85,7 +99,13 @@ class QueueKeys:
         return cls(validate_key_prefix(prefix), validate_queue_name(queue))
 
     @staticmethod
-    def queue_from_state_key(key: str) -> str | None:
-        """Recover the queue name from a state key (for listing queues)."""
-        start, end = key.find(":{"), key.rfind("}:state")
-        return key[start + 2 : end] if start >= 0 and end > start else None
+    def queue_from_state_key(key: str, suffix: str = "state") -> str | None:
+        """Recover the queue name from a state key, or another key ending in ``:suffix``
+        (for listing queues)."""
+        start, end = key.find(":{"), len(key) - len(suffix) - 1
+        if start < 0 or not key.endswith(f":{suffix}") or end <= start + 2:
+            return None
+        rest = key[start + 1 : end]
+        if rest.count("{") == 1 and rest.endswith("}"):
+            return rest[1:-1]  # prefix:{queue}:state
+        return rest  # prefix:{group}rest:state

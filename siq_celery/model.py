@@ -24,6 +24,10 @@ from dataclasses import replace
 
 from .types import ClaimResult, Decision, QueueState, Verdict
 
+#: The ticket of a start with no place in a queue's line (the other queues of a combined
+#: limit): it takes the next free slot, as a late ticket does.
+FREE = 0
+
 #: The head of a line may be this late (or 10 intervals, if longer) before the line shifts.
 OUTAGE_MIN_US = 1_000_000
 
@@ -92,8 +96,28 @@ def start(
     takes c slots: the next start may come c intervals after it. It is recorded as if its
     last slot had been used at ``now + (c - 1) * interval`` (anchor and last start), so
     every other rule stays as it is."""
+    if ticket == FREE and not finished:  # only a combined start may have no place in a line
+        return Decision(Verdict.RECLAIM, ticket, now_us)
+    decision = decide(state, ticket, epoch, now_us, finished=finished, cost=cost)
+    if decision.authorized:
+        commit_start(state, ticket, now_us, cost)
+    return decision
+
+
+def decide(
+    state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1
+) -> Decision:
+    """What :func:`start` would answer, without recording a start (it may still shift a
+    long-overdue line: that is the state's own repair, due whatever the answer).
+    Ticket :data:`FREE` has no place in the line: it takes the next free slot."""
     if finished:
         return Decision(Verdict.DUPLICATE, ticket, now_us)
+    if ticket == FREE:
+        if state.paused:
+            return Decision(Verdict.PAUSED, ticket, now_us, interval_us=state.interval_us)
+        cap = state.last_start_us + state.interval_us
+        verdict = Verdict.AUTHORIZED if now_us >= cap else Verdict.WAIT
+        return Decision(verdict, ticket, now_us, max(cap - now_us, 0), cap, state.interval_us)
     if epoch != state.epoch or ticket < 1 or ticket + cost - 1 > state.ticket:
         return Decision(Verdict.RECLAIM, ticket, now_us)
     if state.paused:
@@ -106,12 +130,38 @@ def start(
     slot = slot_of(state, ticket)
     if now_us < slot:
         return Decision(Verdict.WAIT, ticket, now_us, slot - now_us, slot, state.interval_us)
-    # The line continues from this start. For a late ticket (ticket <= current) that
-    # means it took the slot ticket current+1 was due at, and the line behind it shifts
-    # by one slot, keeping its order.
-    state.current = max(state.current, ticket + cost - 1)
-    state.anchor_us = state.last_start_us = now_us + (cost - 1) * state.interval_us
     return Decision(Verdict.AUTHORIZED, ticket, now_us, 0, slot, state.interval_us)
+
+
+def commit_start(state: QueueState, ticket: int, now_us: int, cost: int = 1) -> None:
+    """Record an authorized start. The line continues from it: for a late ticket (ticket
+    <= current) that means it took the slot ticket current+1 was due at, and the line
+    behind it shifts by one slot, keeping its order (so does a FREE start)."""
+    if ticket != FREE:
+        state.current = max(state.current, ticket + cost - 1)
+    state.anchor_us = state.last_start_us = now_us + (cost - 1) * state.interval_us
+
+
+def start_all(
+    states: list[QueueState], tickets: list[int], epochs: list[str], now_us: int, *, finished: bool = False,
+    cost: int = 1,
+) -> list[Decision]:  # fmt: skip
+    """One start that must pass several queues at once (a per-second and a per-day limit):
+    authorized in all of them, or recorded in none. Queues that would authorize while
+    another says wait answer WAIT with ``wait_us`` 0, so nothing is held in one queue
+    while the start waits for another. The start has a place in one queue's line (its
+    ticket); in the others its ticket is :data:`FREE`."""
+    if all(t == FREE for t in tickets) and not finished:  # a start needs a place in some line
+        return [Decision(Verdict.RECLAIM, t, now_us) for t in tickets]
+    decisions = [
+        decide(state, ticket, epoch, now_us, finished=finished, cost=cost)
+        for state, ticket, epoch in zip(states, tickets, epochs, strict=True)
+    ]
+    if all(d.authorized for d in decisions):
+        for state, ticket in zip(states, tickets, strict=True):
+            commit_start(state, ticket, now_us, cost)
+        return decisions
+    return [replace(d, verdict=Verdict.WAIT, wait_us=0) if d.authorized else d for d in decisions]
 
 
 def backoff(state: QueueState, now_us: int, hold_us: int, keep_first: bool = False) -> None:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from .backends import Backend, backend_from_url
 from .backends.base import PendingClaim
@@ -315,48 +315,21 @@ class IntervalQueue:
         ``defer_paused``, so does a paused queue. ``record`` goes to the ledger with the
         authorized start. ``cost``: the slots this start takes (claimed together).
         """
-        deadline = None if timeout is None else self._monotonic() + timeout
-        paused_poll, unavailable_retry = PAUSED_POLL_S[0], UNAVAILABLE_RETRY_S[0]
-        corrupt_retry = CORRUPT_RETRY_S[0]
-        while True:
-            try:
-                if ticket is None:
-                    ticket = self.claim(cost)
-                sent = self._monotonic()
-                decision = self.start(ticket, task_id=task_id, record=record, cost=cost)
-                round_trip = self._monotonic() - sent
-            except StoreUnavailableError as exc:
-                logger.warning("queue %r: state store unreachable, nothing starts; retrying in %.1fs: %s",
-                               self.name, unavailable_retry, exc)  # fmt: skip
-                self._nap(unavailable_retry, deadline)
-                unavailable_retry = min(unavailable_retry * 2, UNAVAILABLE_RETRY_S[1])
-                continue
-            except CorruptStateError as exc:
-                # Fail closed and keep the task: nothing starts until an operator repairs
-                # or resets the state; the task goes on when they have (no crash loop).
-                logger.error("%s; retrying in %.0fs", exc, corrupt_retry)
-                self._nap(corrupt_retry, deadline)
-                corrupt_retry = min(corrupt_retry * 2, CORRUPT_RETRY_S[1])
-                continue
-            unavailable_retry = UNAVAILABLE_RETRY_S[0]
-            verdict = decision.verdict
-            if verdict is Verdict.AUTHORIZED:
-                return self._settle(decision, ticket.epoch, round_trip)
-            if verdict is Verdict.WAIT:
-                if max_sleep is not None and decision.wait > max_sleep:
-                    raise DeferralNeeded(ticket, decision)
-                self._nap(_sleep_before_asking(decision.wait, round_trip), deadline)
-            elif verdict is Verdict.PAUSED:
-                if defer_paused:
-                    raise DeferralNeeded(ticket, decision)
-                self._nap(paused_poll, deadline)
-                paused_poll = min(paused_poll * 2, PAUSED_POLL_S[1])
-            elif verdict is Verdict.RECLAIM:
-                logger.info("queue %r: ticket %s was not issued in the queue's current life (a reset, a lost store, "
-                            "or never claimed); claiming anew", self.name, ticket.number)  # fmt: skip
-                ticket = None
-            else:
-                raise DuplicateTaskError(f"queue {self.name!r}: task {task_id!r} already finished")
+        return wait_in_line(
+            self, None if ticket is None else [ticket], task_id=task_id, timeout=timeout, max_sleep=max_sleep,
+            defer_paused=defer_paused, record=record, cost=cost,
+        )[0]  # fmt: skip
+
+    # -- the hooks of wait_in_line ---------------------------------------------------
+
+    def claim_tickets(self, cost: int) -> list[Ticket]:
+        return [self.claim(cost)]
+
+    def ask(self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int) -> list[Decision]:
+        return [self.start(tickets[0], task_id=task_id, record=record, cost=cost)]
+
+    def settle(self, decision: Decision, tickets: list[Ticket], round_trip: float) -> Decision:
+        return self._settle(decision, tickets[0].epoch, round_trip)
 
     def _settle(self, decision: Decision, epoch: str, round_trip: float) -> Decision:
         """If the authorization came back slowly, the body starts later than the store
@@ -424,6 +397,91 @@ class IntervalQueue:
 
     def close(self) -> None:
         self.backend.close()
+
+
+class Line(Protocol):
+    """What :func:`wait_in_line` needs: an IntervalQueue, or a CombinedQueue of several."""
+
+    name: str
+
+    def claim_tickets(self, cost: int) -> list[Ticket]: ...
+    def ask(
+        self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int
+    ) -> list[Decision]: ...
+    def settle(self, decision: Decision, tickets: list[Ticket], round_trip: float) -> Decision: ...
+    def _nap(self, seconds: float, deadline: float | None) -> None: ...
+    def _monotonic(self) -> float: ...
+
+
+def wait_in_line(
+    line: Line,
+    tickets: list[Ticket] | None,
+    *,
+    task_id: str | None,
+    timeout: float | None,
+    max_sleep: float | None,
+    defer_paused: bool,
+    record: StartRecord | None,
+    cost: int,
+) -> tuple[Decision, list[Ticket]]:
+    """The loop behind ``wait_for_turn``: ask, and sleep, re-claim, back off or defer
+    according to the answers, until the start is authorized (in every queue of the line);
+    that decision and the tickets that got it."""
+    deadline = None if timeout is None else line._monotonic() + timeout
+    paused_poll, unavailable_retry = PAUSED_POLL_S[0], UNAVAILABLE_RETRY_S[0]
+    corrupt_retry = CORRUPT_RETRY_S[0]
+    while True:
+        try:
+            if tickets is None:
+                tickets = line.claim_tickets(cost)
+            sent = line._monotonic()
+            decisions = line.ask(tickets, task_id, record, cost)
+            round_trip = line._monotonic() - sent
+        except StoreUnavailableError as exc:
+            logger.warning("queue %r: state store unreachable, nothing starts; retrying in %.1fs: %s",
+                           line.name, unavailable_retry, exc)  # fmt: skip
+            line._nap(unavailable_retry, deadline)
+            unavailable_retry = min(unavailable_retry * 2, UNAVAILABLE_RETRY_S[1])
+            continue
+        except CorruptStateError as exc:
+            # Fail closed and keep the task: nothing starts until an operator repairs or
+            # resets the state; the task goes on when they have (no crash loop).
+            logger.error("%s; retrying in %.0fs", exc, corrupt_retry)
+            line._nap(corrupt_retry, deadline)
+            corrupt_retry = min(corrupt_retry * 2, CORRUPT_RETRY_S[1])
+            continue
+        unavailable_retry = UNAVAILABLE_RETRY_S[0]
+        verdicts = {d.verdict for d in decisions}
+        if verdicts == {Verdict.AUTHORIZED}:
+            return line.settle(combined(decisions), tickets, round_trip), tickets
+        if Verdict.DUPLICATE in verdicts:
+            raise DuplicateTaskError(f"queue {line.name!r}: task {task_id!r} already finished")
+        if Verdict.RECLAIM in verdicts:
+            stale = [t for t, d in zip(tickets, decisions, strict=True) if d.verdict is Verdict.RECLAIM]
+            logger.info("queue %r: ticket %s was not issued in the queue's current life (a reset, a lost store, "
+                        "or never claimed); claiming anew", stale[0].queue, stale[0].number)  # fmt: skip
+            tickets = None  # every ticket anew: each claim costs only a slot
+            continue
+        if Verdict.PAUSED in verdicts:
+            paused = next(d for d in decisions if d.verdict is Verdict.PAUSED)
+            if defer_paused:
+                raise DeferralNeeded(tickets[0], paused)
+            line._nap(paused_poll, deadline)
+            paused_poll = min(paused_poll * 2, PAUSED_POLL_S[1])
+            continue
+        waiting = combined(decisions)
+        if max_sleep is not None and waiting.wait > max_sleep:
+            raise DeferralNeeded(tickets[0], waiting)
+        line._nap(_sleep_before_asking(waiting.wait, round_trip), deadline)
+
+
+def combined(decisions: list[Decision]) -> Decision:
+    """One decision for a start asked of several queues: the longest wait, the latest slot,
+    and the ticket of the one queue where the start has a place in line."""
+    if len(decisions) == 1:
+        return decisions[0]
+    longest = max(decisions, key=lambda d: (d.wait_us, d.slot_us))
+    return replace(longest, ticket=max(d.ticket for d in decisions), slot_us=max(d.slot_us for d in decisions))
 
 
 MAX_COST = 10_000

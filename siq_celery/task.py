@@ -35,6 +35,7 @@ from celery import Task, signals
 from celery.exceptions import Ignore
 from kombu.utils.uuid import uuid
 
+from .combined import CombinedQueue
 from .config import siq_state
 from .errors import ConfigurationError, CorruptStateError, StoreUnavailableError
 from .intervals import IntervalLike
@@ -65,7 +66,10 @@ class IntervalTask(Task):  # type: ignore[misc]
     #: (a list) and ``kwargs`` (a dict) and returning the name: one queue per customer,
     #: user or API key, created on first use with ``interval``, expiring after
     #: ``siq_key_idle_expiry`` of idleness (Redis).
-    interval_queue: str | Callable[[list[Any], dict[str, Any]], str] | None = None
+    interval_queue: str | Callable[[list[Any], dict[str, Any]], str] | Sequence[str] | Mapping[str, Any] | None = None
+    #: Several limits: a list of names (with ``interval`` a list of the same length), or a
+    #: mapping of name to interval (``{"{geo}per-second": "100ms", "{geo}per-day":
+    #: "10/2s"}``): every start must pass all of them at once (see combined.py).
 
     #: Slots one start takes (a search that costs 10 points of a 100-point budget): the
     #: next start of the queue waits ``cost`` intervals. A whole number >= 1, or a callable
@@ -79,10 +83,20 @@ class IntervalTask(Task):  # type: ignore[misc]
         """The IntervalQueue of a call with ``args`` and ``kwargs`` (cached on the app);
         the arguments matter only when ``interval_queue`` is a callable."""
         name = _declared(self, self.interval_queue)
+        limits = self.siq_limits(args, kwargs)
+        if limits is not None:
+            return limits.primary
         if callable(name):
             return siq_state(self.app).queue(_per_call(self, "interval_queue", name, args, kwargs), self.interval,
                                              per_key=True)  # fmt: skip
         return siq_state(self.app).queue(name or self.name, self.interval)
+
+    def siq_limits(self, args: Any = None, kwargs: Any = None) -> CombinedQueue | None:
+        """The combined limit of a task with several interval queues, else None."""
+        declared = _declared(self, self.interval_queue)
+        if declared is None or isinstance(declared, str) or callable(declared):
+            return None
+        return siq_state(self.app).combined(self.name, declared, self.interval)
 
     def siq_cost(self, args: Any = None, kwargs: Any = None) -> int:
         """Slots a call with ``args`` and ``kwargs`` takes."""
@@ -101,21 +115,24 @@ class IntervalTask(Task):  # type: ignore[misc]
         back-off is not a retry: it never counts against ``max_retries``. Ends this run
         (raises Celery's ``Ignore``)."""
         request = self.request
-        queue = self.siq_queue(request.args, request.kwargs)
-        state = queue.backoff(seconds, keep_first=True)
+        queue = self.siq_queue(request.args, request.kwargs)  # with several limits: the ticket's
+        limits = self.siq_limits(request.args, request.kwargs)
+        queues = limits.queues if limits else [queue]
+        states = {q.name: q.backoff(seconds, keep_first=True) for q in queues}
         decision = getattr(request, "siq_decision", None)
         if decision is not None:  # the run ends here: its ledger row says why
             try:
-                queue.backend.finish(queue.name, request.id, "BACKOFF", remember=False)
+                for q in queues:
+                    q.backend.finish(q.name, request.id, "BACKOFF", remember=False)
             except (StoreUnavailableError, CorruptStateError) as exc:
                 logger.warning("%s[%s]: could not record the back-off: %s", self.name, request.id, exc)
         # Its old ticket, now behind the line's head: a late ticket, it takes the first free
-        # slot after the hold.
+        # slot after the hold (which the back-off keeps for it).
         number = decision.ticket if decision is not None else 1
-        ticket = Ticket(queue.name, number, state.epoch, 0, 0)
-        hold_end_us = state.last_start_us + state.interval_us
-        logger.info("%s[%s]: queue %r held for %ss; this task runs again after it",
-                    self.name, request.id, queue.name, seconds)  # fmt: skip
+        ticket = Ticket(queue.name, number, states[queue.name].epoch, 0, 0)
+        hold_end_us = max(st.last_start_us + st.interval_us for st in states.values())
+        logger.info("%s[%s]: %s held for %ss; this task runs again after it",
+                    self.name, request.id, list(states), seconds)  # fmt: skip
         headers = {**(request.headers or {}), **ticket_headers(ticket)}
         signature = self.signature_from_request(request, request.args, request.kwargs, headers=headers)
         margin = siq_state(self.app).settings.countdown_margin
@@ -248,8 +265,9 @@ class IntervalTask(Task):  # type: ignore[misc]
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         request = self.request
-        queue = self.siq_queue(args, kwargs)
         cost = self.siq_cost(args, kwargs)
+        queue = self.siq_queue(args, kwargs)  # with several limits: the one the ticket is for
+        line = self.siq_limits(args, kwargs) or queue
         ticket, problem = ticket_from_headers(request.headers, queue.name)
         if problem:
             logger.warning("%s[%s]: %s; claiming a fresh ticket", self.name, task_id, problem)
@@ -259,7 +277,7 @@ class IntervalTask(Task):  # type: ignore[misc]
             self.name, task_id, request.hostname or socket.gethostname(), os.getpid(), _deferrals(request.headers)
         )
         try:
-            decision = queue.wait_for_turn(
+            decision = line.wait_for_turn(
                 ticket,
                 task_id=task_id,
                 max_sleep=None if eager else settings.max_sleep,
@@ -324,8 +342,9 @@ class IntervalTask(Task):  # type: ignore[misc]
         # Called for SUCCESS and FAILURE only (not RETRY, not our Ignore): the task is done,
         # so a redelivered copy of it must not run again.
         queue = self.siq_queue(args, kwargs)
+        limits = self.siq_limits(args, kwargs)
         try:
-            queue.finish(task_id, "SUCCESS" if status == "SUCCESS" else "FAILURE")
+            (limits or queue).finish(task_id, "SUCCESS" if status == "SUCCESS" else "FAILURE")
         except (StoreUnavailableError, CorruptStateError) as exc:
             logger.warning("%s[%s]: could not record the finish (a redelivered copy may run again): %s",
                            self.name, task_id, exc)  # fmt: skip

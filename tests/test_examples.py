@@ -65,3 +65,12 @@ def test_flower_example() -> None:
     assert len(rows) == 7 and all(row[-3] == "SUCCESS" for row in rows), lines
     assert lines[-2] == "the paused task, 1.5 s into the pause: DEFERRED"
     assert lines[-1].startswith("OK:")
+
+
+@pytest.mark.slow
+@pytest.mark.flaky(reruns=2)
+def test_fleet_limits_example() -> None:
+    lines = run_example("examples/fleet_limits/run.py")
+    assert [line.split(":")[0] for line in lines] == ["per-key", "weighted", "two limits", "back-off", "OK"], lines
+    assert "lists 100" in lines[0] and "no retry used" in lines[3]
+    assert lines[-1] == "OK: every limit held"

@@ -10,7 +10,8 @@ from celery import Celery
 from hypothesis import given
 from hypothesis import strategies as st
 
-from siq_celery import ConfigurationError, IntervalTask
+from siq_celery import ConfigurationError, IntervalTask, InvalidQueueNameError
+from siq_celery.backends import backend_from_url
 from siq_celery.config import SiqSettings, siq_state
 from siq_celery.messages import ticket_from_headers, ticket_headers
 from siq_celery.types import Ticket
@@ -146,3 +147,31 @@ def test_a_worker_warns_when_the_broker_would_forget_before_the_horizon(
     with caplog.at_level("WARNING", logger="siq_celery"):
         _warn_if_broker_forgets_before_horizon(app, horizon)
     assert ("lower siq_horizon" in caplog.text) is warns
+
+
+def test_per_key_queues_costs_and_limits_are_checked_at_publish(tmp_path: Any) -> None:
+    app = make_app(siq_url=f"sqlite:///{tmp_path}/s.db")
+
+    @app.task(
+        base=IntervalTask, shared=False, interval="1s", interval_queue=lambda args, kwargs: f"shop:{kwargs['shop']}"
+    )
+    def per_shop(shop: str) -> None: ...
+
+    @app.task(base=IntervalTask, shared=False, interval="1s", interval_queue="w", cost=lambda args, kwargs: args[0])
+    def weighted(points: object) -> None: ...
+
+    @app.task(base=IntervalTask, shared=False, interval=["1s"], interval_queue=["{a}x", "{a}y"])
+    def mismatched() -> None: ...
+
+    assert per_shop.siq_queue([], {"shop": "s1"}).name == "shop:s1"
+    assert per_shop.siq_queue([], {"shop": "s1"}) is per_shop.siq_queue([], {"shop": "s1"})
+    with pytest.raises(ConfigurationError, match="interval_queue"):
+        per_shop.delay(1)  # no shop: the callable raised, nothing claimed
+    with pytest.raises(InvalidQueueNameError):
+        per_shop.delay(shop="has space")
+    for bad in (0, 2.5, "3", True, None):
+        with pytest.raises(ConfigurationError, match="cost"):
+            weighted.delay(bad)
+    with pytest.raises(ConfigurationError, match="2 interval queues but 1 intervals"):
+        mismatched.delay()
+    assert backend_from_url(f"sqlite:///{tmp_path}/s.db").queues() == [], "nothing was claimed"

@@ -153,6 +153,25 @@ class Backend(ABC):
         slots this start takes (see :func:`siq_celery.model.start`)."""
 
     @abstractmethod
+    def start_all(
+        self,
+        queues: Sequence[str],
+        tickets: Sequence[int],
+        epochs: Sequence[str],
+        *,
+        task_id: str | None,
+        interval_us: Sequence[int],
+        new_epoch: str,
+        record: StartRecord | None = None,
+        cost: int = 1,
+    ) -> list[Decision]:
+        """One start that must pass every queue of ``queues`` (ticket ``tickets[i]`` of
+        epoch ``epochs[i]`` in each): authorized and recorded in all of them in one atomic
+        step, or in none (see :func:`siq_celery.model.start_all`). ``task_id`` is checked
+        against the first queue's finished tasks. On Redis Cluster the queues must share
+        a hash slot: name them ``{group}rest`` (see keys.py)."""
+
+    @abstractmethod
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
         """Move the queue's last start from ``started_us`` to now if it is still the last
         start of ``epoch`` (see :func:`siq_celery.model.restamp`); the new time or None."""
@@ -327,11 +346,20 @@ class ModelBackend(Backend):
     """
 
     @abstractmethod
-    def transaction(self, queue: str, *, replace_corrupt: bool = False) -> AbstractContextManager[Transaction]:
-        """Lock the queue's state, yield it, and write ``tx.state`` back on a clean exit.
+    def transactions(
+        self, queues: Sequence[str], *, replace_corrupt: bool = False
+    ) -> AbstractContextManager[list[Transaction]]:
+        """Lock the queues' states together, yield one transaction each, and write every
+        ``tx.state`` back on a clean exit (nothing on an error).
 
         Corrupt stored state raises CorruptStateError, unless ``replace_corrupt`` (used by
         reset, the way out of corruption) makes it load as missing."""
+
+    @contextlib.contextmanager
+    def transaction(self, queue: str, *, replace_corrupt: bool = False) -> Iterator[Transaction]:
+        """:meth:`transactions` of one queue."""
+        with self.transactions([queue], replace_corrupt=replace_corrupt) as (tx,):
+            yield tx
 
     def ensure(self, queue: str, interval_us: int, epoch: str) -> tuple[QueueState, bool]:
         with self.transaction(queue) as tx:
@@ -376,6 +404,34 @@ class ModelBackend(Backend):
                     )
                 )  # fmt: skip
             return decision
+
+    def start_all(
+        self,
+        queues: Sequence[str],
+        tickets: Sequence[int],
+        epochs: Sequence[str],
+        *,
+        task_id: str | None,
+        interval_us: Sequence[int],
+        new_epoch: str,
+        record: StartRecord | None = None,
+        cost: int = 1,
+    ) -> list[Decision]:
+        with self.transactions(queues) as txs:
+            states = [self._created(tx, q, i, new_epoch) for tx, q, i in zip(txs, queues, interval_us, strict=True)]
+            finished = task_id is not None and txs[0].is_finished(task_id)
+            decisions = model.start_all(
+                states, list(tickets), list(epochs), txs[0].now_us, finished=finished, cost=cost
+            )
+            if record is not None and self.ledger_max and decisions[0].authorized:
+                for tx, queue, state, d in zip(txs, queues, states, decisions, strict=True):
+                    tx.record_start(
+                        LedgerRow(
+                            queue, state.epoch, d.ticket, task_id or record.task_id, record.task_name, d.slot_us,
+                            d.now_us, state.interval_us, deferrals=record.deferrals, host=record.host, pid=record.pid,
+                        )
+                    )  # fmt: skip
+            return decisions
 
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
         with self.transaction(queue) as tx:

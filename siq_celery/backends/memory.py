@@ -131,12 +131,14 @@ class MemoryBackend(ModelBackend):
         return cls(store, **options)
 
     @contextmanager
-    def transaction(self, queue: str, *, replace_corrupt: bool = False) -> Iterator[Transaction]:
-        self.keys(queue)  # validates the name
+    def transactions(self, queues: Sequence[str], *, replace_corrupt: bool = False) -> Iterator[list[Transaction]]:
+        for queue in queues:
+            self.keys(queue)  # validates the name
         with self.store.lock:
-            tx = _MemoryTransaction(self, queue)
-            yield tx
-            tx.commit()
+            txs = [_MemoryTransaction(self, queue) for queue in queues]
+            yield list(txs)
+            for tx in txs:
+                tx.commit()
 
     def ledger(self, queue: str, since_us: int | None = None, until_us: int | None = None) -> Iterator[LedgerRow]:
         self.keys(queue)

@@ -25,7 +25,7 @@ from ..errors import (
 from ..keys import QueueKeys
 from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
 from ..types import ClaimResult, Decision, ParkedTask, QueueState, QueueStatus, Release, Verdict
-from .base import RELEASE_LEASE_US, RELEASE_LIMIT, Backend, PendingClaim
+from .base import RELEASE_LEASE_US, RELEASE_LIMIT, Backend, PendingClaim, match_names
 
 try:
     import redis
@@ -48,7 +48,7 @@ ACL_RULES = (
 
 SCRIPTS = (
     "claim", "start", "restamp", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status",
-    "park", "release", "unpark", "backoff",
+    "park", "release", "unpark", "backoff", "start_all",
 )  # fmt: skip
 
 
@@ -306,6 +306,37 @@ class RedisBackend(Backend):
         )
         return Decision(Verdict(verdict.decode()), int(number), int(now), int(wait), int(slot), int(interval))
 
+    def start_all(
+        self,
+        queues: Sequence[str],
+        tickets: Sequence[int],
+        epochs: Sequence[str],
+        *,
+        task_id: str | None,
+        interval_us: Sequence[int],
+        new_epoch: str,
+        record: StartRecord | None = None,
+        cost: int = 1,
+    ) -> list[Decision]:
+        keys = [key for q in queues for key in (self.keys(q).state, self.keys(q).finished, self.keys(q).ledger)]
+        if record is not None and self.ledger_max:
+            ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
+            task_id = task_id or record.task_id
+        else:
+            ledger = [0, "", "", 0, 0]
+        per_queue = [v for t, e, i in zip(tickets, epochs, interval_us, strict=True) for v in (t, e, i)]
+        if isinstance(self.client, RedisCluster) and len({self.client.keyslot(k) for k in keys}) > 1:
+            raise ConfigurationError(
+                f"queues {list(queues)!r} are in different Redis Cluster hash slots, so one script cannot "
+                f"start them together: name them with a shared hash tag, like '{{geo}}per-second' and "
+                f"'{{geo}}per-day'"
+            )
+        replies = self._run("start_all", queues[0], keys, [task_id or "", *ledger, cost, new_epoch, *per_queue])
+        return [
+            Decision(Verdict(v.decode()), int(n), int(now), int(wait), int(slot), int(interval))
+            for v, n, now, wait, slot, interval in replies
+        ]
+
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
         now = int(self._run("restamp", queue, [self.keys(queue).state], [epoch, started_us]))
         return now or None
@@ -410,24 +441,29 @@ class RedisBackend(Backend):
         return QueueStatus(queue, state, now, int(reply[8]), int(reply[9]))
 
     def queues(self, pattern: str = "*") -> list[str]:
-        match = f"{self.key_prefix}:{{{pattern}}}:state"
+        # SCAN (never KEYS: it would block Redis), narrowed on the server to the pattern's
+        # plain-name keys, plus the keys of names with their own tag ("{group}rest").
+        matches = [f"{self.key_prefix}:{{{pattern}}}:state"]
+        if pattern[:1] in ("{", "*", "?", "["):
+            matches.append(f"{self.key_prefix}:{{*}}?*:state")
         try:
             names = {
-                QueueKeys.queue_from_state_key(key.decode()) for key in self.client.scan_iter(match=match, count=1000)
+                QueueKeys.queue_from_state_key(key.decode())
+                for match in matches
+                for key in self.client.scan_iter(match=match, count=1000)
             }
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
-        return sorted(n for n in names if n)
+        return match_names([n for n in names if n], pattern)
 
     def parked_queues(self) -> list[str]:
         names = set()
         try:
             for suffix in ("parked", "releasing"):
-                for key in self.client.scan_iter(match=f"{self.key_prefix}:{{*}}:{suffix}", count=1000):
-                    text = key.decode()
-                    start, end = text.find(":{"), text.rfind(f"}}:{suffix}")
-                    if 0 <= start < end:
-                        names.add(text[start + 2 : end])
+                for key in self.client.scan_iter(match=f"{self.key_prefix}:{{*}}*:{suffix}", count=1000):
+                    name = QueueKeys.queue_from_state_key(key.decode(), suffix)
+                    if name:
+                        names.add(name)
         except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
             raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
         return sorted(names)

@@ -241,19 +241,21 @@ class SqliteBackend(ModelBackend):
         return conn
 
     @contextmanager
-    def transaction(self, queue: str, *, replace_corrupt: bool = False) -> Iterator[Transaction]:
-        self.keys(queue)  # validates the name
-        with _unavailable_on_lock(self.path, queue):
+    def transactions(self, queues: Sequence[str], *, replace_corrupt: bool = False) -> Iterator[list[Transaction]]:
+        for queue in queues:
+            self.keys(queue)  # validates the name
+        with _unavailable_on_lock(self.path, queues[0]):
             conn = self._connection()
             self._begin(conn)
         try:
-            tx = _SqliteTransaction(self, conn, queue, replace_corrupt)
-            yield tx
-            tx.commit()
+            txs = [_SqliteTransaction(self, conn, queue, replace_corrupt) for queue in queues]
+            yield list(txs)
+            for tx in txs:
+                tx.commit()
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        with _unavailable_on_lock(self.path, queue):
+        with _unavailable_on_lock(self.path, queues[0]):
             conn.execute("COMMIT")
 
     def _begin(self, conn: sqlite3.Connection) -> None:

@@ -152,6 +152,22 @@ def make_app(env: Mapping[str, str]) -> Celery:
         finished(self, n)
         return n
 
+    # Two limits on one task: 100 ms and "10 per 2 s" (the names share a hash tag, so
+    # the pair also works on Redis Cluster); and a task with the first limit alone.
+    @app.task(shared=False, name="geo.two_limits", base=IntervalTask, bind=True,
+              interval_queue={"{geo}per-second": "100ms", "{geo}per-2s": "10/2s"})  # fmt: skip
+    def two_limits(self: Any, n: int) -> int:
+        note(self, n, real_time())
+        finished(self, n)
+        return n
+
+    @app.task(shared=False, name="geo.one_limit", base=IntervalTask, bind=True,
+              interval_queue="{geo}per-second", interval="100ms")  # fmt: skip
+    def one_limit(self: Any, n: int) -> int:
+        note(self, n, real_time())
+        finished(self, n)
+        return n
+
     return app
 
 

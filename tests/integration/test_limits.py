@@ -129,3 +129,39 @@ def test_a_429_backs_off_every_worker_and_the_call_is_retried_without_using_a_re
     assert {s["retries"] for s in starts} == {0}, "the back-off used no retry"
     assert min(gaps) >= 90.0
     assert calls[limited + 1][1] == n429, "the backed-off task kept its place: first after the hold"
+
+
+def test_two_limits_on_one_task_are_never_exceeded_and_a_paused_one_holds_no_slot(celery_run: CeleryRun) -> None:
+    """100 ms and "10 per 2 s" on one task (its starts 200 ms apart at least, and never
+    more than 10 in any 2 s), with a task limited by the 100 ms queue alone beside it.
+    While the 2 s queue is paused, the two-limit tasks wait and the other one goes on at
+    its own 100 ms: no slot of the shared queue is held for the paused one."""
+    celery_run.start_workers(2, 2)
+    both, alone = celery_run.app.tasks["geo.two_limits"], celery_run.app.tasks["geo.one_limit"]
+    for n in range(30):
+        both.delay(n)
+    celery_run.wait_for(lambda s: len(s) >= 8, 30, "8 starts")
+    celery_run.siq("pause", "{geo}per-2s")
+    paused_at = time.time()
+    for n in range(100, 120):
+        alone.delay(n)
+    time.sleep(3.0)
+    resumed_at = time.time()
+    celery_run.siq("resume", "{geo}per-2s")
+    starts = celery_run.wait_for_count(50, timeout=90)
+    limited = sorted((s for s in starts if s["n"] < 100), key=lambda s: s["t"])
+    single = sorted((s for s in starts if s["n"] >= 100), key=lambda s: s["t"])
+    during = [s for s in limited if paused_at + 0.05 < s["t"] < resumed_at]
+    authorized = [s["store_start_us"] for s in limited]  # the store's own record of each start
+    window = max(sum(1 for t in authorized if a <= t < a + 2_000_000) for a in authorized)
+    shared = sorted(starts, key=lambda s: s["t"])
+    alone_during = [s for s in single if paused_at < s["t"] < resumed_at]
+    print(f"\n{len(limited)} two-limit starts, smallest gap {min(gaps_ms(limited)):.2f} ms, at most {window} in 2 s; "
+          f"{len(during)} while paused; {len(alone_during)} single-limit starts meanwhile, smallest gap "
+          f"{min(gaps_ms(single)):.2f} ms; smallest gap in the shared 100 ms queue "
+          f"{min(gaps_ms(shared)):.2f} ms")  # fmt: skip
+    assert sorted(s["n"] for s in starts) == [*range(30), *range(100, 120)]
+    assert min(gaps_ms(limited)) >= 0.9 * 200 and window <= 10, "the 10-per-2-s limit held"
+    assert min(gaps_ms(shared)) >= 0.9 * 100, "the 100 ms limit held for both tasks together"
+    assert during == [], "nothing started in a paused limit"
+    assert len(alone_during) >= 15, "the other queue kept its own pace: no slot held for the paused one"

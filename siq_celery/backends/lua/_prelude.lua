@@ -87,3 +87,46 @@ local function siq_touch(keys, s, ttl_us)
     end
   end
 end
+
+-- May ticket start now (model.decide; ticket 0 is FREE: no place in the line, the next
+-- free slot)? Returns verdict, wait_us, slot_us; the state is
+-- saved if the line shifted after an outage (that repair is due whatever the answer).
+-- With 'paused', wait_us is the ticket's distance behind the head of the line.
+local function siq_decide(key, s, ticket, epoch, cost, now)
+  if ticket == 0 then  -- FREE: no place in this queue's line; the next free slot
+    if s.paused == 1 then return 'paused', 0, 0 end
+    local cap = s.last_start_us + s.interval_us
+    if now < cap then return 'wait', cap - now, cap end
+    return 'authorized', 0, cap
+  end
+  if epoch ~= s.epoch or ticket < 1 or ticket + cost - 1 > s.ticket or ticket ~= math.floor(ticket) then
+    return 'reclaim', 0, 0
+  end
+  if s.paused == 1 then
+    return 'paused', math.max(ticket - s.current - 1, 0) * s.interval_us, 0
+  end
+  if ticket > s.current and siq_shift_after_outage(s, now) then siq_save(key, s) end
+  local due = 0  -- a ticket passed over by current takes the next free slot
+  if ticket > s.current then due = s.anchor_us + (ticket - s.current) * s.interval_us end
+  local slot = math.max(due, s.last_start_us + s.interval_us)
+  if now < slot then return 'wait', slot - now, slot end
+  return 'authorized', 0, slot
+end
+
+-- Record an authorized start (model.commit_start): the line continues from it (a late
+-- ticket takes the slot current+1 was due at, and the line behind shifts one slot); a
+-- start of cost c is recorded as if its last slot were used c - 1 intervals from now.
+local function siq_commit(key, s, ticket, cost, now)
+  if ticket > 0 and ticket + cost - 1 > s.current then s.current = ticket + cost - 1 end
+  s.anchor_us = now + (cost - 1) * s.interval_us
+  s.last_start_us = s.anchor_us
+  siq_save(key, s)
+end
+
+-- A start in the ledger stream (e=s). Short field names: a stream keeps them per entry.
+local function siq_ledger_start(key, cap, s, ticket, task_id, slot, now, name, host, pid, deferrals)
+  if cap > 0 then
+    redis.call('XADD', key, 'MAXLEN', '~', cap, '*', 'e', 's', 'ep', s.epoch, 't', ticket, 'id', task_id,
+      'n', name, 'sl', slot, 'st', now, 'iv', s.interval_us, 'h', host, 'p', pid, 'd', deferrals)
+  end
+end

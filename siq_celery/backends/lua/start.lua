@@ -30,33 +30,15 @@ end
 if ARGV[4] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[4]) then
   return {'duplicate', ticket, now, 0, 0, 0}
 end
-if ARGV[3] ~= s.epoch or ticket < 1 or ticket + cost - 1 > s.ticket or ticket ~= math.floor(ticket) then
-  return {'reclaim', ticket, now, 0, 0, 0}
+if ticket < 1 then return {'reclaim', ticket, now, 0, 0, 0} end  -- FREE is for start_all only
+local verdict, wait, slot = siq_decide(KEYS[1], s, ticket, ARGV[3], cost, now)
+if verdict ~= 'authorized' then
+  local interval = s.interval_us
+  if verdict == 'reclaim' then interval = 0 end
+  return {verdict, ticket, now, wait, slot, interval}
 end
-if s.paused == 1 then
-  -- wait: the ticket's distance behind the head of the line, for an orderly comeback
-  return {'paused', ticket, now, math.max(ticket - s.current - 1, 0) * s.interval_us, 0, s.interval_us}
-end
-
-local interval = s.interval_us
-if ticket > s.current and siq_shift_after_outage(s, now) then siq_save(KEYS[1], s) end
-local due = 0  -- a ticket passed over by current takes the next free slot
-if ticket > s.current then due = s.anchor_us + (ticket - s.current) * interval end
-local slot = math.max(due, s.last_start_us + interval)
-if now < slot then return {'wait', ticket, now, slot - now, slot, interval} end
-
--- The line continues from this start (for a late ticket: the line behind it shifts one
--- slot and keeps its order). See siq_celery/model.py for why the anchor does not lag.
--- A start of cost c is recorded as if its last slot were used c - 1 intervals from now.
-if ticket + cost - 1 > s.current then s.current = ticket + cost - 1 end
-s.anchor_us = now + (cost - 1) * interval
-s.last_start_us = s.anchor_us
-siq_save(KEYS[1], s)
-local cap = tonumber(ARGV[7]) or 0
-if cap > 0 then
-  -- e=s: a start. Short field names: a stream entry keeps them for every entry.
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', cap, '*', 'e', 's', 'ep', s.epoch, 't', ticket, 'id', ARGV[4],
-    'n', ARGV[8], 'sl', slot, 'st', now, 'iv', interval, 'h', ARGV[9], 'p', ARGV[10], 'd', ARGV[11])
-end
+local interval = s.interval_us  -- the interval this start was measured against
+siq_commit(KEYS[1], s, ticket, cost, now)
+siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11])
 siq_touch(KEYS, s, tonumber(ARGV[13]))
 return {'authorized', ticket, now, 0, slot, interval}

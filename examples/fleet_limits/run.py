@@ -1,0 +1,123 @@
+"""Per-key queues, a weighted task, two limits on one task and a back-off on 429, on one
+worker (-c 4) and a private Redis. See README.md beside this file."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from siq_celery.embedded import EmbeddedRedis
+from siq_celery.workers import WorkerProcess
+
+HERE = Path(__file__).resolve().parent
+
+
+class Api(BaseHTTPRequestHandler):
+    """Answers 429 with Retry-After: 1 to its 5th call, 200 otherwise."""
+
+    calls = 0
+
+    def do_GET(self) -> None:
+        Api.calls += 1
+        self.send_response(429 if Api.calls == 5 else 200)
+        if Api.calls == 5:
+            self.send_header("Retry-After", "1")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def gaps_ms(times: list[float]) -> list[float]:
+    return [(b - a) * 1000 for a, b in itertools.pairwise(sorted(times))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--redis-url", help="Redis for the broker and the state store (default: a private one)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as logs, contextlib.ExitStack() as stack:
+        broker = args.redis_url or stack.enter_context(EmbeddedRedis()).url
+        os.environ["EXAMPLE_BROKER"] = broker
+        env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        from tasks import STARTS, call_api, geocode, search, sync_orders
+
+        records = redis.Redis.from_url(broker)
+        records.delete(STARTS)
+        worker = WorkerProcess("tasks", "limits@example", Path(logs) / "worker.log", concurrency=4, env=env, cwd=HERE)
+        stack.callback(worker.stop, 10)
+        worker.start().wait_ready()
+        api = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+        stack.callback(api.server_close)
+        stack.callback(api.shutdown)
+        threading.Thread(target=api.serve_forever, daemon=True).start()
+
+        def started(task: str, count: int) -> list[dict[str, Any]]:
+            deadline = time.monotonic() + 60
+            while True:
+                rows = [json.loads(r) for r in records.lrange(STARTS, 0, -1)]
+                rows = [r for r in rows if r["task"] == task]
+                if len(rows) >= count:
+                    return rows
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{len(rows)} of {count} {task} started; worker log:\n{worker.log()[-2000:]}")
+                time.sleep(0.05)
+
+        sync_orders.apply_many([((), {"shop": f"shop-{n % 100}"}) for n in range(300)])
+        by_shop: dict[str, list[float]] = defaultdict(list)
+        for row in started("sync_orders", 300):
+            by_shop[row["shop"]].append(row["t"])
+        smallest = min(min(gaps_ms(times)) for times in by_shop.values())
+        status = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks", "siq", "status", "shop:*"],
+                                cwd=HERE, env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+        print(
+            f"per-key:     300 calls over {len(by_shop)} shops at 200 ms each: smallest gap within a shop "
+            f"{smallest:.1f} ms; `celery -A tasks siq status 'shop:*'` lists {len(status.splitlines()) - 1}"
+        )
+
+        for n, points in enumerate([3, 1, 3, 1]):
+            search.delay(n, points=points)
+        rows = sorted(started("search", 4), key=lambda r: r["t"])
+        after = [f"{(b['t'] - a['t']) * 1000:.0f} ms after cost {a['points']}" for a, b in itertools.pairwise(rows)]
+        print(f"weighted:    50 ms a point: {', '.join(after)}")
+
+        for n in range(12):
+            geocode.delay(n)
+        rows = started("geocode", 12)
+        times, authorized = sorted(r["t"] for r in rows), [r["authorized"] for r in rows]
+        most = max(sum(1 for t in authorized if a <= t < a + 2.0) for a in authorized)
+        print(
+            f"two limits:  100 ms and 5 per 2 s: smallest gap {min(gaps_ms(times)):.0f} ms, "
+            f"at most {most} starts in any 2 s"
+        )
+
+        url = f"http://127.0.0.1:{api.server_address[1]}/"
+        for n in range(10):
+            call_api.delay(n, url)
+        times = sorted(r["t"] for r in started("call_api", 10))
+        print(
+            f"back-off:    a 429 with Retry-After: 1 on the 5th call: longest gap {max(gaps_ms(times)):.0f} ms, "
+            f"{Api.calls} calls for 10 tasks, no retry used"
+        )
+
+        ok = smallest >= 180 and most <= 5 and max(gaps_ms(times)) >= 990 and Api.calls == 11
+        print("OK: every limit held" if ok else "FAILED: a limit did not hold")
+        return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+-- start_all: one start that must pass several queues at once (a per-second and a
+-- per-day limit): authorized and recorded in every queue, or in none (model.start_all).
+-- A queue that would authorize while another says wait answers 'wait' with wait 0: no
+-- slot is held in one queue while the start waits for another.
+-- KEYS[3i-2..3i]  queue i's state hash, finished-task set and ledger stream (all keys
+--                 in one hash slot on Redis Cluster: name the queues {group}rest)
+-- ARGV[1]  now in microseconds, or '' for Redis TIME
+-- ARGV[2]  task id, or '' (checked against the first queue's finished tasks)
+-- ARGV[3]  ledger cap; 0 = write no ledger entry
+-- ARGV[4..7]  for the ledger: task name, host, pid, deferrals
+-- ARGV[8]  cost: slots the start takes in every queue
+-- ARGV[9]  epoch for a state created here
+-- ARGV[10..]  per queue i, three values: ticket, the ticket's epoch, interval in
+--             microseconds for a state created here (0 = do not create)
+-- Returns one {verdict, ticket, now_us, wait_us, slot_us, interval_us} per queue.
+local now = siq_now(ARGV[1])
+local cost = tonumber(ARGV[8]) or 1
+local n = #KEYS / 3
+local states, tickets, replies = {}, {}, {}
+for i = 1, n do
+  local key = KEYS[3 * i - 2]
+  local s, err = siq_load(key)
+  if err then return redis.error_reply(err) end
+  if not s then
+    local interval = tonumber(ARGV[9 + 3 * i]) or 0
+    if interval <= 0 then return redis.error_reply('SIQNOTFOUND') end
+    s = siq_new(now, interval, ARGV[9])
+    siq_save(key, s)
+  end
+  states[i], tickets[i] = s, tonumber(ARGV[7 + 3 * i]) or 0
+end
+if ARGV[2] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[2]) then
+  for i = 1, n do replies[i] = {'duplicate', tickets[i], now, 0, 0, 0} end
+  return replies
+end
+local placed = false  -- a start needs a place in some line: not every ticket FREE (0)
+for i = 1, n do
+  if tickets[i] ~= 0 then placed = true end
+end
+if not placed then
+  for i = 1, n do replies[i] = {'reclaim', tickets[i], now, 0, 0, 0} end
+  return replies
+end
+local all = true
+for i = 1, n do
+  local verdict, wait, slot = siq_decide(KEYS[3 * i - 2], states[i], tickets[i], ARGV[8 + 3 * i], cost, now)
+  local interval = states[i].interval_us
+  if verdict == 'reclaim' then interval = 0 end
+  replies[i] = {verdict, tickets[i], now, wait, slot, interval}
+  if verdict ~= 'authorized' then all = false end
+end
+if not all then
+  for i = 1, n do
+    if replies[i][1] == 'authorized' then replies[i][1] = 'wait' end
+  end
+  return replies
+end
+local cap = tonumber(ARGV[3]) or 0
+for i = 1, n do
+  local s = states[i]
+  siq_commit(KEYS[3 * i - 2], s, tickets[i], cost, now)
+  siq_ledger_start(KEYS[3 * i], cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+end
+return replies

@@ -1,0 +1,122 @@
+"""Several limits on one start: a per-second and a per-day quota, say.
+
+>>> limits = CombinedQueue([IntervalQueue("{geo}per-second", url=URL, interval="100ms"),
+...                         IntervalQueue("{geo}per-day", url=URL, interval="10000/d")])
+>>> with limits.slot():
+...     call_api()
+
+A start is authorized in every queue in one atomic step of the store, or recorded in
+none: nothing is held in one queue while the start waits for another, so there is no
+deadlock. The start has a place in line (a ticket) in one queue only, the *primary*: the
+one with the longest interval, the limit that binds. In the others it takes the next free
+slot, as a late ticket does, and so never reserves a slot there: a paused or exhausted
+daily quota holds nothing of the per-second queue, whose other users go on at its pace.
+
+On Redis Cluster one script can only use keys of one hash slot: give the combined queues
+a shared hash tag, ``{geo}per-second`` and ``{geo}per-day`` (see keys.py). A single Redis
+server, SQLite and memory take any names.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from .errors import ConfigurationError, StoreUnavailableError
+from .ledger import StartRecord
+from .model import FREE
+from .queue import IntervalQueue, logger, new_epoch, validate_cost, wait_in_line
+from .types import Decision, Ticket
+
+
+class CombinedQueue:
+    """Interval queues of one store that every start must pass at once."""
+
+    def __init__(self, queues: Sequence[IntervalQueue]) -> None:
+        queues = list(queues)
+        names = [q.name for q in queues]
+        if len(queues) < 2 or len(set(names)) != len(names):
+            raise ConfigurationError(f"a combined limit takes two or more different queues, not {names!r}")
+        if any(q.backend is not queues[0].backend for q in queues):
+            raise ConfigurationError(f"the queues of a combined limit {names!r} must use one store (one backend)")
+        self.queues, self.backend, self.name = queues, queues[0].backend, "+".join(names)
+        #: The queue where a start has its place in line: the longest interval (the first of equals).
+        self.primary = max(queues, key=lambda q: q.interval_us or 0)
+        self._nap, self._monotonic = queues[0]._nap, queues[0]._monotonic
+
+    def __repr__(self) -> str:
+        return f"<CombinedQueue {[q.name for q in self.queues]!r} primary={self.primary.name!r}>"
+
+    def claim(self, cost: int = 1) -> Ticket:
+        """A place in the primary queue's line (one round trip)."""
+        return self.primary.claim(cost)
+
+    def start(
+        self, ticket: Ticket, *, task_id: str | None = None, record: StartRecord | None = None, cost: int = 1
+    ) -> list[Decision]:
+        """Ask every queue at once (``ticket`` in the primary, the next free slot in the
+        others); authorized in all of them or recorded in none. One decision per queue."""
+        if ticket.queue != self.primary.name:
+            raise ConfigurationError(f"{self!r}: the ticket is for {ticket.queue!r}, not the primary queue")
+        mine = [q is self.primary for q in self.queues]
+        return self.backend.start_all(
+            [q.name for q in self.queues], [ticket.number if m else FREE for m in mine],
+            [ticket.epoch if m else "" for m in mine], task_id=task_id,
+            interval_us=[q.interval_us or 0 for q in self.queues], new_epoch=new_epoch(), record=record,
+            cost=validate_cost(cost),
+        )  # fmt: skip
+
+    def wait_for_turn(
+        self,
+        ticket: Ticket | None = None,
+        *,
+        task_id: str | None = None,
+        timeout: float | None = None,
+        max_sleep: float | None = None,
+        defer_paused: bool = False,
+        record: StartRecord | None = None,
+        cost: int = 1,
+    ) -> Decision:
+        """As :meth:`IntervalQueue.wait_for_turn` (``ticket`` is the primary queue's):
+        blocks until the start is authorized in every queue, and returns the decision
+        (its ``slot_us`` is the latest of the queues' slots)."""
+        return wait_in_line(
+            self, None if ticket is None else [ticket], task_id=task_id, timeout=timeout,
+            max_sleep=max_sleep, defer_paused=defer_paused, record=record, cost=cost,
+        )[0]  # fmt: skip
+
+    def finish(self, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
+        """Record the finish in every queue (a redelivered copy is then not started)."""
+        for q in self.queues:
+            q.backend.finish(q.name, task_id, outcome, remember=remember)
+
+    @contextmanager
+    def slot(
+        self, *, task_id: str | None = None, timeout: float | None = None, name: str = "slot", cost: int = 1
+    ) -> Iterator[Decision]:
+        """Block until every queue lets this caller start, then run the ``with`` body."""
+        ledger_id = task_id or secrets.token_hex(16)
+        decision = self.wait_for_turn(
+            task_id=task_id, timeout=timeout, record=StartRecord.here(name, ledger_id), cost=cost
+        )
+        outcome = "FAILURE"
+        try:
+            yield decision
+            outcome = "SUCCESS"
+        finally:
+            try:
+                self.finish(ledger_id, outcome, remember=task_id is not None)
+            except StoreUnavailableError as exc:  # the body ran; only its record is missing
+                logger.warning("%r: could not record the finish of %s: %s", self, ledger_id, exc)
+
+    # -- the hooks of wait_in_line ---------------------------------------------------
+
+    def claim_tickets(self, cost: int) -> list[Ticket]:
+        return [self.claim(cost)]
+
+    def ask(self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int) -> list[Decision]:
+        return self.start(tickets[0], task_id=task_id, record=record, cost=cost)
+
+    def settle(self, decision: Decision, tickets: list[Ticket], round_trip: float) -> Decision:
+        return decision  # a late reply is not re-stamped here: each queue's cap already holds
