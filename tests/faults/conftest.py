@@ -123,10 +123,7 @@ def fault_run(
     }
     run = CeleryRun(env, tmp_path / "logs")
     yield run
-    for w in run.workers:
-        w.stop(timeout=10)
-    if run._app is not None:
-        run._app.close()
+    run.close()
 
 
 def publish(run: CeleryRun, numbers: range, **kwargs: object) -> None:

@@ -133,9 +133,7 @@ def test_two_apps_with_different_key_prefixes_never_see_each_other(
         mine = fault_run.wait_for_count(40)
         theirs = other.wait_for_count(30)
     finally:
-        for w in other.workers:
-            w.stop(timeout=10)
-        other.app.close()
+        other.close()
     keys = sorted(k.decode() for k in redis.Redis.from_url(store.url(0)).scan_iter(count=1000))
     combined = gaps_ms(mine + theirs)
     print(f"\nkeys {keys}; smallest gap {min(gaps_ms(mine)):.2f} ms (siq, 50 ms) "

@@ -62,6 +62,13 @@ class CeleryRun:
             w.wait_ready()
         return started
 
+    def close(self) -> None:
+        """Stop the workers (warm shutdown, then SIGKILL) and close the publisher."""
+        for w in self.workers:
+            w.stop(timeout=10)
+        if self._app is not None:
+            self._app.close()
+
     def starts(self) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self.records.lrange(STARTS, 0, -1)]
 
@@ -115,10 +122,7 @@ def celery_run(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[CeleryRu
     }
     run = CeleryRun(env, tmp_path / "logs")
     yield run
-    for w in run.workers:
-        w.stop(timeout=10)
-    if run._app is not None:
-        run._app.close()
+    run.close()
 
 
 def gaps_ms(starts: list[dict[str, Any]]) -> list[float]:
