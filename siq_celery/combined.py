@@ -1,7 +1,8 @@
 """Several limits on one start: a per-second and a per-day quota, say.
 
->>> limits = CombinedQueue([IntervalQueue("{geo}per-second", url=URL, interval="100ms"),
-...                         IntervalQueue("{geo}per-day", url=URL, interval="10000/d")])
+>>> store = backend_from_url(URL)  # one store (one client) for the combined queues
+>>> limits = CombinedQueue([IntervalQueue("{geo}per-second", backend=store, interval="100ms"),
+...                         IntervalQueue("{geo}per-day", backend=store, interval="10000/d")])
 >>> with limits.slot():
 ...     call_api()
 

@@ -67,9 +67,12 @@ class DeferralNeeded(Exception):
     """Raised by :meth:`IntervalQueue.wait_for_turn` when told not to wait this out here
     (a long wait, or a paused queue): the caller re-schedules ``ticket`` elsewhere."""
 
-    def __init__(self, ticket: Ticket, decision: Decision) -> None:
+    def __init__(self, ticket: Ticket, decision: Decision, own_wait: float | None = None) -> None:
         super().__init__(f"ticket {ticket.number} of {ticket.queue!r}: {decision.verdict.value}")
         self.ticket, self.decision = ticket, decision
+        #: The wait of the ticket's own queue (with several limits, another may wait longer):
+        #: parking in that queue helps only if it is itself far from the slot.
+        self.own_wait = decision.wait if own_wait is None else own_wait
 
 
 class PendingTicket:
@@ -471,7 +474,8 @@ def wait_in_line(
             continue
         waiting = combined(decisions)
         if max_sleep is not None and waiting.wait > max_sleep:
-            raise DeferralNeeded(tickets[0], waiting)
+            own = max(decisions, key=lambda d: d.ticket)  # the queue where the ticket has its place
+            raise DeferralNeeded(tickets[0], waiting, own.wait)
         line._nap(_sleep_before_asking(waiting.wait, round_trip), deadline)
 
 

@@ -28,7 +28,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import Task, signals
@@ -37,13 +37,13 @@ from kombu.utils.uuid import uuid
 
 from .combined import CombinedQueue
 from .config import siq_state
-from .errors import ConfigurationError, CorruptStateError, StoreUnavailableError
-from .intervals import IntervalLike
+from .errors import ConfigurationError, CorruptStateError, QueueNotFoundError, StoreUnavailableError
+from .intervals import IntervalLike, parse_duration
 from .ledger import StartRecord
 from .messages import HEADER_NAMES, ticket_from_headers, ticket_headers
 from .parking import Releaser, ReleaseThrottle, park, parked_message, release_due
 from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, PendingTicket, validate_cost
-from .types import Decision, Ticket, Verdict
+from .types import Decision, QueueState, Ticket, Verdict
 
 logger = logging.getLogger("siq_celery")
 
@@ -118,7 +118,13 @@ class IntervalTask(Task):  # type: ignore[misc]
         queue = self.siq_queue(request.args, request.kwargs)  # with several limits: the ticket's
         limits = self.siq_limits(request.args, request.kwargs)
         queues = limits.queues if limits else [queue]
-        states = {q.name: q.backoff(seconds, keep_first=True) for q in queues}
+        states: dict[str, QueueState] = {}
+        for q in queues:
+            try:
+                states[q.name] = q.backoff(seconds, keep_first=True)
+            except (StoreUnavailableError, CorruptStateError, QueueNotFoundError) as exc:
+                # The call is re-published all the same (below): it must not be lost.
+                logger.warning("%s[%s]: could not hold %r: %s", self.name, request.id, q.name, exc)
         decision = getattr(request, "siq_decision", None)
         if decision is not None:  # the run ends here: its ledger row says why
             try:
@@ -127,16 +133,23 @@ class IntervalTask(Task):  # type: ignore[misc]
             except (StoreUnavailableError, CorruptStateError) as exc:
                 logger.warning("%s[%s]: could not record the back-off: %s", self.name, request.id, exc)
         # Its old ticket, now behind the line's head: a late ticket, it takes the first free
-        # slot after the hold (which the back-off keeps for it).
-        number = decision.ticket if decision is not None else 1
-        ticket = Ticket(queue.name, number, states[queue.name].epoch, 0, 0)
-        hold_end_us = max(st.last_start_us + st.interval_us for st in states.values())
+        # slot after the hold (which the back-off keeps for it). Without its queue's state
+        # (gone, or unreachable) it comes back without one and claims one at the worker.
+        headers = {k: v for k, v in (request.headers or {}).items() if k not in HEADER_NAMES}
+        held = states.get(queue.name)
+        if held is not None:
+            number = decision.ticket if decision is not None else 1
+            headers.update(ticket_headers(Ticket(queue.name, number, held.epoch, 0, 0)))
+        margin = siq_state(self.app).settings.countdown_margin
+        if states:
+            hold_end = max(st.last_start_us + st.interval_us for st in states.values()) / 1e6
+            eta = datetime.fromtimestamp(hold_end - margin, UTC)
+        else:  # no store answered: after the hold, on this host's clock
+            eta = datetime.now(UTC) + timedelta(microseconds=parse_duration(seconds))
         logger.info("%s[%s]: %s held for %ss; this task runs again after it",
                     self.name, request.id, list(states), seconds)  # fmt: skip
-        headers = {**(request.headers or {}), **ticket_headers(ticket)}
         signature = self.signature_from_request(request, request.args, request.kwargs, headers=headers)
-        margin = siq_state(self.app).settings.countdown_margin
-        signature.apply_async(eta=datetime.fromtimestamp(hold_end_us / 1e6 - margin, UTC), **{KEEP_TICKET: True})
+        signature.apply_async(eta=eta, **{KEEP_TICKET: True})
         raise Ignore()
 
     # -- producer -------------------------------------------------------------------
@@ -286,16 +299,17 @@ class IntervalTask(Task):  # type: ignore[misc]
                 cost=cost,
             )
         except DeferralNeeded as deferral:
-            self._defer(deferral.ticket, deferral.decision)
+            self._defer(deferral.ticket, deferral.decision, deferral.own_wait)
         except DuplicateTaskError:
             logger.info("%s[%s] already finished: a redelivered copy, not run again", self.name, task_id)
             raise Ignore() from None
         request.siq_decision = decision
         super().before_start(task_id, args, kwargs)
 
-    def _defer(self, ticket: Ticket, decision: Decision) -> None:
+    def _defer(self, ticket: Ticket, decision: Decision, own_wait: float | None = None) -> None:
         """Re-publish this very task (same id, ticket, retry count) later, or park it in the
-        store if its slot is beyond the horizon; end this delivery."""
+        store if its slot is beyond the horizon; end this delivery. (With several limits,
+        only if its own queue's slot is that far: a release follows that queue's line.)"""
         settings = siq_state(self.app).settings
         if decision.verdict is Verdict.PAUSED:
             countdown = paused_countdown(decision, settings.paused_poll, settings.countdown_margin)
@@ -304,7 +318,8 @@ class IntervalTask(Task):  # type: ignore[misc]
         request = self.request
         headers = {**(request.headers or {}), **ticket_headers(ticket), DEFERRALS: _deferrals(request.headers) + 1}
         signature = self.signature_from_request(request, request.args, request.kwargs, headers=headers)
-        if decision.verdict is Verdict.WAIT and decision.wait > settings.horizon:
+        own_far = own_wait is None or own_wait > settings.horizon
+        if decision.verdict is Verdict.WAIT and decision.wait > settings.horizon and own_far:
             message = parked_message(self.name, request.args, request.kwargs, dict(signature.options))
             if park(self.siq_queue(request.args, request.kwargs), [(ticket, request.id, message)]):
                 logger.info("%s[%s]: ticket %s of %r parked, %.0fs from its slot",

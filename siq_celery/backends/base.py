@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 from .. import model
-from ..errors import CorruptStateError, QueueNotFoundError
+from ..errors import ConfigurationError, CorruptStateError, QueueNotFoundError
 from ..keys import DEFAULT_KEY_PREFIX, QueueKeys, validate_key_prefix
 from ..ledger import DEFAULT_LEDGER_MAX, LedgerRow, StartRecord
 from ..types import ClaimResult, Decision, ParkedTask, QueueState, QueueStatus, Release
@@ -152,7 +152,6 @@ class Backend(ABC):
         authorized start is written to the ledger in the same atomic step. ``cost``: the
         slots this start takes (see :func:`siq_celery.model.start`)."""
 
-    @abstractmethod
     def start_all(
         self,
         queues: Sequence[str],
@@ -170,6 +169,7 @@ class Backend(ABC):
         step, or in none (see :func:`siq_celery.model.start_all`). ``task_id`` is checked
         against the first queue's finished tasks. On Redis Cluster the queues must share
         a hash slot: name them ``{group}rest`` (see keys.py)."""
+        raise ConfigurationError(f"{type(self).__name__} does not support several limits on one start")
 
     @abstractmethod
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:

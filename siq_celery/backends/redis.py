@@ -384,7 +384,8 @@ class RedisBackend(Backend):
         return self._state(self._run("set_interval", queue, [self.keys(queue).state], [interval_us]))[0]
 
     def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
-        return self._state(self._run("backoff", queue, [self.keys(queue).state], [hold_us, int(keep_first)]))[0]
+        args = [hold_us, int(keep_first), self.idle_expiry_us(queue)]
+        return self._state(self._run("backoff", queue, self.keys(queue).all, args))[0]
 
     def reset(self, queue: str, interval_us: int | None, epoch: str) -> QueueState:
         k = self.keys(queue)

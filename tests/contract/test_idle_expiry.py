@@ -41,8 +41,9 @@ def test_an_idle_queue_leaves_no_keys_and_comes_back_in_a_new_epoch(store: Store
     assert q.start(ticket, task_id="t1").authorized
     q.finish("t1")
     assert len(keys_of(client, store, "shop:1")) == 3  # state, finished, ledger
-    assert all(0 < client.pttl(k) <= 1000 for k in keys_of(client, store, "shop:1"))
-    time.sleep(1.2)
+    # idle after the next free slot (one interval on): 1.1 s
+    assert all(1000 < client.pttl(k) <= 1100 for k in keys_of(client, store, "shop:1"))
+    time.sleep(1.3)
     assert keys_of(client, store, "shop:1") == []
     back = q.claim()  # comes back on use: a new life, whose first start waits one interval
     assert back.number == 1 and back.epoch != ticket.epoch
@@ -77,3 +78,18 @@ def test_queues_without_idle_expiry_never_expire(store: Store) -> None:
 def test_an_idle_expiry_under_a_second_is_refused(store: Store, idle: object) -> None:
     with pytest.raises(ConfigurationError):
         IntervalQueue("q", interval="1s", backend=store.backend(), idle_expiry=idle)  # type: ignore[arg-type]
+
+
+def test_keys_outlive_every_commitment_of_the_queue_then_the_idle_time(store: Store) -> None:
+    """An idle time shorter than the queue's own waits must not end its life early: the
+    last issued ticket's slot, a cost's hold and a back-off all count as busy."""
+    client = redis_only(store)
+    store.clock.now_us = int(time.time() * 1e6)  # PEXPIRE runs on Redis' real clock
+    q = IntervalQueue("shop:slow", interval="3s", backend=store.backend(), idle_expiry=1)
+    ticket = q.claim(cost=3)  # due 3 s from now
+    assert all(client.pttl(k) > 3_900 for k in keys_of(client, store, "shop:slow"))
+    store.clock.advance(us=3_000_000)
+    assert q.start(ticket, cost=3).authorized  # the next start may come 9 s from now
+    assert all(client.pttl(k) > 9_900 for k in keys_of(client, store, "shop:slow"))
+    q.backoff("20s")
+    assert all(client.pttl(k) > 20_900 for k in keys_of(client, store, "shop:slow"))

@@ -74,16 +74,24 @@ end
 -- Idle expiry (per-key queues): every key of the queue expires ttl_us after the queue's
 -- last claim, start or finish, unless it is paused or holds parked tasks (those outlive
 -- any idle time). keys: the queue's keys in QueueKeys.all order (state, finished, ledger,
--- parked, parked messages, releasing). ttl_us <= 0: keys never expire.
-local function siq_touch(keys, s, ttl_us)
+-- parked, parked messages, releasing). ttl_us <= 0: keys never expire. now: the store time.
+local function siq_touch(keys, s, ttl_us, now)
   if not ttl_us or ttl_us <= 0 then return end
   local pin = (s ~= nil and s.paused == 1)
     or redis.call('EXISTS', keys[4]) == 1 or redis.call('EXISTS', keys[6]) == 1
+  -- Idle means after the queue's last commitment: the last issued ticket's slot, a cost's
+  -- or a back-off's hold. Keys that vanished before it would let a new life start early.
+  local keep = ttl_us
+  if s ~= nil then
+    local busy = math.max(s.last_start_us + s.interval_us,
+                          s.anchor_us + math.max(s.ticket - s.current, 0) * s.interval_us)
+    keep = math.max(keep, busy - now + ttl_us)
+  end
   for i = 1, #keys do
     if pin then
       redis.call('PERSIST', keys[i])
     else
-      redis.call('PEXPIRE', keys[i], math.max(math.floor(ttl_us / 1000), 1))
+      redis.call('PEXPIRE', keys[i], math.max(math.floor(keep / 1000), 1))
     end
   end
 end

@@ -27,6 +27,6 @@ if due < now then
 end
 s.ticket = s.ticket + count
 siq_save(KEYS[1], s)
-siq_touch(KEYS, s, tonumber(ARGV[5]))
+siq_touch(KEYS, s, tonumber(ARGV[5]), now)
 return {first, count, s.epoch, due, math.max(now, s.last_start_us + s.interval_us),
         s.interval_us, now}

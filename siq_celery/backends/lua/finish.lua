@@ -18,7 +18,7 @@ local function touch()
   local ttl = tonumber(ARGV[8]) or 0
   if ttl > 0 then
     local s = siq_load(KEYS[3])  -- corrupt state: touched as if running (no pause to keep)
-    siq_touch({KEYS[3], KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6]}, s, ttl)
+    siq_touch({KEYS[3], KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6]}, s, ttl, now)
   end
 end
 if cap > 0 then

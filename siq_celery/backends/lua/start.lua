@@ -26,6 +26,7 @@ if not s then
   if tonumber(ARGV[5]) <= 0 then return redis.error_reply('SIQNOTFOUND') end
   s = siq_new(now, tonumber(ARGV[5]), ARGV[6])
   siq_save(KEYS[1], s)
+  siq_touch(KEYS, s, tonumber(ARGV[13]), now)
 end
 if ARGV[4] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[4]) then
   return {'duplicate', ticket, now, 0, 0, 0}
@@ -40,5 +41,5 @@ end
 local interval = s.interval_us  -- the interval this start was measured against
 siq_commit(KEYS[1], s, ticket, cost, now)
 siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11])
-siq_touch(KEYS, s, tonumber(ARGV[13]))
+siq_touch(KEYS, s, tonumber(ARGV[13]), now)
 return {'authorized', ticket, now, 0, slot, interval}
