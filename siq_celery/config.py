@@ -125,7 +125,7 @@ class SiqState:
         self._backend: Backend | None = None
         self._queues: dict[tuple[str, int | None], IntervalQueue] = {}
         self._by_declaration: dict[tuple[str, object], IntervalQueue] = {}
-        self._combined: dict[tuple[str, str, str], CombinedQueue] = {}
+        self._combined: dict[str, CombinedQueue] = {}
 
     @property
     def settings(self) -> SiqSettings:
@@ -144,10 +144,6 @@ class SiqState:
                 ledger_max=s.ledger_max,
             )
         return self._backend
-
-    def known_queues(self) -> list[IntervalQueue]:
-        """Every IntervalQueue this app has used in this process."""
-        return list(self._queues.values())
 
     def queue(self, name: str, interval: IntervalLike | None, *, per_key: bool = False) -> IntervalQueue:
         """The IntervalQueue ``name``; ``interval`` (or siq_default_interval) is used only to
@@ -177,8 +173,7 @@ class SiqState:
         """The CombinedQueue of a task declared with several interval queues: a mapping of
         name to interval, or a list of names with ``interval`` a list of as many (or one
         interval for all)."""
-        key = (task, repr(declared), repr(interval))
-        limits = self._combined.get(key)
+        limits = self._combined.get(task)  # a task's declaration does not change
         if limits is None:
             if isinstance(declared, Mapping):
                 names, intervals = list(declared), list(declared.values())
@@ -191,7 +186,7 @@ class SiqState:
                 raise ConfigurationError(
                     f"task {task}: {len(names)} interval queues but {len(intervals)} intervals ({intervals!r})"
                 )
-            limits = self._combined[key] = CombinedQueue(
+            limits = self._combined[task] = CombinedQueue(
                 [self.queue(n, i) for n, i in zip(names, intervals, strict=True)]
             )
         return limits

@@ -98,6 +98,15 @@ class IntervalTask(Task):  # type: ignore[misc]
             return None
         return siq_state(self.app).combined(self.name, declared, self.interval)
 
+    def _line(self, args: Any, kwargs: Any) -> tuple[IntervalQueue, IntervalQueue | CombinedQueue]:
+        """The queue a call's ticket is for, and what its start must pass (that queue, or
+        all the queues of several limits)."""
+        limits = self.siq_limits(args, kwargs)
+        if limits is not None:
+            return limits.primary, limits
+        queue = self.siq_queue(args, kwargs)
+        return queue, queue
+
     def siq_cost(self, args: Any = None, kwargs: Any = None) -> int:
         """Slots a call with ``args`` and ``kwargs`` takes."""
         cost = _declared(self, self.cost)
@@ -115,9 +124,8 @@ class IntervalTask(Task):  # type: ignore[misc]
         back-off is not a retry: it never counts against ``max_retries``. Ends this run
         (raises Celery's ``Ignore``)."""
         request = self.request
-        queue = self.siq_queue(request.args, request.kwargs)  # with several limits: the ticket's
-        limits = self.siq_limits(request.args, request.kwargs)
-        queues = limits.queues if limits else [queue]
+        queue, line = self._line(request.args, request.kwargs)
+        queues = line.queues if isinstance(line, CombinedQueue) else [queue]
         states: dict[str, QueueState] = {}
         for q in queues:
             try:
@@ -279,8 +287,7 @@ class IntervalTask(Task):  # type: ignore[misc]
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         request = self.request
         cost = self.siq_cost(args, kwargs)
-        queue = self.siq_queue(args, kwargs)  # with several limits: the one the ticket is for
-        line = self.siq_limits(args, kwargs) or queue
+        queue, line = self._line(args, kwargs)
         ticket, problem = ticket_from_headers(request.headers, queue.name)
         if problem:
             logger.warning("%s[%s]: %s; claiming a fresh ticket", self.name, task_id, problem)
@@ -356,10 +363,9 @@ class IntervalTask(Task):  # type: ignore[misc]
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         # Called for SUCCESS and FAILURE only (not RETRY, not our Ignore): the task is done,
         # so a redelivered copy of it must not run again.
-        queue = self.siq_queue(args, kwargs)
-        limits = self.siq_limits(args, kwargs)
+        queue, line = self._line(args, kwargs)
         try:
-            (limits or queue).finish(task_id, "SUCCESS" if status == "SUCCESS" else "FAILURE")
+            line.finish(task_id, "SUCCESS" if status == "SUCCESS" else "FAILURE")
         except (StoreUnavailableError, CorruptStateError) as exc:
             logger.warning("%s[%s]: could not record the finish (a redelivered copy may run again): %s",
                            self.name, task_id, exc)  # fmt: skip

@@ -341,8 +341,9 @@ class Transaction(ABC):
 class ModelBackend(Backend):
     """A backend that runs :mod:`siq_celery.model` on state loaded inside a transaction.
 
-    Subclasses provide :meth:`transaction` (load, yield, write back on success) and
-    :meth:`queues`; every operation is then implemented once, here.
+    Subclasses provide :meth:`transactions` (load, yield, write back on success; several
+    queues at once for a start with several limits) and :meth:`queues`; every operation
+    is then implemented once, here.
     """
 
     @abstractmethod

@@ -74,6 +74,12 @@ class ControlledRedis:
         assert self.process is not None
         os.kill(self.process.pid, signal.SIGCONT)
 
+    def __enter__(self) -> ControlledRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.process is not None and self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGCONT)
@@ -84,23 +90,20 @@ class ControlledRedis:
 
 @pytest.fixture
 def store() -> Iterator[ControlledRedis]:
-    server = ControlledRedis().start()
-    yield server
-    server.close()
+    with ControlledRedis() as server:
+        yield server
 
 
 @pytest.fixture
 def broker() -> Iterator[ControlledRedis]:
-    server = ControlledRedis(persistent=True).start()
-    yield server
-    server.close()
+    with ControlledRedis(persistent=True) as server:
+        yield server
 
 
 @pytest.fixture
 def records() -> Iterator[ControlledRedis]:
-    server = ControlledRedis().start()
-    yield server
-    server.close()
+    with ControlledRedis() as server:
+        yield server
 
 
 @pytest.fixture
