@@ -6,17 +6,22 @@ installed. The store is the one the app's tasks use (``siq_url``, or the Redis b
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from .cli import QUEUE_COMMANDS, StoreOptions, one_line_errors
 from .config import siq_state
+from .declarations import describe, sync_app
+from .intervals import format_interval
 
 
 @click.group(name="siq")
 @click.pass_context
 def siq(ctx: click.Context) -> None:
-    """Operate the app's interval queues (status, pause, resume, set-interval, reset)."""
+    """Operate the app's interval queues (status, pause, resume, set-interval, sync, reset)."""
     app = ctx.obj.app
+    ctx.meta["siq_app"] = app
 
     def make():  # type: ignore[no-untyped-def]
         with one_line_errors():
@@ -30,3 +35,19 @@ def siq(ctx: click.Context) -> None:
 
 for _command in QUEUE_COMMANDS:
     siq.add_command(_command)
+
+
+@siq.command("sync")
+@click.pass_context
+def sync_command(ctx: click.Context) -> None:
+    """Make the app's code the declaration of its queues, as a worker start does (for
+    scripts and producers that run no worker): a changed interval= takes effect now,
+    replacing any override. Live workers still hold a queue to their slowest declaration."""
+    app: Any = ctx.meta["siq_app"]
+    with one_line_errors():
+        results = sync_app(app)
+    if not results:
+        click.echo("no interval tasks with a fixed queue in this app")
+    for name, done in results:
+        line = describe(name, done, "siq sync")
+        click.echo(line or f"queue {name!r}: interval {format_interval(done.interval_us)} as declared")

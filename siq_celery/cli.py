@@ -1,7 +1,8 @@
 """The ``siq`` command: operate interval queues in a state store.
 
     siq --url redis://localhost:6379/0 status [QUEUE...] [--json]
-    siq --url ... pause QUEUE | resume QUEUE | set-interval QUEUE 250ms | reset QUEUE [--yes]
+    siq --url ... pause QUEUE | resume QUEUE | reset QUEUE [--yes]
+    siq --url ... set-interval QUEUE 250ms | set-interval QUEUE --clear
     siq --url ... export [QUEUE...] --out ledger.parquet [--since 2h --until ...]
     siq audit LEDGER... --out DIR [--master local[*]] [--tolerance 1ms]
     siq demo [--workers 3 --concurrency 2 --tasks 60 --interval 100ms --out siq-demo.png]
@@ -63,15 +64,36 @@ def _when(us: int, now_us: int) -> str:
 
 
 def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
-    rows = [["queue", "interval", "ticket", "current", "backlog", "parked", "paused", "last start", "next start"]]
+    rows = [[
+        "queue", "interval", "declared", "override", "ticket", "current", "backlog", "parked", "paused", "last start",
+        "next start",
+    ]]  # fmt: skip
     for st in statuses:
         s = st.state
         rows.append([
-            st.queue, format_interval(s.interval_us), str(s.ticket), str(s.current), str(s.backlog),
-            str(st.parked), "yes" if s.paused else "no", _when(s.last_start_us, st.now_us),
+            st.queue, format_interval(s.interval_us), _declared(st), _override(st), str(s.ticket), str(s.current),
+            str(s.backlog), str(st.parked), "yes" if s.paused else "no", _when(s.last_start_us, st.now_us),
             _when(st.next_start_us, st.now_us),
         ])  # fmt: skip
     return rows
+
+
+def _declared(st: QueueStatus) -> str:
+    """The last declaration, and the live workers' ones where they differ from it."""
+    src = st.sources
+    if not src.declared_us:
+        return "-"
+    others = sorted({n.interval_us for n in src.live(st.now_us)} - {src.declared_us})
+    text = format_interval(src.declared_us)
+    return f"{text} (live: {', '.join(format_interval(i) for i in others)})" if others else text
+
+
+def _override(st: QueueStatus) -> str:
+    src = st.sources
+    if not src.override_us:
+        return "-"
+    stamp = datetime.fromtimestamp(src.override_at_us / 1e6, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{format_interval(src.override_us)} by {src.override_by or '?'} at {stamp} UTC"
 
 
 def render_table(rows: list[list[str]]) -> str:
@@ -79,7 +101,7 @@ def render_table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows)
 
 
-def _interval(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
+def _interval(_ctx: click.Context, _param: click.Parameter | None, value: str) -> int:
     try:
         return parse_interval(value)
     except SiqError as exc:
@@ -152,13 +174,23 @@ def resume_command(store: StoreOptions, queue: str, grace: str | None) -> None:
 
 @click.command("set-interval")
 @click.argument("queue")
-@click.argument("interval", callback=_interval)
+@click.argument("interval", required=False)
+@click.option("--clear", is_flag=True, help="Remove the override: back to the interval the code declares.")
 @click.pass_obj
-def set_interval_command(store: StoreOptions, queue: str, interval: int) -> None:
-    """Change QUEUE's interval (200ms, 2s, 5/s ...); applies from the next start."""
+def set_interval_command(store: StoreOptions, queue: str, interval: str | None, clear: bool) -> None:
+    """Override QUEUE's interval at runtime (200ms, 2s, 5/s ...), from the next start.
+
+    The override holds across worker restarts whose code declares the same interval; a
+    deploy that declares another one replaces it. --clear returns to the declaration."""
+    if clear == (interval is not None):
+        raise click.UsageError("give an INTERVAL, or --clear (not both)")
+    interval_us = None if clear else _interval(click.get_current_context(), None, interval)  # type: ignore[arg-type]
     with one_line_errors():
-        store.queue(queue).set_interval(interval / 1e6)
-    click.echo(f"{queue}: interval {format_interval(interval)}")
+        state = store.queue(queue).set_interval(None if interval_us is None else interval_us / 1e6)
+    if clear:
+        click.echo(f"{queue}: override cleared, interval {format_interval(state.interval_us)}")
+    else:
+        click.echo(f"{queue}: interval {format_interval(state.interval_us)} (override)")
 
 
 @click.command("reset")

@@ -21,6 +21,9 @@
 * ``siq_key_idle_expiry`` (86400 s): the state of a per-key queue (a callable
   ``interval_queue``) disappears from Redis after this long without a claim, start or
   finish, unless it is paused or has parked tasks; it comes back on use.
+* ``siq_declaration_ttl`` (30 s): a worker's declaration of its tasks' intervals counts
+  this long unless renewed (every third of it); a worker that dies without withdrawing
+  its declarations stops holding its queues to its interval after at most this long.
 
 Precedence: task attribute > app setting > default. The store client and the
 :class:`IntervalQueue` objects are cached on the app (never in a module global), and
@@ -59,6 +62,7 @@ class SiqSettings:
     horizon: float
     release_every: float
     key_idle_expiry: float
+    declaration_ttl: float
 
     @property
     def horizon_us(self) -> int:
@@ -81,6 +85,7 @@ class SiqSettings:
             horizon=_seconds(conf, "siq_horizon", DEFAULT_HORIZON_S, minimum=1.0),
             release_every=_seconds(conf, "siq_release_every", 1.0, minimum=0.05),
             key_idle_expiry=_seconds(conf, "siq_key_idle_expiry", 86_400.0, minimum=1.0),
+            declaration_ttl=_seconds(conf, "siq_declaration_ttl", 30.0, minimum=1.0),
         )
 
 
@@ -126,6 +131,11 @@ class SiqState:
         self._queues: dict[tuple[str, int | None], IntervalQueue] = {}
         self._by_declaration: dict[tuple[str, object], IntervalQueue] = {}
         self._combined: dict[str, CombinedQueue] = {}
+        #: The worker node's declarations (main process) and the per-key queues' (pool
+        #: processes): declarations.py; None outside a worker.
+        self.node_declarations: Any = None
+        self.per_key_declarations: Any = None
+        self.declared_queues: list[IntervalQueue] | None = None  #: declarations.app_declarations
 
     @property
     def settings(self) -> SiqSettings:

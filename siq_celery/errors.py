@@ -41,9 +41,8 @@ class QueueNotFoundError(SiqError, LookupError):
 class IntervalMismatchError(SiqError):
     """``ensure(interval=...)`` differs from the interval stored for the queue.
 
-    The stored interval wins: it is shared by every worker and may have been changed on
-    purpose (``set_interval``, ``celery siq set-interval``); a process starting with an
-    older configuration must not silently override it.
+    ``ensure`` only checks: use ``declare()`` when the code's interval should take
+    effect (what a worker does at start), or ``set_interval()`` for an override.
     """
 
 

@@ -91,8 +91,15 @@ class QueueKeys:
         return f"{self.base}:releasing"
 
     @property
+    def intervals(self) -> str:
+        """Where the interval comes from: declarations and an override (see siq_sources)."""
+        return f"{self.base}:intervals"
+
+    @property
     def all(self) -> tuple[str, ...]:
-        return (self.state, self.finished, self.ledger, self.parked, self.parked_messages, self.releasing)
+        return (
+            self.state, self.finished, self.ledger, self.parked, self.parked_messages, self.releasing, self.intervals
+        )  # fmt: skip
 
     @classmethod
     def for_queue(cls, queue: str, prefix: str = DEFAULT_KEY_PREFIX) -> QueueKeys:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .types import ClaimResult, Decision, QueueState, Verdict
+from .types import ClaimResult, Decision, Declared, IntervalSources, NodeDeclaration, QueueState, Verdict
 
 #: The ticket of a start with no place in a queue's line (the other queues of a combined
 #: limit): it takes the next free slot, as a late ticket does.
@@ -193,6 +193,74 @@ def resume(state: QueueState, now_us: int, grace_us: int = 0) -> None:
 
 def set_interval(state: QueueState, interval_us: int) -> None:
     state.interval_us = interval_us
+
+
+# -- where the interval comes from: the code's declarations and an operator's override --
+
+
+def effective_interval(sources: IntervalSources, now_us: int) -> int:
+    """The interval a queue runs at: an operator's override if set; else the slowest
+    declaration of the live worker nodes (during a rolling deploy, old and new code side
+    by side, the queue never runs faster than either); else the last declaration. 0: none
+    of these (the interval stays as stored)."""
+    if sources.override_us:
+        return sources.override_us
+    return max((n.interval_us for n in sources.live(now_us)), default=sources.declared_us)
+
+
+def declare(
+    state: QueueState,
+    sources: IntervalSources,
+    now_us: int,
+    interval_us: int,
+    *,
+    node: str = "",
+    ttl_us: int = 0,
+    origin: str = "",
+    announce: bool = True,
+) -> tuple[IntervalSources, Declared]:
+    """The code declares ``interval_us`` for the queue (mutates ``state``).
+
+    ``node`` (a worker's name) registers or renews its declaration for ``ttl_us`` (0:
+    withdraws it, a worker shutting down); expired ones are dropped. ``announce`` (a
+    worker starting, ``siq sync``) makes a declaration that differs from the last one the
+    new declaration, replacing any override: a deploy that changes the code wins over an
+    earlier runtime change. A renewal never changes the declaration, so old and new
+    workers side by side do not flip it back and forth. Then the effective interval is
+    recomputed (:func:`effective_interval`)."""
+    nodes = {n.node: n for n in sources.live(now_us)}
+    if node:
+        if ttl_us > 0:
+            nodes[node] = NodeDeclaration(node, interval_us, now_us + ttl_us)
+        else:
+            nodes.pop(node, None)
+    new = replace(sources, nodes=tuple(sorted(nodes.values(), key=lambda n: n.node)))
+    replaced_us, replaced_by = 0, ""
+    if (announce and interval_us != sources.declared_us) or not sources.declared_us:
+        new = replace(new, declared_us=interval_us, declared_by=origin, declared_at_us=now_us)
+        if announce and sources.override_us:
+            replaced_us, replaced_by = sources.override_us, sources.override_by
+            new = replace(new, override_us=0, override_by="", override_at_us=0)
+    old_interval = state.interval_us
+    state.interval_us = effective_interval(new, now_us) or state.interval_us
+    done = Declared(
+        False, sources.declared_us, new.declared_us, old_interval, state.interval_us, replaced_us, replaced_by
+    )
+    return new, done
+
+
+def override(
+    state: QueueState, sources: IntervalSources, now_us: int, interval_us: int | None, origin: str = ""
+) -> IntervalSources:
+    """An operator sets the queue's interval at runtime (``interval_us``), or clears an
+    override (None): back to what the code declares (mutates ``state``). The override
+    holds across worker restarts whose declaration is unchanged."""
+    if interval_us:
+        new = replace(sources, override_us=interval_us, override_by=origin, override_at_us=now_us)
+    else:
+        new = replace(sources, override_us=0, override_by="", override_at_us=0)
+    state.interval_us = effective_interval(new, now_us) or state.interval_us
+    return new
 
 
 def reset(state: QueueState, now_us: int, epoch: str, interval_us: int | None = None) -> QueueState:

@@ -9,7 +9,7 @@ arguments, headers, retry count, routing), and *released* back to the broker, wi
 ticket and an ETA, once its slot comes within the horizon.
 
 Releases need no leader: whoever parks, every worker after a task finishes (at most once
-a second per queue and process), and a small thread in every worker (every
+a second per queue and process), and every worker's upkeep thread (upkeep.py, every
 ``siq_release_every`` seconds, so an idle fleet still releases) call :func:`release_due`.
 The store leases each parked task to one releaser at a time, and hands it out again
 only if that releaser dies before publishing it.
@@ -17,7 +17,6 @@ only if that releaser dies before publishing it.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -129,48 +128,3 @@ class ReleaseThrottle:
                 return False
             self._last[queue] = now
             return True
-
-
-class Releaser(threading.Thread):
-    """A worker's release loop: every ``every`` seconds, the app's fixed interval queues,
-    and the queues found holding parked tasks (looked up every ``DISCOVER_EVERY`` rounds:
-    thousands of per-key queues are never polled one by one)."""
-
-    DISCOVER_EVERY = 10
-
-    def __init__(self, app: Any, every: float) -> None:
-        super().__init__(name="siq-releaser", daemon=True)
-        self.app, self.every = app, every
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        from .clock import CLOCK
-        from .config import siq_state
-        from .task import fixed_queues
-
-        state = siq_state(self.app)
-        parked: list[IntervalQueue] = []
-        for round_ in itertools.count():
-            if self._stop_event.wait(self.every):
-                return
-            try:  # this worker's clock against the store's: Celery reads ETAs by it (clock.py)
-                CLOCK.observe(state.backend.now_us())
-            except Exception as exc:  # the releases below say what is wrong with the store
-                logger.debug("siq_celery: could not read the store's clock: %s", exc)
-            if round_ % self.DISCOVER_EVERY == 0:
-                try:
-                    parked = [IntervalQueue(name, backend=state.backend) for name in state.backend.parked_queues()]
-                except Exception as exc:
-                    logger.debug("siq_celery: could not list queues with parked tasks: %s", exc)
-            fixed = fixed_queues(self.app)
-            names = {q.name for q in fixed}
-            for queue in [*fixed, *(q for q in parked if q.name not in names)]:
-                try:
-                    count = release_due(self.app, queue, state.settings.horizon_us, state.settings.countdown_margin)
-                    if count:
-                        logger.info("siq_celery: released %d parked task(s) of %r", count, queue.name)
-                except Exception as exc:  # the next round tries again; nothing is lost
-                    logger.warning("siq_celery: releasing parked tasks of %r failed: %s", queue.name, exc)
-
-    def stop(self) -> None:
-        self._stop_event.set()

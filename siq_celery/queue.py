@@ -12,8 +12,11 @@ class only claims, asks, and sleeps precisely in between. Waits are always relat
 from __future__ import annotations
 
 import functools
+import getpass
 import logging
+import os
 import secrets
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -34,7 +37,7 @@ from .errors import (
 from .intervals import IntervalLike, format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
 from .ledger import LedgerRow, StartRecord
-from .types import ClaimResult, Decision, QueueState, QueueStatus, Ticket, Verdict
+from .types import ClaimResult, Decision, Declared, QueueState, QueueStatus, Ticket, Verdict
 
 logger = logging.getLogger("siq_celery")
 
@@ -79,12 +82,13 @@ class PendingTicket:
     """A ticket whose claim is on its way: :meth:`ticket` waits for it; :meth:`discard`
     reads and drops it (call one of the two, once, so the connection is freed)."""
 
-    def __init__(self, queue: str, pending: PendingClaim) -> None:
+    def __init__(self, queue: IntervalQueue, pending: PendingClaim) -> None:
         self.queue, self._pending = queue, pending
 
     def ticket(self) -> Ticket:
         r = self._pending.result()
-        return Ticket(self.queue, r.first, r.epoch, r.estimate_us(r.first), r.now_us)
+        self.queue.note_stored_interval(r.interval_us)
+        return Ticket(self.queue.name, r.first, r.epoch, r.estimate_us(r.first), r.now_us)
 
     def discard(self) -> None:
         self._pending.discard()
@@ -94,14 +98,25 @@ def new_epoch() -> str:
     return secrets.token_hex(8)
 
 
+def who(node: str = "") -> str:
+    """This process, for the record of who changed an interval: ``user@host pid N``, after
+    the worker ``node``'s name if given."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in a container without a passwd entry
+        user = str(os.getuid())
+    me = f"{user}@{socket.gethostname()} pid {os.getpid()}"
+    return f"{node} ({me})" if node else me
+
+
 class IntervalQueue:
     """A named interval queue in a state store chosen by URL.
 
     ``url``: ``redis://...``, ``rediss://...``, ``redis+cluster://...``,
     ``redis+sentinel://...``, ``unix://...``, ``sqlite:///path.db`` or ``memory://``.
     ``interval``: seconds, a ``timedelta``, ``"200ms"``, ``"2s"``, or a rate ``"5/s"``; used
-    to create the queue's state when it has none (the stored interval is shared and wins
-    afterwards: change it with :meth:`set_interval`). ``idle_expiry`` (seconds, or text
+    to create the queue's state when it has none, and by :meth:`declare` (a claim never
+    changes a stored interval: :meth:`declare` and :meth:`set_interval` do). ``idle_expiry`` (seconds, or text
     like ``"1h"``): on Redis, the queue's keys disappear that long after its last claim,
     start or finish, unless it is paused or has parked tasks; the next use starts it
     afresh (a new epoch, whose first start waits one interval). ``clock`` pins the store
@@ -142,6 +157,7 @@ class IntervalQueue:
         #: Seconds from claim to estimated start of the last ticket this object claimed:
         #: a producer uses it to see that its queue has a long backlog.
         self.last_delay = 0.0
+        self._noted_interval = False
 
     def __repr__(self) -> str:
         interval = format_interval(self.interval_us) if self.interval_us else "stored"
@@ -199,12 +215,33 @@ class IntervalQueue:
             raise ConfigurationError(f"queue {self.name!r}: a resume grace of {grace!r} s is over one day")
         return self.backend.resume(self.name, round(max(grace, 0.0) * 1e6))
 
-    def set_interval(self, interval: IntervalLike) -> QueueState:
-        """Change the shared interval; applies from the next start."""
-        interval_us = parse_interval(interval)
-        state = self.backend.set_interval(self.name, interval_us)
+    def set_interval(self, interval: IntervalLike | None, *, origin: str | None = None) -> QueueState:
+        """Override the shared interval at runtime, for every worker, from the next start
+        (recorded with ``origin``, by default this user, host and process). The override
+        holds across worker restarts whose code declares the same interval; a deploy that
+        declares a different one replaces it. ``None`` clears it: back to the declaration."""
+        interval_us = parse_interval(interval) if interval is not None else None
+        return self.backend.set_interval(self.name, interval_us, origin or who())
+
+    def declare(
+        self, interval: IntervalLike | None = None, *, node: str = "", ttl: float = 0.0, announce: bool = True,
+        origin: str | None = None,
+    ) -> Declared:  # fmt: skip
+        """Declare the interval the code wants (default: this object's), creating the
+        queue's state if missing. A declaration that differs from the last one becomes the
+        declaration and the effective interval at once, replacing an operator's override
+        (a deploy that changed ``interval=``): what a worker does at start, and ``siq
+        sync`` for scripts. ``node`` registers it as a live worker's for ``ttl`` seconds
+        (the queue never runs faster than its slowest live declaration); ``announce=False``
+        only renews it."""
+        interval_us = parse_interval(interval) if interval is not None else self.interval_us
+        if interval_us is None:
+            raise ConfigurationError(f"queue {self.name!r}: declare() needs an interval")
         self.interval_us = interval_us
-        return state
+        return self.backend.declare(
+            self.name, interval_us, new_epoch(), node=node, ttl_us=round(ttl * 1e6), origin=origin or who(node),
+            announce=announce,
+        )  # fmt: skip
 
     def reset(self) -> QueueState:
         """Start afresh: new epoch (outstanding tickets re-claim), pause cleared; the last
@@ -221,6 +258,7 @@ class IntervalQueue:
         """Take the next ticket (one round trip). A ticket of ``cost`` c holds c slots: its
         start keeps the next one c intervals away (start it with the same ``cost``)."""
         r = self.backend.claim(self.name, validate_cost(cost), self.interval_us or 0, new_epoch())
+        self.note_stored_interval(r.interval_us)
         ticket = Ticket(self.name, r.first, r.epoch, r.estimate_us(r.first), r.now_us)
         self.last_delay = ticket.delay
         return ticket
@@ -229,13 +267,14 @@ class IntervalQueue:
         """Send a claim for one ticket now and read the answer later: the round trip
         overlaps whatever the caller does meanwhile (Redis; other stores claim at once)."""
         pending = self.backend.claim_later(self.name, validate_cost(cost), self.interval_us or 0, new_epoch())
-        return PendingTicket(self.name, pending)
+        return PendingTicket(self, pending)
 
     def claim_many(self, count: int) -> list[Ticket]:
         """Take ``count`` consecutive tickets in one round trip."""
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_CLAIM:
             raise ConfigurationError(f"claim_many(count) takes a whole number from 1 to {MAX_CLAIM}, not {count!r}")
         result = self.backend.claim(self.name, count, self.interval_us or 0, new_epoch())
+        self.note_stored_interval(result.interval_us)
         tickets = self._tickets(result)
         self.last_delay = tickets[-1].delay
         return tickets
@@ -248,12 +287,25 @@ class IntervalQueue:
         if not 1 <= total <= MAX_CLAIM:
             raise ConfigurationError(f"claim_costs: {total} slots in one claim; 1 to {MAX_CLAIM} can be claimed")
         r = self.backend.claim(self.name, total, self.interval_us or 0, new_epoch())
+        self.note_stored_interval(r.interval_us)
         tickets, number = [], r.first
         for cost in checked:
             tickets.append(Ticket(self.name, number, r.epoch, r.estimate_us(number), r.now_us))
             number += cost
         self.last_delay = tickets[-1].delay
         return tickets
+
+    def note_stored_interval(self, interval_us: int) -> None:
+        """Say once, in this process, that the queue runs at another interval than this
+        object declares: a claim never rewrites the stored interval (a producer with old
+        code must not undo a deploy), worker starts and ``siq sync`` do."""
+        if interval_us != self.interval_us and self.interval_us and not self._noted_interval:
+            self._noted_interval = True
+            logger.info(
+                "queue %r runs at %s (the store's effective interval: see `siq status %s`); this process "
+                "declares %s. A worker start with this code, or `siq sync`, makes it the declaration",
+                self.name, format_interval(interval_us), self.name, format_interval(self.interval_us),
+            )  # fmt: skip
 
     def _tickets(self, r: ClaimResult) -> list[Ticket]:
         return [Ticket(self.name, n, r.epoch, r.estimate_us(n), r.now_us) for n in range(r.first, r.first + r.count)]

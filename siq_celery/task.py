@@ -23,7 +23,6 @@ again, as a new start. A ``self.retry()`` is a new start with a new ticket.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import socket
@@ -37,13 +36,14 @@ from kombu.utils.uuid import uuid
 
 from .combined import CombinedQueue
 from .config import siq_state
-from .errors import ConfigurationError, CorruptStateError, QueueNotFoundError, StoreUnavailableError
-from .intervals import IntervalLike, parse_duration
+from .errors import ConfigurationError, CorruptStateError, QueueNotFoundError, SiqError, StoreUnavailableError
+from .intervals import IntervalLike, parse_duration, parse_interval
 from .ledger import StartRecord
 from .messages import HEADER_NAMES, ticket_from_headers, ticket_headers
-from .parking import Releaser, ReleaseThrottle, park, parked_message, release_due
+from .parking import ReleaseThrottle, park, parked_message, release_due
 from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, PendingTicket, validate_cost
 from .types import Decision, QueueState, Ticket, Verdict
+from .worker_hooks import WORKER_SENDS_TASK_EVENTS
 
 logger = logging.getLogger("siq_celery")
 
@@ -58,7 +58,8 @@ class IntervalTask(Task):  # type: ignore[misc]
 
     #: Least time between two starts of this task's interval queue: seconds, a timedelta,
     #: "200ms", "2s", or a rate "5/s". Falls back to ``app.conf.siq_default_interval``.
-    #: Used to create the queue's state; afterwards the stored interval is shared.
+    #: The declaration: a worker starting with a new one makes it the queue's interval
+    #: for every worker (declarations.py); producers never write it.
     interval: IntervalLike | None = None
 
     #: The interval queue's name; several task types may share one queue (one API, one
@@ -78,6 +79,33 @@ class IntervalTask(Task):  # type: ignore[misc]
 
     #: Celery's request, reading the message's ETA on the state store's clock (clock.py).
     Request = "siq_celery.clock:StoreClockRequest"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A declaration that cannot be parsed fails here, when the task is defined (at
+        import, or when the app is finalized at worker start), naming the task: not at its
+        first publish hours later."""
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name") or cls.__name__
+        declared = cls.__dict__.get("interval_queue")
+        intervals = cls.__dict__.get("interval")
+        if isinstance(declared, Mapping):
+            intervals = list(declared.values())
+        for value in intervals if isinstance(intervals, (list, tuple)) else [intervals]:
+            if value is not None:
+                try:
+                    parse_interval(value)
+                except SiqError as exc:
+                    raise ConfigurationError(f"task {name}: interval {value!r}: {exc}") from None
+
+    def siq_declared_queues(self) -> list[IntervalQueue]:
+        """The queues whose interval this task's code declares, each with that interval
+        (declarations.py: a worker announces them at start); none for per-key queues,
+        which are declared when a key is first used."""
+        declared = _declared(self, self.interval_queue)
+        if callable(declared):
+            return []
+        limits = self.siq_limits()
+        return list(limits.queues) if limits is not None else [self.siq_queue()]
 
     def siq_queue(self, args: Any = None, kwargs: Any = None) -> IntervalQueue:
         """The IntervalQueue of a call with ``args`` and ``kwargs`` (cached on the app);
@@ -288,6 +316,9 @@ class IntervalTask(Task):  # type: ignore[misc]
         request = self.request
         cost = self.siq_cost(args, kwargs)
         queue, line = self._line(args, kwargs)
+        per_key = siq_state(self.app).per_key_declarations
+        if per_key is not None and callable(_declared(self, self.interval_queue)):
+            per_key.on_use(queue, request.hostname or "")
         ticket, problem = ticket_from_headers(request.headers, queue.name)
         if problem:
             logger.warning("%s[%s]: %s; claiming a fresh ticket", self.name, task_id, problem)
@@ -348,7 +379,7 @@ class IntervalTask(Task):  # type: ignore[misc]
         """A ``task-deferred`` event for monitors: Flower shows the task in state
         DEFERRED (never FAILURE) until it succeeds, and the ETA of its next delivery;
         ``celery events --dump`` and event consumers also get queue, ticket and slot."""
-        if not _WORKER_SENDS_TASK_EVENTS[0] or not self.send_events:
+        if not WORKER_SENDS_TASK_EVENTS[0] or not self.send_events:
             return
         try:
             self.send_event(
@@ -371,11 +402,6 @@ class IntervalTask(Task):  # type: ignore[misc]
                            self.name, task_id, exc)  # fmt: skip
         self._release_now_and_then(queue)
         super().after_return(status, retval, task_id, args, kwargs, einfo)
-
-
-def fixed_queues(app: Any) -> set[IntervalQueue]:
-    """The queues of the app's interval tasks whose queue name is fixed (not per key)."""
-    return {t.siq_queue() for t in app.tasks.values() if isinstance(t, IntervalTask) and not callable(t.interval_queue)}
 
 
 def _declared(task: IntervalTask, value: Any) -> Any:
@@ -480,107 +506,3 @@ def paused_countdown(decision: Decision, poll: float, margin: float) -> float:
     tick = (virtual // poll + 1) * poll
     countdown = tick + offset - margin - now
     return countdown if countdown >= 0.05 else countdown + poll
-
-
-#: Whether this worker sends task events (``-E``, ``worker_send_task_events``), noted at
-#: worker start; prefork pool processes inherit it. (Events enabled later by remote
-#: control, as Flower can, reach only the main process: start workers with ``-E``.)
-_WORKER_SENDS_TASK_EVENTS = [False]
-
-
-def _note_task_events(sender: Any = None, **_: Any) -> None:
-    _WORKER_SENDS_TASK_EVENTS[0] = bool(getattr(sender, "task_events", False))
-
-
-signals.worker_init.connect(_note_task_events, weak=False)
-
-
-def warm_interval_queues(app: Any) -> None:
-    """Connect to the store and load its scripts for every IntervalTask of ``app``, so the
-    first task a fresh worker process runs is not late (a cold start took 60 ms)."""
-    queues = fixed_queues(app)
-    for queue in queues:
-        try:
-            queue.backend.warm()
-        except Exception as exc:
-            logger.warning("siq_celery: could not warm the state store for %r: %s", queue.name, exc)
-            return
-
-
-def _warm_pool_process(**_: Any) -> None:
-    from celery import current_app
-
-    warm_interval_queues(current_app)
-
-
-def _warm_worker(sender: Any = None, **_: Any) -> None:
-    # threads and solo pools run tasks in the worker process itself
-    if sender is not None and hasattr(sender, "app"):
-        warm_interval_queues(sender.app)
-
-
-_RELEASERS: list[Releaser] = []
-
-
-def _start_releaser(sender: Any = None, **_: Any) -> None:
-    """The worker's own release loop (main process), so an idle fleet still releases."""
-    app = getattr(sender, "app", None)
-    if app is None or not any(isinstance(t, IntervalTask) for t in app.tasks.values()):
-        return
-    settings = siq_state(app).settings
-    _warn_if_broker_forgets_before_horizon(app, settings.horizon)
-    releaser = Releaser(app, settings.release_every)
-    releaser.start()
-    _RELEASERS.append(releaser)
-
-
-def _stop_releasers(**_: Any) -> None:
-    while _RELEASERS:
-        _RELEASERS.pop().stop()
-
-
-#: RabbitMQ's default consumer_timeout (30 min): a delivery unacknowledged longer closes the channel.
-RABBITMQ_CONSUMER_TIMEOUT_S = 1800.0
-REDIS_VISIBILITY_TIMEOUT_S = 3600.0  # kombu's default for the Redis (and SQS) transports
-
-
-def _warn_if_broker_forgets_before_horizon(app: Any, horizon: float) -> None:
-    transport = str(app.conf.broker_url or "").split("://")[0].split("+")[0]
-    options = app.conf.broker_transport_options or {}
-    if transport in ("redis", "rediss", "sqs", "sentinel"):
-        limit, name = float(options.get("visibility_timeout", REDIS_VISIBILITY_TIMEOUT_S)), "visibility_timeout"
-    elif transport in ("amqp", "amqps", "pyamqp"):
-        limit, name = RABBITMQ_CONSUMER_TIMEOUT_S, "RabbitMQ's default consumer_timeout"
-    else:
-        return
-    if horizon >= limit * 0.9:
-        logger.warning(
-            "siq_celery: siq_horizon (%.0fs) is not well below the broker's %s (%.0fs): a task waiting by "
-            "countdown that long may be redelivered or its channel closed; lower siq_horizon",
-            horizon, name, limit,
-        )  # fmt: skip
-
-
-#: Full garbage collections in a worker process: one per this many deferrals.
-COLLECT_EVERY_DEFERRALS = 20
-_deferrals_since_collect = [0]
-
-
-def _collect_after_deferrals(sender: Any = None, state: str | None = None, **_: Any) -> None:
-    """Celery ends an ignored task with an ExceptionInfo whose copied traceback (billiard
-    keeps every frame's code positions, some 200 KB) is cyclic garbage that Python's
-    oldest generation rarely collects: measured, 5,000 deferrals grew each pool process by
-    100 MB. A collection every 20 deferrals keeps it within a few MB."""
-    if state != "IGNORED" or not isinstance(sender, IntervalTask):
-        return
-    _deferrals_since_collect[0] += 1
-    if _deferrals_since_collect[0] >= COLLECT_EVERY_DEFERRALS:
-        _deferrals_since_collect[0] = 0
-        gc.collect()
-
-
-signals.task_postrun.connect(_collect_after_deferrals, weak=False)
-signals.worker_process_init.connect(_warm_pool_process, weak=False)
-signals.worker_ready.connect(_warm_worker, weak=False)
-signals.worker_ready.connect(_start_releaser, weak=False)
-signals.worker_shutdown.connect(_stop_releasers, weak=False)

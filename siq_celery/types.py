@@ -36,6 +36,58 @@ class QueueState:
 
 
 @dataclass(frozen=True)
+class NodeDeclaration:
+    """The interval one live worker node declares for a queue (its code's ``interval=``),
+    counted until ``expires_us`` unless the node renews it."""
+
+    node: str
+    interval_us: int
+    expires_us: int
+
+
+@dataclass(frozen=True)
+class IntervalSources:
+    """Where a queue's effective interval (``QueueState.interval_us``) comes from.
+
+    ``declared_us``: what the code said last (the last worker start, or ``siq sync``, with
+    a new declaration), 0 if never declared. ``override_us``: an operator's runtime
+    override (``set-interval``), 0 if none. ``nodes``: the live workers' declarations.
+    The effective interval is the override if set, else the slowest live declaration,
+    else the last declaration (:func:`siq_celery.model.effective_interval`).
+    """
+
+    declared_us: int = 0
+    declared_by: str = ""
+    declared_at_us: int = 0
+    override_us: int = 0
+    override_by: str = ""
+    override_at_us: int = 0
+    nodes: tuple[NodeDeclaration, ...] = ()
+
+    def live(self, now_us: int) -> tuple[NodeDeclaration, ...]:
+        return tuple(n for n in self.nodes if n.expires_us > now_us)
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What a declaration did (see :meth:`Backend.declare`): the declared and effective
+    intervals before and after, and the override it replaced (``replaced_override_us``
+    0: none). ``created``: the queue's state was created by it."""
+
+    created: bool
+    old_declared_us: int
+    declared_us: int
+    old_interval_us: int
+    interval_us: int
+    replaced_override_us: int = 0
+    replaced_override_by: str = ""
+
+    @property
+    def declaration_changed(self) -> bool:
+        return self.old_declared_us != self.declared_us
+
+
+@dataclass(frozen=True)
 class QueueStatus:
     """A snapshot of one queue for people and dashboards."""
 
@@ -44,6 +96,7 @@ class QueueStatus:
     now_us: int
     finished: int
     parked: int = 0  #: tasks parked in the store (beyond the horizon), releasing ones included
+    sources: IntervalSources = IntervalSources()  #: where the interval comes from
 
     @property
     def next_start_us(self) -> int:
@@ -52,7 +105,7 @@ class QueueStatus:
         return max(s.anchor_us + s.interval_us, s.last_start_us + s.interval_us)
 
     def as_dict(self) -> dict[str, object]:
-        s = self.state
+        s, src = self.state, self.sources
         return {
             "queue": self.queue,
             "interval_s": s.interval_us / US,
@@ -66,6 +119,12 @@ class QueueStatus:
             "now": self.now_us / US,
             "finished_recorded": self.finished,
             "parked": self.parked,
+            "declared_s": src.declared_us / US if src.declared_us else None,
+            "declared_by": src.declared_by or None,
+            "override_s": src.override_us / US if src.override_us else None,
+            "override_by": src.override_by or None,
+            "override_at": src.override_at_us / US if src.override_us else None,
+            "declarations": {n.node: n.interval_us / US for n in src.live(self.now_us)},
         }
 
 

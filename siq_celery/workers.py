@@ -39,6 +39,7 @@ class CeleryProcess:
         self.env = {**os.environ, **(env or {})}
         self.extra_args, self.cwd = list(extra_args), cwd
         self.process: subprocess.Popen[bytes] | None = None
+        self._log_start = 0  #: where this run's output starts in the log (a restart appends)
 
     @property
     def command(self) -> list[str]:
@@ -46,6 +47,7 @@ class CeleryProcess:
 
     def start(self) -> Self:
         self.logfile.parent.mkdir(parents=True, exist_ok=True)
+        self._log_start = self.logfile.stat().st_size if self.logfile.exists() else 0
         with open(self.logfile, "ab") as log:
             self.process = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd, start_new_session=True
@@ -54,6 +56,12 @@ class CeleryProcess:
 
     def log(self) -> str:
         return self.logfile.read_text(errors="replace") if self.logfile.exists() else ""
+
+    def run_log(self) -> str:
+        """This run's output only (a restarted process appends to the same log)."""
+        if not self.logfile.exists():
+            return ""
+        return self.logfile.read_bytes()[self._log_start :].decode(errors="replace")
 
     def is_ready(self) -> bool:
         raise NotImplementedError
@@ -126,7 +134,7 @@ class WorkerProcess(CeleryProcess):
         ]  # fmt: skip
 
     def is_ready(self) -> bool:
-        return f"{self.name} ready." in self.log()
+        return f"{self.name} ready." in self.run_log()
 
 
 class FlowerProcess(CeleryProcess):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 
 import pytest
@@ -34,8 +35,10 @@ def test_status_lists_queues_as_a_table_and_as_json(url: str) -> None:
     code, out = run(url, "status")
     assert code == 0
     header, *rows = out.strip().splitlines()
-    assert header.split()[:7] == ["queue", "interval", "ticket", "current", "backlog", "parked", "paused"]
-    assert rows[0].split()[:7] == ["geo", "200ms", "5", "0", "5", "1", "no"] and rows[1].startswith("shop:a")
+    assert header.split()[:9] == [
+        "queue", "interval", "declared", "override", "ticket", "current", "backlog", "parked", "paused"
+    ]  # fmt: skip
+    assert rows[0].split()[:9] == ["geo", "200ms", "-", "-", "5", "0", "5", "1", "no"] and rows[1].startswith("shop:a")
     code, out = run(url, "status", "shop:*", "--json")
     assert code == 0 and [q["queue"] for q in json.loads(out)] == ["shop:a"]
 
@@ -45,7 +48,20 @@ def test_pause_resume_set_interval_and_reset_change_the_shared_state(url: str) -
     q.ensure()
     assert run(url, "pause", "geo") == (0, "paused geo\n") and q.status().state.paused
     assert run(url, "resume", "geo") == (0, "resumed geo\n") and not q.status().state.paused
-    assert run(url, "set-interval", "geo", "250ms")[0] == 0 and q.status().state.interval_us == 250_000
+    assert run(url, "set-interval", "geo", "250ms") == (0, "geo: interval 250ms (override)\n")
+    status = q.status()
+    assert status.state.interval_us == 250_000 and status.sources.override_us == 250_000
+    assert status.sources.override_by.startswith(f"{getpass.getuser()}@")
+    code, out = run(url, "status", "geo")
+    assert code == 0 and "250ms by " in out
+    assert run(url, "set-interval", "geo", "--clear") == (0, "geo: override cleared, interval 250ms\n")
+    assert q.status().sources.override_us == 0  # nothing declared: the interval stays as it was
+    q.declare("100ms")
+    q.set_interval("250ms")
+    assert run(url, "set-interval", "geo", "--clear") == (0, "geo: override cleared, interval 100ms\n")
+    for bad in (["set-interval", "geo"], ["set-interval", "geo", "1s", "--clear"]):
+        code, out = run(url, *bad)
+        assert code == 2 and "INTERVAL, or --clear" in out
     epoch = q.status().state.epoch
     assert run(url, "reset", "geo", input="n\n")[0] == 1 and q.status().state.epoch == epoch  # asked, refused
     assert run(url, "reset", "geo", "--yes")[0] == 0 and q.status().state.epoch != epoch

@@ -14,17 +14,29 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import asdict, replace
 from typing import Any, ClassVar
 
 from .. import model
 from ..errors import ConfigurationError, CorruptStateError, QueueNotFoundError
 from ..keys import DEFAULT_KEY_PREFIX, QueueKeys, validate_key_prefix
 from ..ledger import DEFAULT_LEDGER_MAX, LedgerRow, StartRecord
-from ..types import ClaimResult, Decision, ParkedTask, QueueState, QueueStatus, Release
+from ..types import (
+    ClaimResult,
+    Decision,
+    Declared,
+    IntervalSources,
+    NodeDeclaration,
+    ParkedTask,
+    QueueState,
+    QueueStatus,
+    Release,
+)
 
 Clock = Callable[[], int]
 """A clock returning microseconds since the Unix epoch (tests pin it)."""
@@ -194,7 +206,26 @@ class Backend(ABC):
         """Unpause; the line continues ``grace_us`` from now (see :func:`siq_celery.model.resume`)."""
 
     @abstractmethod
-    def set_interval(self, queue: str, interval_us: int) -> QueueState: ...
+    def set_interval(self, queue: str, interval_us: int | None, origin: str = "") -> QueueState:
+        """An operator's override of the queue's interval (``interval_us``), recorded with
+        ``origin`` and the store time; None clears it, back to what the code declares
+        (see :func:`siq_celery.model.override`)."""
+
+    @abstractmethod
+    def declare(
+        self,
+        queue: str,
+        interval_us: int,
+        epoch: str,
+        *,
+        node: str = "",
+        ttl_us: int = 0,
+        origin: str = "",
+        announce: bool = True,
+    ) -> Declared:
+        """The code declares ``interval_us`` for ``queue`` (creating its state with
+        ``epoch`` if missing), atomically with recomputing the effective interval; see
+        :func:`siq_celery.model.declare` for ``node``, ``ttl_us`` and ``announce``."""
 
     @abstractmethod
     def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
@@ -335,6 +366,13 @@ class Transaction(ABC):
         """Complete the latest unfinished ledger row of ``task_id`` (if any)."""
 
     @abstractmethod
+    def sources(self) -> IntervalSources:
+        """Where the queue's interval comes from (declarations, override)."""
+
+    @abstractmethod
+    def save_sources(self, sources: IntervalSources) -> None: ...
+
+    @abstractmethod
     def delete(self) -> bool: ...
 
 
@@ -460,10 +498,31 @@ class ModelBackend(Backend):
             model.resume(self._existing(tx, queue), tx.now_us, grace_us)
             return _copy(self._existing(tx, queue))
 
-    def set_interval(self, queue: str, interval_us: int) -> QueueState:
+    def set_interval(self, queue: str, interval_us: int | None, origin: str = "") -> QueueState:
         with self.transaction(queue) as tx:
-            model.set_interval(self._existing(tx, queue), interval_us)
-            return _copy(self._existing(tx, queue))
+            state = self._existing(tx, queue)
+            tx.save_sources(model.override(state, tx.sources(), tx.now_us, interval_us, origin))
+            return _copy(state)
+
+    def declare(
+        self,
+        queue: str,
+        interval_us: int,
+        epoch: str,
+        *,
+        node: str = "",
+        ttl_us: int = 0,
+        origin: str = "",
+        announce: bool = True,
+    ) -> Declared:
+        with self.transaction(queue) as tx:
+            created = tx.state is None
+            state = self._created(tx, queue, interval_us, epoch)
+            sources, done = model.declare(
+                state, tx.sources(), tx.now_us, interval_us, node=node, ttl_us=ttl_us, origin=origin, announce=announce
+            )
+            tx.save_sources(sources)
+            return replace(done, created=created, old_interval_us=0 if created else done.old_interval_us)
 
     def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
         with self.transaction(queue) as tx:
@@ -484,7 +543,7 @@ class ModelBackend(Backend):
         with self.transaction(queue) as tx:
             if tx.state is None:
                 return None
-            return QueueStatus(queue, _copy(tx.state), tx.now_us, tx.finished_count(), tx.parked_count())
+            return QueueStatus(queue, _copy(tx.state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources())
 
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
         with self.transaction(queue) as tx:
@@ -523,6 +582,25 @@ class ModelBackend(Backend):
 
 def _copy(state: QueueState) -> QueueState:
     return QueueState(**vars(state))
+
+
+def sources_to_json(sources: IntervalSources) -> str:
+    return json.dumps(asdict(sources), separators=(",", ":"))
+
+
+def sources_from_json(text: str | None) -> IntervalSources:
+    """Stored sources, or none (an unreadable record only loses the override and the
+    declarations, which the next worker start writes again)."""
+    if not text:
+        return IntervalSources()
+    try:
+        raw = json.loads(text)
+        nodes = tuple(
+            NodeDeclaration(str(n["node"]), int(n["interval_us"]), int(n["expires_us"])) for n in raw.pop("nodes")
+        )
+        return IntervalSources(**{k: type(getattr(IntervalSources(), k))(v) for k, v in raw.items()}, nodes=nodes)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return IntervalSources()
 
 
 def match_names(names: Iterator[str] | list[str], pattern: str) -> list[str]:

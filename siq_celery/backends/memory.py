@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from ..ledger import LedgerRow
-from ..types import ParkedTask, QueueState
+from ..types import IntervalSources, ParkedTask, QueueState
 from .base import ModelBackend, Transaction, _copy, match_names
 
 
@@ -26,6 +26,7 @@ class _Store:
     ledgers: dict[str, deque[LedgerRow]] = field(default_factory=dict)
     #: per queue: task id -> (parked task, lease deadline or None)
     parked: dict[str, dict[str, tuple[ParkedTask, int | None]]] = field(default_factory=dict)
+    sources: dict[str, IntervalSources] = field(default_factory=dict)
 
 
 _NAMED_STORES: dict[str, _Store] = {}
@@ -104,7 +105,14 @@ class _MemoryTransaction(Transaction):
             parked[task.task_id] = (replace(task, ticket=number), None)
         return len(ordered)
 
+    def sources(self) -> IntervalSources:
+        return self._store.sources.get(self._queue, IntervalSources())
+
+    def save_sources(self, sources: IntervalSources) -> None:
+        self._store.sources[self._queue] = sources
+
     def delete(self) -> bool:
+        self._store.sources.pop(self._queue, None)
         had_parked = bool(self._store.parked.pop(self._queue, None))
         had_state = self._store.states.pop(self._queue, None) is not None
         had_records = bool(self._store.finished.pop(self._queue, None))

@@ -24,7 +24,18 @@ from ..errors import (
 )
 from ..keys import QueueKeys
 from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
-from ..types import ClaimResult, Decision, ParkedTask, QueueState, QueueStatus, Release, Verdict
+from ..types import (
+    ClaimResult,
+    Decision,
+    Declared,
+    IntervalSources,
+    NodeDeclaration,
+    ParkedTask,
+    QueueState,
+    QueueStatus,
+    Release,
+    Verdict,
+)
 from .base import RELEASE_LEASE_US, RELEASE_LIMIT, Backend, PendingClaim, match_names
 
 try:
@@ -43,12 +54,12 @@ ACL_RULES = (
     "~siq:*",
     "+evalsha", "+eval", "+script|load", "+ping", "+select", "+scan", "+del", "+exists", "+pexpire", "+persist",
     "+time", "+hmget", "+hset", "+zscore", "+zadd", "+zremrangebyscore", "+zremrangebyrank", "+zcard",
-    "+xadd", "+xrange", "+hget", "+hdel", "+zrange", "+zrangebyscore", "+zrem",
+    "+xadd", "+xrange", "+hget", "+hgetall", "+hdel", "+zrange", "+zrangebyscore", "+zrem",
 )  # fmt: skip
 
 SCRIPTS = (
     "claim", "start", "restamp", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status",
-    "park", "release", "unpark", "backoff", "start_all",
+    "park", "release", "unpark", "backoff", "start_all", "declare",
 )  # fmt: skip
 
 
@@ -114,6 +125,18 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
 def _claim_result(reply: Sequence[Any]) -> ClaimResult:
     first, n, epoch, base, floor, interval, now = reply
     return ClaimResult(int(first), int(n), epoch.decode(), int(base), int(floor), int(interval), int(now))
+
+
+def _sources(reply: Sequence[Any]) -> IntervalSources:
+    """siq_sources_reply: six fields, then (node, interval, expires) per live node."""
+    text = [v.decode() if isinstance(v, bytes) else str(v) for v in reply]
+    nodes = tuple(
+        sorted(
+            (NodeDeclaration(text[i], int(text[i + 1]), int(text[i + 2])) for i in range(6, len(text), 3)),
+            key=lambda n: n.node,
+        )
+    )
+    return IntervalSources(int(text[0]), text[1], int(text[2]), int(text[3]), text[4], int(text[5]), nodes)
 
 
 def _ledger_entry(queue: str, raw: Mapping[bytes, bytes]) -> LedgerRow | FinishEntry:
@@ -344,7 +367,7 @@ class RedisBackend(Backend):
     def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
         k = self.keys(queue)
         self._run(
-            "finish", queue, [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing],
+            "finish", queue, [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals],
             [task_id, self.finished_retention_us, self.finished_max, 2 * self.ledger_max, outcome, int(remember),
              self.idle_expiry_us(queue)],
         )  # fmt: skip
@@ -380,8 +403,28 @@ class RedisBackend(Backend):
     def resume(self, queue: str, grace_us: int = 0) -> QueueState:
         return self._state(self._run("resume", queue, [self.keys(queue).state], [grace_us]))[0]
 
-    def set_interval(self, queue: str, interval_us: int) -> QueueState:
-        return self._state(self._run("set_interval", queue, [self.keys(queue).state], [interval_us]))[0]
+    def set_interval(self, queue: str, interval_us: int | None, origin: str = "") -> QueueState:
+        k = self.keys(queue)
+        return self._state(self._run("set_interval", queue, [k.state, k.intervals], [interval_us or 0, origin]))[0]
+
+    def declare(
+        self,
+        queue: str,
+        interval_us: int,
+        epoch: str,
+        *,
+        node: str = "",
+        ttl_us: int = 0,
+        origin: str = "",
+        announce: bool = True,
+    ) -> Declared:
+        args = [interval_us, epoch, node, ttl_us, origin, int(announce), self.idle_expiry_us(queue)]
+        created, old_declared, declared, old, interval, replaced, by = self._run(
+            "declare", queue, self.keys(queue).all, args
+        )
+        return Declared(
+            bool(created), int(old_declared), int(declared), int(old), int(interval), int(replaced), by.decode()
+        )
 
     def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
         args = [hold_us, int(keep_first), self.idle_expiry_us(queue)]
@@ -435,11 +478,11 @@ class RedisBackend(Backend):
 
     def status(self, queue: str) -> QueueStatus | None:
         k = self.keys(queue)
-        reply = self._run("status", queue, [k.state, k.finished, k.parked, k.releasing], [])
+        reply = self._run("status", queue, [k.state, k.finished, k.parked, k.releasing, k.intervals], [])
         if not reply:
             return None
         state, now = self._state(reply)
-        return QueueStatus(queue, state, now, int(reply[8]), int(reply[9]))
+        return QueueStatus(queue, state, now, int(reply[8]), int(reply[9]), _sources(reply[10:]))
 
     def queues(self, pattern: str = "*") -> list[str]:
         # SCAN (never KEYS: it would block Redis), narrowed on the server to the pattern's

@@ -27,8 +27,8 @@ from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError
 from ..ledger import LedgerRow
-from ..types import ClaimResult, ParkedTask
-from .base import ModelBackend, Transaction, match_names, state_from_fields
+from ..types import ClaimResult, IntervalSources, ParkedTask
+from .base import ModelBackend, Transaction, match_names, sources_from_json, sources_to_json, state_from_fields
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS siq_queues (
@@ -55,6 +55,9 @@ CREATE TABLE IF NOT EXISTS siq_parked (
     message TEXT NOT NULL, lease_until INTEGER, PRIMARY KEY (prefix, queue, task_id)
 );
 CREATE INDEX IF NOT EXISTS siq_parked_by_ticket ON siq_parked (prefix, queue, ticket);
+CREATE TABLE IF NOT EXISTS siq_interval_sources (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, sources TEXT NOT NULL, PRIMARY KEY (prefix, queue)
+);
 """
 _LEDGER_COLUMNS = (
     "queue", "epoch", "ticket", "task_id", "task_name", "slot_us", "start_us", "interval_us", "finish_us",
@@ -168,7 +171,18 @@ class _SqliteTransaction(Transaction):
         )
         return len(ids)
 
+    def sources(self) -> IntervalSources:
+        row = self._c.execute(
+            "SELECT sources FROM siq_interval_sources WHERE prefix=? AND queue=?", self._key
+        ).fetchone()
+        return sources_from_json(row[0] if row else None)
+
+    def save_sources(self, sources: IntervalSources) -> None:
+        self._c.execute("INSERT OR REPLACE INTO siq_interval_sources VALUES (?, ?, ?)",
+                        (*self._key, sources_to_json(sources)))  # fmt: skip
+
     def delete(self) -> bool:
+        self._c.execute("DELETE FROM siq_interval_sources WHERE prefix=? AND queue=?", self._key)
         removed = self._c.execute("DELETE FROM siq_parked WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_finished WHERE prefix=? AND queue=?", self._key).rowcount

@@ -74,7 +74,7 @@ end
 -- Idle expiry (per-key queues): every key of the queue expires ttl_us after the queue's
 -- last claim, start or finish, unless it is paused or holds parked tasks (those outlive
 -- any idle time). keys: the queue's keys in QueueKeys.all order (state, finished, ledger,
--- parked, parked messages, releasing). ttl_us <= 0: keys never expire. now: the store time.
+-- parked, parked messages, releasing, intervals). ttl_us <= 0: keys never expire. now: the store time.
 local function siq_touch(keys, s, ttl_us, now)
   if not ttl_us or ttl_us <= 0 then return end
   local pin = (s ~= nil and s.paused == 1)
@@ -137,4 +137,64 @@ local function siq_ledger_start(key, cap, s, ticket, task_id, slot, now, name, h
     redis.call('XADD', key, 'MAXLEN', '~', cap, '*', 'e', 's', 'ep', s.epoch, 't', ticket, 'id', task_id,
       'n', name, 'sl', slot, 'st', now, 'iv', s.interval_us, 'h', host, 'p', pid, 'd', deferrals)
   end
+end
+
+-- Where the interval comes from (model.py: declare, override, effective_interval): a hash
+-- with declared_us, declared_by, declared_at_us, override_us, override_by, override_at_us,
+-- and per live worker node 'n:<node>' (its declared interval) and 'e:<node>' (when its
+-- declaration expires unless renewed). Returns the fields as a table, nodes in .nodes
+-- (node -> {interval, expires}), dropping expired nodes from the table (and, with
+-- prune, from the hash).
+local function siq_sources(key, now, prune)
+  local raw = redis.call('HGETALL', key)
+  local src = {declared_us = 0, declared_by = '', declared_at_us = 0,
+               override_us = 0, override_by = '', override_at_us = 0, nodes = {}}
+  local intervals, expires = {}, {}
+  for i = 1, #raw, 2 do
+    local f, v = raw[i], raw[i + 1]
+    local kind, node = string.sub(f, 1, 2), string.sub(f, 3)
+    if kind == 'n:' then intervals[node] = tonumber(v)
+    elseif kind == 'e:' then expires[node] = tonumber(v)
+    elseif f == 'declared_by' or f == 'override_by' then src[f] = v
+    else src[f] = tonumber(v) or 0 end
+  end
+  for node, interval in pairs(intervals) do
+    local e = expires[node]
+    if interval and e and e > now then
+      src.nodes[node] = {interval, e}
+    elseif prune then
+      redis.call('HDEL', key, 'n:' .. node, 'e:' .. node)
+    end
+  end
+  return src
+end
+
+-- The override if set, else the slowest live declaration, else the last declaration;
+-- 0 if none (the stored interval stays).
+local function siq_effective(src)
+  if src.override_us > 0 then return src.override_us end
+  local slowest = 0
+  for _, d in pairs(src.nodes) do
+    if d[1] > slowest then slowest = d[1] end
+  end
+  if slowest > 0 then return slowest end
+  return src.declared_us
+end
+
+local function siq_save_sources(key, src)
+  redis.call('HSET', key, 'declared_us', src.declared_us, 'declared_by', src.declared_by,
+             'declared_at_us', src.declared_at_us, 'override_us', src.override_us,
+             'override_by', src.override_by, 'override_at_us', src.override_at_us)
+end
+
+-- The sources as a flat reply: the six fields, then node, interval, expires per live node.
+local function siq_sources_reply(src)
+  local reply = {src.declared_us, src.declared_by, src.declared_at_us, src.override_us,
+                 src.override_by, src.override_at_us}
+  for node, d in pairs(src.nodes) do
+    table.insert(reply, node)
+    table.insert(reply, d[1])
+    table.insert(reply, d[2])
+  end
+  return reply
 end

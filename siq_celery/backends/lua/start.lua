@@ -2,7 +2,7 @@
 -- KEYS[1]  the queue's state hash, siq:{<queue>}:state
 -- KEYS[2]  the queue's finished-task sorted set, siq:{<queue>}:finished
 -- KEYS[3]  the queue's ledger stream, siq:{<queue>}:ledger
--- KEYS[4..6]  the queue's parked keys (QueueKeys.all), for idle expiry
+-- KEYS[4..7]  the queue's parked keys and interval sources (QueueKeys.all), for idle expiry
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  ticket number
 -- ARGV[3]  the ticket's epoch

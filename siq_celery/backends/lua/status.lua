@@ -2,8 +2,10 @@
 -- KEYS[1]  the queue's state hash
 -- KEYS[2]  the queue's finished-task sorted set
 -- KEYS[3], KEYS[4]  parked tasks not leased, and leased (sorted sets)
+-- KEYS[5]  the queue's interval sources hash
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
--- Returns siq_reply followed by the finished and parked counts, or an empty array if no state.
+-- Returns siq_reply followed by the finished and parked counts, then siq_sources_reply;
+-- or an empty array if no state.
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
@@ -11,4 +13,5 @@ if not s then return {} end
 local reply = siq_reply(s, now)
 table.insert(reply, redis.call('ZCARD', KEYS[2]))
 table.insert(reply, redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4]))
+for _, v in ipairs(siq_sources_reply(siq_sources(KEYS[5], now, false))) do table.insert(reply, v) end
 return reply

@@ -1,0 +1,125 @@
+"""Where the interval comes from, on every store: the code's declarations, an operator's
+override, and live workers side by side (model.py: declare, override, effective_interval).
+
+Pinned store clock, nothing sleeps. Node declarations count ``TTL`` unless renewed.
+"""
+
+from __future__ import annotations
+
+from siq_celery import Verdict
+from tests.conftest import Store
+
+TTL = 30.0
+TTL_US = 30_000_000
+MS = 1_000
+
+
+def at(store: Store, t_us: int) -> None:
+    store.clock.now_us = t_us
+
+
+def test_a_deploy_that_changes_the_declaration_takes_effect_at_once(store: Store) -> None:
+    old = store.queue(interval="5ms")
+    created = old.declare(node="w1@a", ttl=TTL)
+    assert created.created and created.interval_us == 5 * MS and created.declared_us == 5 * MS
+    ticket = old.claim()
+    t0 = store.clock.now_us
+    at(store, t0 + 5 * MS)
+    assert old.start(ticket).authorized
+    # The fleet is restarted with interval=0.1: the old node's declaration is still live
+    # (it was killed, not stopped), and the slower new one wins at once.
+    new = store.queue(interval="100ms")
+    done = new.declare(node="w2@a", ttl=TTL)
+    assert (done.old_declared_us, done.declared_us) == (5 * MS, 100 * MS)
+    assert (done.old_interval_us, done.interval_us) == (5 * MS, 100 * MS)
+    assert not done.created and done.declaration_changed
+    d = new.start(new.claim())
+    assert d.verdict is Verdict.WAIT and d.wait_us == 100 * MS - 0 and d.interval_us == 100 * MS
+    status = new.status()
+    assert status.state.interval_us == 100 * MS and status.sources.declared_us == 100 * MS
+    assert "w2@a" in status.sources.declared_by
+
+
+def test_rolling_deploy_runs_at_the_slowest_live_declaration_until_the_old_node_goes(store: Store) -> None:
+    old, new = store.queue(interval="100ms"), store.queue(interval="50ms")
+    old.declare(node="old@a", ttl=TTL)
+    done = new.declare(node="new@b", ttl=TTL)
+    assert done.declared_us == 50 * MS and done.interval_us == 100 * MS  # declared, but the old node still runs
+    # renewals from both sides never flip the declaration back
+    assert old.declare(node="old@a", ttl=TTL, announce=False).declared_us == 50 * MS
+    assert new.declare(node="new@b", ttl=TTL, announce=False).interval_us == 100 * MS
+    assert new.status().state.interval_us == 100 * MS
+    # the old node stops and withdraws its declaration: the new one holds at once
+    gone = old.declare(node="old@a", ttl=0, announce=False)
+    assert gone.interval_us == 50 * MS and gone.declared_us == 50 * MS
+
+
+def test_a_dead_nodes_declaration_stops_counting_after_its_ttl(store: Store) -> None:
+    old, new = store.queue(interval="100ms"), store.queue(interval="50ms")
+    t0 = store.clock.now_us
+    old.declare(node="old@a", ttl=TTL)  # then killed: never renewed, never withdrawn
+    new.declare(node="new@b", ttl=TTL)
+    at(store, t0 + TTL_US - 1)
+    assert new.declare(node="new@b", ttl=TTL, announce=False).interval_us == 100 * MS
+    at(store, t0 + TTL_US)
+    renewed = new.declare(node="new@b", ttl=TTL, announce=False)
+    assert renewed.old_interval_us == 100 * MS and renewed.interval_us == 50 * MS
+    assert [n.node for n in new.status().sources.live(store.clock.now_us)] == ["new@b"]
+
+
+def test_an_override_holds_across_restarts_with_the_same_code_and_clear_returns(store: Store) -> None:
+    q = store.queue(interval="100ms")
+    q.declare(node="w1@a", ttl=TTL)
+    operator = store.queue(interval=None)
+    state = operator.set_interval("200ms", origin="alice@ops pid 7")
+    assert state.interval_us == 200 * MS
+    src = q.status().sources
+    assert (src.override_us, src.override_by, src.override_at_us) == (200 * MS, "alice@ops pid 7", store.clock.now_us)
+    # the worker restarts with the same code: its announcement keeps the override
+    again = q.declare(node="w1@a", ttl=TTL)
+    assert not again.declaration_changed and again.interval_us == 200 * MS and not again.replaced_override_us
+    assert q.declare(node="w1@a", ttl=TTL, announce=False).interval_us == 200 * MS
+    cleared = operator.set_interval(None)
+    assert cleared.interval_us == 100 * MS and not q.status().sources.override_us
+
+
+def test_a_deploy_with_a_new_declaration_replaces_the_override_and_says_so(store: Store) -> None:
+    store.queue(interval="100ms").declare(node="w1@a", ttl=TTL)
+    store.queue(interval=None).set_interval("200ms", origin="alice@ops")
+    deploy = store.queue(interval="50ms")
+    done = deploy.declare(node="w1@a", ttl=TTL)  # the same node, restarted with new code
+    assert (done.replaced_override_us, done.replaced_override_by) == (200 * MS, "alice@ops")
+    assert done.interval_us == 50 * MS and deploy.status().sources.override_us == 0
+
+
+def test_an_override_wins_over_live_declarations_faster_or_slower(store: Store) -> None:
+    q = store.queue(interval="100ms")
+    q.declare(node="w1@a", ttl=TTL)
+    assert store.queue(interval=None).set_interval("20ms").interval_us == 20 * MS
+    assert q.declare(node="w2@b", ttl=TTL, announce=False).interval_us == 20 * MS
+
+
+def test_a_script_declaration_registers_no_node(store: Store) -> None:
+    q = store.queue(interval="100ms")
+    done = q.declare(origin="siq sync")
+    assert done.created and q.status().sources.nodes == ()
+    assert store.queue(interval="300ms").declare(origin="siq sync").interval_us == 300 * MS
+
+
+def test_a_producer_claim_never_rewrites_the_interval(store: Store) -> None:
+    store.queue(interval="100ms").declare(node="w1@a", ttl=TTL)
+    producer = store.queue(interval="5ms")
+    producer.claim()
+    assert producer.status().state.interval_us == 100 * MS
+    assert producer.status().sources.declared_us == 100 * MS
+
+
+def test_reset_and_delete_keep_or_drop_the_sources_with_the_queue(store: Store) -> None:
+    q = store.queue(interval="100ms")
+    q.declare(node="w1@a", ttl=TTL)
+    q.set_interval("200ms")
+    q.reset()
+    assert q.status().sources.override_us == 200 * MS  # a reset is a new life, not a new configuration
+    assert q.delete()
+    q.ensure()
+    assert q.status().sources.declared_us == 0 and q.status().sources.nodes == ()
