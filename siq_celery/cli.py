@@ -27,7 +27,7 @@ from .errors import CorruptStateError, QueueNotFoundError, SiqError
 from .export import FORMATS, format_for, ledger_rows, parse_time, write_parked, write_rows
 from .intervals import format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
-from .queue import RESUME_GRACE_S, IntervalQueue, new_epoch
+from .queue import RESUME_GRACE_S, IntervalQueue, new_epoch, who
 from .types import QueueStatus
 
 
@@ -215,7 +215,7 @@ def reset_command(store: StoreOptions, queue: str, yes: bool, interval: str | No
     if not yes and not click.confirm(f"Reset queue {queue!r}? Outstanding tickets will re-claim", default=False):
         raise click.ClickException("not reset")
     with one_line_errors():
-        store.backend.reset(queue, interval_us, new_epoch())
+        store.backend.reset(queue, interval_us, new_epoch(), who())
     click.echo(f"reset {queue}")
 
 

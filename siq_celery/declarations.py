@@ -28,7 +28,7 @@ from collections import OrderedDict
 from typing import Any
 
 from .config import siq_state
-from .errors import SiqError
+from .errors import SiqError, StoreUnavailableError
 from .intervals import format_interval
 from .queue import IntervalQueue, who
 from .types import Declared
@@ -117,22 +117,25 @@ class NodeDeclarations:
     def announce(self) -> None:
         with self._lock:
             for queue in app_declarations(self.app):
-                self._announce(queue)
+                if not self._announce(queue):
+                    break  # the store is unreachable: the renewals try again, without a timeout per queue
             self._next_renewal = time.monotonic() + self.ttl / 3
 
-    def _announce(self, queue: IntervalQueue) -> None:
+    def _announce(self, queue: IntervalQueue) -> bool:
+        """Announce one declaration and log what it changed; False if the store is unreachable."""
         try:
             done = self._declare(queue, announce=True)
         except SiqError as exc:
             logger.warning("siq_celery: could not declare %r's interval (retrying with the renewals): %s",
                            queue.name, exc)  # fmt: skip
-            return
+            return not isinstance(exc, StoreUnavailableError)
         self._announced.add(queue.name)
         line = describe(queue.name, done, self.origin)
         if line:
             logger.warning("siq_celery: %s", line)
         else:
             logger.info("siq_celery: queue %r: interval %s as declared", queue.name, format_interval(done.interval_us))
+        return True
 
     def renew_if_due(self) -> None:
         """Renew every declaration (every third of the TTL); announce the ones not yet made."""
@@ -144,12 +147,15 @@ class NodeDeclarations:
             self._next_renewal = time.monotonic() + self.ttl / 3
             for queue in app_declarations(self.app):
                 if queue.name not in self._announced:
-                    self._announce(queue)
+                    if not self._announce(queue):
+                        return
                     continue
                 try:
                     done = self._declare(queue, announce=False)
                 except SiqError as exc:
                     logger.warning("siq_celery: could not renew %r's declaration: %s", queue.name, exc)
+                    if isinstance(exc, StoreUnavailableError):
+                        return
                     continue
                 if done.old_interval_us != done.interval_us:
                     logger.warning("siq_celery: queue %r: effective %s -> %s (a worker's declaration expired or "

@@ -15,7 +15,7 @@ Rules (DESIGN.md, "The model"):
   overtaking a late head: with the anchor at the start, ticket ``current + 2`` is due a
   full interval after the head's slot.)
 * a claim on a queue whose whole line is overdue re-bases the anchor so the new ticket is
-  due now (a burst after an idle period keeps ticket order).
+  due at the first free slot (a burst after an idle period keeps ticket order).
 """
 
 from __future__ import annotations
@@ -43,16 +43,20 @@ def claim(state: QueueState, count: int, now_us: int) -> ClaimResult:
     """Issue ``count`` tickets (mutates ``state``)."""
     first = state.ticket + 1
     due_first = state.anchor_us + (first - state.current) * state.interval_us
-    if due_first < now_us:
-        state.anchor_us += now_us - due_first
-        due_first = now_us
+    floor = max(now_us, state.last_start_us + state.interval_us)
+    if due_first < floor:
+        # The line is overdue (an idle queue), or its head is held by the rate cap: the
+        # new ticket is due at the first free slot, and the ones claimed after it follow
+        # one interval apart from there (so their estimates match the slots they get).
+        state.anchor_us += floor - due_first
+        due_first = floor
     state.ticket += count
     return ClaimResult(
         first=first,
         count=count,
         epoch=state.epoch,
         base_us=due_first,
-        floor_us=max(now_us, state.last_start_us + state.interval_us),
+        floor_us=floor,
         interval_us=state.interval_us,
         now_us=now_us,
     )
@@ -247,6 +251,18 @@ def declare(
         False, sources.declared_us, new.declared_us, old_interval, state.interval_us, replaced_us, replaced_by
     )
     return new, done
+
+
+def pin(sources: IntervalSources, now_us: int, interval_us: int, origin: str = "") -> IntervalSources:
+    """A reset that names an interval (``siq reset --interval``, ``ensure(reset=True)``):
+    the caller wants that interval now, so it must not be undone by the next renewal of
+    the workers' declarations. It becomes the declaration when there is none, clears the
+    override when the declarations give it anyway, and is the override otherwise."""
+    if not sources.declared_us and not sources.nodes:
+        return replace(sources, declared_us=interval_us, declared_by=origin, declared_at_us=now_us)
+    if interval_us == effective_interval(replace(sources, override_us=0), now_us):
+        return replace(sources, override_us=0, override_by="", override_at_us=0)
+    return replace(sources, override_us=interval_us, override_by=origin, override_at_us=now_us)
 
 
 def override(

@@ -28,6 +28,7 @@ from kombu.exceptions import EncodeError
 from kombu.utils.json import dumps, loads  # Celery's JSON: datetimes, UUIDs, Decimals
 
 from .backends.base import RELEASE_LIMIT
+from .config import siq_state
 from .messages import ticket_headers
 from .queue import IntervalQueue
 from .types import ParkedTask, Ticket
@@ -128,3 +129,18 @@ class ReleaseThrottle:
                 return False
             self._last[queue] = now
             return True
+
+
+_RELEASE_THROTTLE = ReleaseThrottle()
+
+
+def release_now_and_then(app: Any, queue: IntervalQueue, who: str) -> None:
+    """Release ``queue``'s parked tasks that came within the horizon, at most once a second
+    per queue in this process (a producer after parking, a worker after a task finishes)."""
+    if not _RELEASE_THROTTLE.due(queue.name):
+        return
+    settings = siq_state(app).settings
+    try:
+        release_due(app, queue, settings.horizon_us, settings.countdown_margin)
+    except Exception as exc:  # workers' upkeep threads try again; nothing is lost
+        logger.warning("%s: could not release parked tasks of %r: %s", who, queue.name, exc)

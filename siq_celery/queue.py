@@ -180,7 +180,7 @@ class IntervalQueue:
             raise ConfigurationError(f"queue {self.name!r}: ensure() needs an interval")
         self.interval_us = interval_us
         if reset:
-            return self.backend.reset(self.name, interval_us, new_epoch())
+            return self.backend.reset(self.name, interval_us, new_epoch(), who())
         state, created = self.backend.ensure(self.name, interval_us, new_epoch())
         if not created:
             if fail_if_exists:
@@ -246,7 +246,7 @@ class IntervalQueue:
     def reset(self) -> QueueState:
         """Start afresh: new epoch (outstanding tickets re-claim), pause cleared; the last
         start and finished-task records are kept, so no burst and no re-run follow."""
-        return self.backend.reset(self.name, self.interval_us, new_epoch())
+        return self.backend.reset(self.name, self.interval_us, new_epoch(), who())
 
     def delete(self) -> bool:
         """Remove the queue's state entirely. True if there was any."""

@@ -48,11 +48,12 @@ class Reference:
         q = self.q = self.q or self._new(interval, epoch)
         first = q["ticket"] + 1  # type: ignore[operator]
         due = q["anchor"] + (first - q["cur"]) * q["I"]  # type: ignore[operator]
-        if due < now:
-            q["anchor"] = q["anchor"] + now - due  # type: ignore[operator]
-            due = now
+        free = max(now, q["last"] + q["I"])  # type: ignore[operator]
+        if due < free:  # an overdue line (or a head held by the cap): due at the first free slot
+            q["anchor"] = q["anchor"] + free - due  # type: ignore[operator]
+            due = free
         q["ticket"] = q["ticket"] + n  # type: ignore[operator]
-        return first, str(q["epoch"]), due, max(now, q["last"] + q["I"])  # type: ignore[operator]
+        return first, str(q["epoch"]), due, free
 
     def start(
         self, number: int, epoch: str, task: str | None, interval: int, new_epoch: str, cost: int

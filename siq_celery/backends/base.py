@@ -232,9 +232,10 @@ class Backend(ABC):
         """No start of ``queue`` before ``hold_us`` from now (see :func:`siq_celery.model.backoff`)."""
 
     @abstractmethod
-    def reset(self, queue: str, interval_us: int | None, epoch: str) -> QueueState:
+    def reset(self, queue: str, interval_us: int | None, epoch: str, origin: str = "") -> QueueState:
         """Start the queue's state afresh (see :func:`siq_celery.model.reset`); creates it
-        when missing if ``interval_us`` is given, else raises QueueNotFoundError."""
+        when missing if ``interval_us`` is given, else raises QueueNotFoundError. A given
+        interval is pinned (:func:`siq_celery.model.pin`), recorded with ``origin``."""
 
     @abstractmethod
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
@@ -529,13 +530,15 @@ class ModelBackend(Backend):
             model.backoff(self._existing(tx, queue), tx.now_us, hold_us, keep_first)
             return _copy(self._existing(tx, queue))
 
-    def reset(self, queue: str, interval_us: int | None, epoch: str) -> QueueState:
+    def reset(self, queue: str, interval_us: int | None, epoch: str, origin: str = "") -> QueueState:
         with self.transaction(queue, replace_corrupt=True) as tx:
             if tx.state is None:
                 if interval_us is None:
                     raise QueueNotFoundError(f"queue {queue!r} has no state in this store")
                 tx.state = model.new_state(tx.now_us, interval_us, epoch)
             tx.state = model.reset(tx.state, tx.now_us, epoch, interval_us)
+            if interval_us:
+                tx.save_sources(model.pin(tx.sources(), tx.now_us, interval_us, origin))
             tx.state.ticket = tx.renumber_parked()  # parked tasks keep their order in the new life
             return _copy(tx.state)
 

@@ -430,10 +430,10 @@ class RedisBackend(Backend):
         args = [hold_us, int(keep_first), self.idle_expiry_us(queue)]
         return self._state(self._run("backoff", queue, self.keys(queue).all, args))[0]
 
-    def reset(self, queue: str, interval_us: int | None, epoch: str) -> QueueState:
+    def reset(self, queue: str, interval_us: int | None, epoch: str, origin: str = "") -> QueueState:
         k = self.keys(queue)
-        keys = [k.state, k.parked, k.parked_messages, k.releasing]
-        return self._state(self._run("reset", queue, keys, [interval_us or 0, epoch]))[0]
+        keys = [k.state, k.parked, k.parked_messages, k.releasing, k.intervals]
+        return self._state(self._run("reset", queue, keys, [interval_us or 0, epoch, origin]))[0]
 
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
         k = self.keys(queue)

@@ -116,7 +116,7 @@ def publish_rows(
     ``(args, kwargs)``. A failed chunk is counted and reported, and the rest goes on."""
     from celery import Celery
 
-    from ..task import _eta
+    from ..publish import eta_for
 
     result = PartitionResult(partition)
     app = Celery("siq-spark-submit", broker=target.broker_url, set_as_current=False)
@@ -133,7 +133,7 @@ def publish_rows(
                     for (args, kwargs), ticket in zip(chunk, tickets, strict=True):
                         app.send_task(
                             target.task_name, args=list(args), kwargs=kwargs, headers=ticket_headers(ticket),
-                            eta=_eta(ticket, target.countdown_margin), producer=producer, **target.routing,
+                            eta=eta_for(ticket, target.countdown_margin), producer=producer, **target.routing,
                         )  # fmt: skip
                         result.published += 1
                 except Exception as exc:  # reported per partition; the next chunk may still go

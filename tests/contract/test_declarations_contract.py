@@ -118,8 +118,26 @@ def test_reset_and_delete_keep_or_drop_the_sources_with_the_queue(store: Store) 
     q = store.queue(interval="100ms")
     q.declare(node="w1@a", ttl=TTL)
     q.set_interval("200ms")
-    q.reset()
-    assert q.status().sources.override_us == 200 * MS  # a reset is a new life, not a new configuration
+    q.backend.reset(q.name, None, "e1")  # `siq reset` without --interval: a new life, not a new interval
+    assert q.status().sources.override_us == 200 * MS and q.status().state.interval_us == 200 * MS
+    q.reset()  # this object's interval, 100 ms, is what the declarations give: the override goes
+    assert q.status().sources.override_us == 0 and q.status().state.interval_us == 100 * MS
     assert q.delete()
     q.ensure()
     assert q.status().sources.declared_us == 0 and q.status().sources.nodes == ()
+
+
+def test_a_reset_with_an_interval_pins_it_against_the_renewals(store: Store) -> None:
+    worker = store.queue(interval="20ms")
+    worker.declare(node="w1@a", ttl=TTL)
+    operator = store.queue(interval="10ms")
+    assert operator.ensure(reset=True).interval_us == 10 * MS
+    assert operator.status().sources.override_us == 10 * MS  # not undone by the next renewal:
+    assert worker.declare(node="w1@a", ttl=TTL, announce=False).interval_us == 10 * MS
+    operator.ensure("20ms", reset=True)  # what the declarations give anyway: no override
+    assert operator.status().sources.override_us == 0
+    assert worker.declare(node="w1@a", ttl=TTL, announce=False).interval_us == 20 * MS
+    fresh = store.queue("fresh", interval="30ms")
+    fresh.ensure(reset=True)  # nothing declared yet: the reset's interval is the declaration
+    src = fresh.status().sources
+    assert (src.declared_us, src.override_us) == (30 * MS, 0)

@@ -19,14 +19,15 @@ if not s then
 end
 local first = s.ticket + 1
 local due = s.anchor_us + (first - s.current) * s.interval_us
-if due < now then
-  -- The whole line is overdue (an idle queue): the new ticket is due now, so a burst of
-  -- claims keeps its ticket order.
-  s.anchor_us = s.anchor_us + (now - due)
-  due = now
+local floor = math.max(now, s.last_start_us + s.interval_us)
+if due < floor then
+  -- The line is overdue (an idle queue), or its head is held by the rate cap: the new
+  -- ticket is due at the first free slot and later claims follow one interval apart, so
+  -- a burst of claims keeps its ticket order and every estimate matches its slot.
+  s.anchor_us = s.anchor_us + (floor - due)
+  due = floor
 end
 s.ticket = s.ticket + count
 siq_save(KEYS[1], s)
 siq_touch(KEYS, s, tonumber(ARGV[5]), now)
-return {first, count, s.epoch, due, math.max(now, s.last_start_us + s.interval_us),
-        s.interval_us, now}
+return {first, count, s.epoch, due, floor, s.interval_us, now}

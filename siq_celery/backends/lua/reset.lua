@@ -4,9 +4,11 @@
 -- KEYS[1]  the queue's state hash
 -- KEYS[2..4]  parked tasks not leased, parked messages, leased tasks: parked tasks are
 --             numbered 1..n in their order, so they keep their place in the new life
+-- KEYS[5]  the queue's interval sources hash: a given interval is pinned (model.py: pin)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  interval in microseconds, or 0 to keep the stored one
 -- ARGV[3]  the new epoch
+-- ARGV[4]  origin, for people: who reset it with that interval
 -- Returns the state as siq_reply; error SIQNOTFOUND if there is no state and ARGV[2] = 0.
 local now = siq_now(ARGV[1])
 local interval = tonumber(ARGV[2])
@@ -39,5 +41,21 @@ for n, p in ipairs(parked) do
   redis.call('HSET', KEYS[3], p[2], n .. '|' .. p[3])
 end
 s.ticket = #parked
+if tonumber(ARGV[2]) > 0 then
+  local src = siq_sources(KEYS[5], now, true)
+  local live = false
+  for _ in pairs(src.nodes) do live = true end
+  if src.declared_us == 0 and not live then
+    src.declared_us, src.declared_by, src.declared_at_us = interval, ARGV[4], now
+  else
+    src.override_us = 0
+    if interval == siq_effective(src) then
+      src.override_by, src.override_at_us = '', 0
+    else
+      src.override_us, src.override_by, src.override_at_us = interval, ARGV[4], now
+    end
+  end
+  siq_save_sources(KEYS[5], src)
+end
 siq_save(KEYS[1], s)
 return siq_reply(s, now)

@@ -1,0 +1,191 @@
+"""The worker side of IntervalTask: the gate a task passes before its body runs.
+
+:func:`authorize` runs in ``before_start``, inside Celery's trace, so raising ``Ignore``
+there ends the delivery cleanly. It asks the store for the start: waits up to
+``siq_max_sleep`` are slept precisely in the worker process; longer ones, and paused
+queues, re-publish the same task (same id, same ticket, same retry count) by ETA, or
+park it beyond the horizon (:func:`defer`): a deferral never counts against
+``max_retries`` and never shows as a failure. A message without a valid ticket (sent by
+name, from another language, tampered) claims one here. A redelivered copy of a task
+that already finished is skipped and logged; a copy whose worker died mid-run runs
+again, as a new start. :func:`record_finish` (``after_return``) remembers the finish;
+:func:`back_off` holds the queue for a service that said "retry after".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from celery.exceptions import Ignore
+
+from .combined import CombinedQueue
+from .config import siq_state
+from .errors import CorruptStateError, QueueNotFoundError, StoreUnavailableError
+from .intervals import parse_duration
+from .ledger import StartRecord
+from .messages import DEFERRALS, HEADER_NAMES, KEEP_TICKET, deferrals, ticket_from_headers, ticket_headers
+from .parking import park, parked_message, release_now_and_then
+from .queue import DeferralNeeded, DuplicateTaskError
+from .types import Decision, QueueState, Ticket, Verdict
+from .worker_hooks import WORKER_SENDS_TASK_EVENTS
+
+if TYPE_CHECKING:
+    from .task import IntervalTask
+
+logger = logging.getLogger("siq_celery")
+
+
+def authorize(task: IntervalTask, task_id: str, args: Any, kwargs: Any) -> Decision:
+    """Wait for the start of this delivery and return the store's authorization (kept on
+    the request as ``siq_decision``); or defer it, or skip a finished task's copy (both end
+    the delivery with ``Ignore``)."""
+    request = task.request
+    cost = task.siq_cost(args, kwargs)
+    queue, line = task.siq_line(args, kwargs)
+    per_key = siq_state(task.app).per_key_declarations
+    if per_key is not None and task.siq_per_key:
+        per_key.on_use(queue, request.hostname or "")
+    ticket, problem = ticket_from_headers(request.headers, queue.name)
+    if problem:
+        logger.warning("%s[%s]: %s; claiming a fresh ticket", task.name, task_id, problem)
+    eager = bool(request.is_eager)
+    settings = siq_state(task.app).settings
+    record = StartRecord(
+        task.name, task_id, request.hostname or socket.gethostname(), os.getpid(), deferrals(request.headers)
+    )
+    try:
+        return line.wait_for_turn(
+            ticket,
+            task_id=task_id,
+            max_sleep=None if eager else settings.max_sleep,
+            defer_paused=not eager,
+            record=record,
+            cost=cost,
+        )
+    except DeferralNeeded as deferral:
+        defer(task, deferral.ticket, deferral.decision, deferral.own_wait)
+    except DuplicateTaskError:
+        logger.info("%s[%s] already finished: a redelivered copy, not run again", task.name, task_id)
+        raise Ignore() from None
+
+
+def defer(task: IntervalTask, ticket: Ticket, decision: Decision, own_wait: float | None = None) -> NoReturn:
+    """Re-publish this very task (same id, ticket, retry count) later, or park it in the
+    store if its slot is beyond the horizon; end this delivery. (With several limits,
+    only if its own queue's slot is that far: a release follows that queue's line.)"""
+    settings = siq_state(task.app).settings
+    if decision.verdict is Verdict.PAUSED:
+        countdown = paused_countdown(decision, settings.paused_poll, settings.countdown_margin)
+    else:
+        countdown = max(decision.wait - settings.countdown_margin, 0.0)
+    request = task.request
+    headers = {**(request.headers or {}), **ticket_headers(ticket), DEFERRALS: deferrals(request.headers) + 1}
+    signature = task.signature_from_request(request, request.args, request.kwargs, headers=headers)
+    own_far = own_wait is None or own_wait > settings.horizon
+    if decision.verdict is Verdict.WAIT and decision.wait > settings.horizon and own_far:
+        message = parked_message(task.name, request.args, request.kwargs, dict(signature.options))
+        if park(task.siq_queue(request.args, request.kwargs), [(ticket, request.id, message)]):
+            logger.info("%s[%s]: ticket %s of %r parked, %.0fs from its slot",
+                        task.name, request.id, ticket.number, ticket.queue, decision.wait)  # fmt: skip
+            send_deferred_event(task, ticket, decision, decision.wait)
+            raise Ignore()
+    countdown = min(countdown, settings.horizon)  # nothing waits in a worker beyond the horizon
+    # An ETA on the store's clock, like the producer's: a countdown would become an ETA
+    # on this worker's clock, and a worker whose clock is off would send the task to
+    # every other worker that much early or late.
+    eta = datetime.fromtimestamp(decision.now_us / 1e6 + countdown, UTC)
+    signature.apply_async(eta=eta, **{KEEP_TICKET: True})
+    logger.info("%s[%s]: %s; ticket %s of %r deferred %.3fs",
+                task.name, request.id, decision.verdict.value, ticket.number, ticket.queue, countdown)  # fmt: skip
+    send_deferred_event(task, ticket, decision, countdown)
+    raise Ignore()
+
+
+def send_deferred_event(task: IntervalTask, ticket: Ticket, decision: Decision, countdown: float) -> None:
+    """A ``task-deferred`` event for monitors: Flower shows the task in state
+    DEFERRED (never FAILURE) until it succeeds, and the ETA of its next delivery;
+    ``celery events --dump`` and event consumers also get queue, ticket and slot."""
+    if not WORKER_SENDS_TASK_EVENTS[0] or not task.send_events:
+        return
+    try:
+        task.send_event(
+            "task-deferred", retry=False, queue=ticket.queue, ticket=ticket.number, epoch=ticket.epoch,
+            reason=decision.verdict.value, slot=decision.slot_us / 1e6 if decision.slot_us else None,
+            wait=round(decision.wait, 6),
+            countdown=round(countdown, 6),
+        )  # fmt: skip
+    except Exception as exc:  # monitoring must never cost the task its deferral
+        logger.warning("%s[%s]: could not send the task-deferred event: %s", task.name, task.request.id, exc)
+
+
+def record_finish(task: IntervalTask, status: str, task_id: str, args: Any, kwargs: Any) -> None:
+    """After SUCCESS or FAILURE (not RETRY, not our Ignore): the task is done, so a
+    redelivered copy of it must not run again; parked tasks due by now are released."""
+    queue, line = task.siq_line(args, kwargs)
+    try:
+        line.finish(task_id, "SUCCESS" if status == "SUCCESS" else "FAILURE")
+    except (StoreUnavailableError, CorruptStateError) as exc:
+        logger.warning("%s[%s]: could not record the finish (a redelivered copy may run again): %s",
+                       task.name, task_id, exc)  # fmt: skip
+    release_now_and_then(task.app, queue, task.name)
+
+
+def back_off(task: IntervalTask, seconds: float | str) -> NoReturn:
+    """:meth:`IntervalTask.siq_backoff`: hold every queue of the task, re-publish it with
+    its old ticket just after the hold, end this run."""
+    request = task.request
+    queue, line = task.siq_line(request.args, request.kwargs)
+    queues = line.queues if isinstance(line, CombinedQueue) else [queue]
+    states: dict[str, QueueState] = {}
+    for q in queues:
+        try:
+            states[q.name] = q.backoff(seconds, keep_first=True)
+        except (StoreUnavailableError, CorruptStateError, QueueNotFoundError) as exc:
+            # The call is re-published all the same (below): it must not be lost.
+            logger.warning("%s[%s]: could not hold %r: %s", task.name, request.id, q.name, exc)
+    decision = getattr(request, "siq_decision", None)
+    if decision is not None:  # the run ends here: its ledger row says why
+        try:
+            for q in queues:
+                q.backend.finish(q.name, request.id, "BACKOFF", remember=False)
+        except (StoreUnavailableError, CorruptStateError) as exc:
+            logger.warning("%s[%s]: could not record the back-off: %s", task.name, request.id, exc)
+    # Its old ticket, now behind the line's head: a late ticket, it takes the first free
+    # slot after the hold (which the back-off keeps for it). Without its queue's state
+    # (gone, or unreachable) it comes back without one and claims one at the worker.
+    headers = {k: v for k, v in (request.headers or {}).items() if k not in HEADER_NAMES}
+    held = states.get(queue.name)
+    if held is not None:
+        number = decision.ticket if decision is not None else 1
+        headers.update(ticket_headers(Ticket(queue.name, number, held.epoch, 0, 0)))
+    margin = siq_state(task.app).settings.countdown_margin
+    if states:
+        hold_end = max(st.last_start_us + st.interval_us for st in states.values()) / 1e6
+        eta = datetime.fromtimestamp(hold_end - margin, UTC)
+    else:  # no store answered: after the hold, on this host's clock
+        eta = datetime.now(UTC) + timedelta(microseconds=parse_duration(seconds))
+    logger.info("%s[%s]: %s held for %ss; this task runs again after it",
+                task.name, request.id, list(states), seconds)  # fmt: skip
+    signature = task.signature_from_request(request, request.args, request.kwargs, headers=headers)
+    signature.apply_async(eta=eta, **{KEEP_TICKET: True})
+    raise Ignore()
+
+
+def paused_countdown(decision: Decision, poll: float, margin: float) -> float:
+    """Seconds until a task of a paused queue looks again.
+
+    Every paused task looks again on one grid of the store clock (multiples of ``poll``),
+    shifted by its distance behind the head of the line (``decision.wait``). The grid is
+    kept in each ticket's own "virtual time" (now minus its offset), so tickets never
+    drift onto different phases of it: after a resume they come back in ticket order,
+    one interval apart, instead of all at once or in the order their polls happened.
+    """
+    now, offset = decision.now_us / 1e6, decision.wait
+    virtual = now - offset
+    tick = (virtual // poll + 1) * poll
+    countdown = tick + offset - margin - now
+    return countdown if countdown >= 0.05 else countdown + poll

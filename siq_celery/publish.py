@@ -1,0 +1,203 @@
+"""The producer side of IntervalTask: claim a ticket, put it in the headers, set the ETA.
+
+``apply_async`` (and so ``delay``, canvases, ``retry`` and Flower's HTTP API) claims a
+ticket, puts it in three message headers (messages.py) and sets an ETA that brings the
+task ``siq_countdown_margin`` before its estimated slot, on the store's clock, so the
+producer's own clock does not matter. The claim's round trip overlaps Celery building
+the message: the reply is read in ``before_task_publish`` (:func:`put_ticket_in_headers`).
+A task whose slot is beyond ``siq_horizon`` is parked in the store (parking.py). If the
+store is unreachable, the task is published without a ticket and the worker claims one:
+nothing is lost.
+
+``send`` below is Celery's own ``Task.apply_async`` of the task (what ``super()`` would
+call), which publishes one message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from celery import signals
+from kombu.utils.uuid import uuid
+
+from .config import siq_state
+from .errors import ConfigurationError, CorruptStateError, StoreUnavailableError
+from .messages import DEFERRALS, HEADER_NAMES, ticket_headers
+from .parking import park, parked_message, release_now_and_then
+from .queue import IntervalQueue, PendingTicket
+from .types import Ticket
+
+if TYPE_CHECKING:
+    from .task import IntervalTask
+
+logger = logging.getLogger("siq_celery")
+
+Send = Callable[..., Any]
+
+#: A producer that meets these publishes the task without a ticket (nothing is lost): the
+#: worker claims one, and waits, logging why, until the store answers or is repaired.
+NO_TICKET_ERRORS = (StoreUnavailableError, CorruptStateError)
+
+#: Claims sent by apply_async whose answers before_task_publish reads, by task id. It holds
+#: a claim only for the duration of one apply_async call.
+_CLAIMS_IN_FLIGHT: dict[str, tuple[PendingTicket, IntervalQueue, float, float]] = {}
+
+
+def publish(
+    task: IntervalTask, send: Send, args: Any, kwargs: Any, task_id: str | None, producer: Any, link: Any,
+    link_error: Any, shadow: str | None, options: dict[str, Any],
+) -> Any:  # fmt: skip
+    """``apply_async`` of an interval task: a ticket in the headers, an ETA near its slot
+    (or parked beyond the horizon)."""
+    queue = task.siq_queue(args, kwargs)  # a queue with no interval anywhere fails here, at publish
+    cost = task.siq_cost(args, kwargs)
+    # A retry arrives with the old ticket's headers: it is a new start, with a new ticket.
+    options["headers"] = {
+        k: v for k, v in (options.get("headers") or {}).items() if k not in (*HEADER_NAMES, DEFERRALS)
+    }
+    settings = siq_state(task.app).settings
+    task_id = task_id or uuid()
+    # Protocol 1 keeps the ETA in the body, and a queue with a long backlog may need
+    # parking: both claim first. Otherwise the claim's round trip overlaps Celery
+    # building the message, and the ticket is read back in before_task_publish
+    # (put_ticket_in_headers), just before it is sent.
+    if task.app.conf.task_protocol == 1 or queue.last_delay > settings.horizon / 2:
+        ticket = claim_into(task, queue, options, cost)
+        if ticket is not None and ticket.delay > settings.horizon:
+            extra = {"link": link, "link_error": link_error, "shadow": shadow}
+            message = parked_message(task.name, args, kwargs, {**options, **extra, "task_id": task_id})
+            if park(queue, [(ticket, task_id, message)]):
+                release_now_and_then(task.app, queue, task.name)
+                return task.AsyncResult(task_id)
+            options.pop("eta", None)  # the line moved on (reset): publish it, the worker re-claims
+        return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+    try:
+        pending = queue.claim_later(cost)
+    except NO_TICKET_ERRORS as exc:
+        warn_no_ticket(task.name, exc)
+        return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+    _CLAIMS_IN_FLIGHT[task_id] = (pending, queue, settings.countdown_margin, settings.horizon)
+    try:
+        return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+    finally:
+        unread = _CLAIMS_IN_FLIGHT.pop(task_id, None)
+        if unread is not None:  # not published through send_task_message: no ticket went out
+            unread[0].discard()
+
+
+def claim_into(task: IntervalTask, queue: IntervalQueue, options: dict[str, Any], cost: int) -> Ticket | None:
+    """Claim now; put the ticket, and an ETA near its slot, into ``options`` (None: it is
+    published without a ticket)."""
+    try:
+        ticket = queue.claim(cost)
+    except NO_TICKET_ERRORS as exc:
+        warn_no_ticket(task.name, exc)
+        return None
+    options["headers"].update(ticket_headers(ticket))
+    settings = siq_state(task.app).settings
+    if options.get("eta") is None and options.get("countdown") is None and ticket.delay <= settings.horizon:
+        eta = eta_for(ticket, settings.countdown_margin)
+        if eta is not None:
+            options["eta"] = eta
+    return ticket
+
+
+def publish_many(
+    task: IntervalTask, send: Send, calls: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],
+    chunk_size: int, options: dict[str, Any],
+) -> list[Any]:  # fmt: skip
+    """``apply_many``: tickets claimed ``chunk_size`` at a time per queue (one round trip
+    per chunk), tasks beyond the horizon parked a chunk at a time."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= 10_000:
+        raise ConfigurationError(f"apply_many(chunk_size) takes a whole number from 1 to 10000, not {chunk_size!r}")
+    normalized = [normalize_call(c) for c in calls]
+    for args, kwargs in normalized:  # any call may be parked, as JSON: refuse what JSON cannot carry
+        parked_message(task.name, args, kwargs, {})
+    # Bad input (a call, its queue, its cost) fails here, before anything is claimed.
+    routed = [(task.siq_queue(args, kwargs), task.siq_cost(args, kwargs), args, kwargs) for args, kwargs in normalized]
+    settings = siq_state(task.app).settings
+    by_queue: dict[str, list[int]] = {}
+    for i, (queue, *_) in enumerate(routed):
+        by_queue.setdefault(queue.name, []).append(i)
+    results: list[Any] = [None] * len(routed)
+    with task.app.producer_or_acquire() as producer:
+        for indexes in by_queue.values():
+            queue = routed[indexes[0]][0]
+            for start in range(0, len(indexes), chunk_size):
+                chunk = indexes[start : start + chunk_size]
+                tickets = queue.claim_costs([routed[i][1] for i in chunk])
+                to_park, parked_calls = [], []
+                for i, ticket in zip(chunk, tickets, strict=True):
+                    _, _, args, kwargs = routed[i]
+                    task_id = uuid()
+                    opts = {**options, "headers": {**(options.get("headers") or {}), **ticket_headers(ticket)}}
+                    if ticket.delay > settings.horizon:
+                        message = parked_message(task.name, args, kwargs, {**opts, "task_id": task_id})
+                        to_park.append((ticket, task_id, message))
+                        parked_calls.append((args, kwargs, task_id))
+                    else:
+                        eta = eta_for(ticket, settings.countdown_margin)
+                        send(args, kwargs, task_id, producer, eta=eta, **opts)
+                    results[i] = task.AsyncResult(task_id)
+                if to_park and not park(queue, to_park):
+                    for args, kwargs, task_id in parked_calls:  # the line moved on (reset): the worker re-claims
+                        send(args, kwargs, task_id, producer, **options)
+            release_now_and_then(task.app, queue, task.name)
+    return results
+
+
+def normalize_call(call: Any) -> tuple[Sequence[Any], dict[str, Any]]:
+    """``args`` or ``(args, kwargs)``, as apply_many takes them."""
+    if (
+        isinstance(call, tuple) and len(call) == 2 and isinstance(call[0], (list, tuple))
+        and isinstance(call[1], Mapping)
+    ):  # fmt: skip
+        return call[0], dict(call[1])
+    if isinstance(call, (list, tuple)):
+        return call, {}
+    raise ConfigurationError(f"apply_many: a call is an args list/tuple or an (args, kwargs) pair, not {call!r}")
+
+
+def warn_no_ticket(task: object, exc: Exception) -> None:
+    if isinstance(exc, CorruptStateError):
+        logger.error("%s: published without a ticket; the worker will claim one once the state is repaired: %s",
+                     task, exc)  # fmt: skip
+    else:
+        logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", task, exc)
+
+
+def eta_for(ticket: Ticket, margin: float) -> datetime | None:
+    """The ETA that brings a task ``margin`` before its estimated slot, on the store's clock
+    (not a countdown: Celery turns a countdown into an ETA with the producer's own clock,
+    so a producer whose clock is off would delay or hurry its tasks by that much)."""
+    if ticket.delay <= margin:
+        return None
+    return datetime.fromtimestamp(ticket.estimated_start - margin, UTC)
+
+
+def put_ticket_in_headers(sender: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """``before_task_publish``: read the claim :func:`publish` sent, put its ticket and ETA
+    in the message's headers."""
+    claim = _CLAIMS_IN_FLIGHT.pop(headers.get("id", ""), None) if headers else None
+    if claim is None or headers is None:
+        return
+    pending, queue, margin, horizon = claim
+    try:
+        ticket = pending.ticket()
+    except NO_TICKET_ERRORS as exc:
+        warn_no_ticket(sender, exc)
+        return
+    queue.last_delay = ticket.delay  # a long backlog: the next publish claims first, to park
+    headers.update(ticket_headers(ticket))
+    # The caller's own countdown or eta stands. Beyond the horizon no ETA at all: the
+    # worker parks the task at once instead of holding it in memory.
+    if headers.get("eta") is None and ticket.delay <= horizon:
+        eta = eta_for(ticket, margin)
+        if eta is not None:
+            headers["eta"] = eta.isoformat()
+
+
+signals.before_task_publish.connect(put_ticket_in_headers, weak=False)
