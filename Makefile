@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= redis,dev
 
-.PHONY: demo test lint unit bench clean
+.PHONY: demo test lint unit bench bench-peers clean
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ bench: install
 	$(PY) bench/fidelity.py
 	$(PY) bench/parking.py
 	$(PY) bench/spark.py
+
+# siq_celery beside BullMQ (npm, pinned in bench/peers/package.json) and Celery's rate_limit.
+bench-peers: install
+	$(PY) bench/peers.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
