@@ -195,10 +195,6 @@ def resume(state: QueueState, now_us: int, grace_us: int = 0) -> None:
     state.anchor_us = max(state.anchor_us, now_us + grace_us - state.interval_us)
 
 
-def set_interval(state: QueueState, interval_us: int) -> None:
-    state.interval_us = interval_us
-
-
 # -- where the interval comes from: the code's declarations and an operator's override --
 
 

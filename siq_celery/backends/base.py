@@ -598,11 +598,12 @@ def sources_from_json(text: str | None) -> IntervalSources:
         return IntervalSources()
     try:
         raw = json.loads(text)
-        nodes = tuple(
-            NodeDeclaration(str(n["node"]), int(n["interval_us"]), int(n["expires_us"])) for n in raw.pop("nodes")
-        )
-        return IntervalSources(**{k: type(getattr(IntervalSources(), k))(v) for k, v in raw.items()}, nodes=nodes)
-    except (ValueError, TypeError, KeyError, AttributeError):
+        return IntervalSources(
+            int(raw["declared_us"]), str(raw["declared_by"]), int(raw["declared_at_us"]),
+            int(raw["override_us"]), str(raw["override_by"]), int(raw["override_at_us"]),
+            tuple(NodeDeclaration(str(n["node"]), int(n["interval_us"]), int(n["expires_us"])) for n in raw["nodes"]),
+        )  # fmt: skip
+    except (ValueError, TypeError, KeyError):
         return IntervalSources()
 
 
