@@ -3,7 +3,8 @@
 ``peers.siq`` is an IntervalTask at ``SIQ_BENCH_INTERVAL``; ``peers.rate`` a plain task
 under Celery's own ``rate_limit`` (``SIQ_BENCH_RATE``, per worker node, as Celery
 defines it). Both record when their body starts, then sleep the body time they were
-given. ``SIQ_BENCH_BROKER``, ``SIQ_BENCH_STORE``, ``SIQ_BENCH_RECORD``.
+given. ``SIQ_BENCH_BROKER``, ``SIQ_BENCH_STORE``, ``SIQ_BENCH_RECORD``;
+``SIQ_BENCH_BROKER_WAIT_BELOW`` sets ``siq_broker_wait_below`` (0 compares the ETA path).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from siq_celery import IntervalTask
 app = Celery("peers", broker=os.environ.get("SIQ_BENCH_BROKER", "redis://127.0.0.1:6379/15"))
 app.conf.update(
     siq_url=os.environ.get("SIQ_BENCH_STORE"),
+    siq_broker_wait_below=float(os.environ.get("SIQ_BENCH_BROKER_WAIT_BELOW", "0.02")),
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,

@@ -6,6 +6,10 @@
 * ``siq_max_sleep`` (0.1 s): waits up to this are slept in the worker process, holding a
   pool slot; longer ones go back to the broker by ETA.
 * ``siq_countdown_margin`` (0.02 s): a task is brought this much before its slot.
+* ``siq_broker_wait_below`` (0.02 s): tasks of a queue whose interval is shorter than this
+  wait for their slot in the broker's queue, in ticket order, not by ETA: whichever
+  worker process is free takes the next one (an ETA binds a task to the worker node
+  that received it, busy or not). 0 sends every task by ETA.
 * ``siq_paused_poll`` (1.0 s): a task of a paused queue looks again after this, on a grid
   of the store clock (``celery siq resume`` restarts the line one poll later, so every
   task is back in time to keep its place).
@@ -56,6 +60,7 @@ class SiqSettings:
     key_prefix: str
     max_sleep: float
     countdown_margin: float
+    broker_wait_below: float
     paused_poll: float
     finished_retention: float
     ledger_max: int
@@ -79,6 +84,7 @@ class SiqSettings:
             key_prefix=conf.get("siq_key_prefix") or DEFAULT_KEY_PREFIX,
             max_sleep=_seconds(conf, "siq_max_sleep", 0.1),
             countdown_margin=_seconds(conf, "siq_countdown_margin", 0.02),
+            broker_wait_below=_seconds(conf, "siq_broker_wait_below", 0.02),
             paused_poll=_seconds(conf, "siq_paused_poll", 1.0, minimum=0.05),
             finished_retention=_seconds(conf, "siq_finished_retention", 86_400.0, minimum=1.0),
             ledger_max=_count(conf, "siq_ledger_max", DEFAULT_LEDGER_MAX),

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from celery import signals
 from kombu.utils.uuid import uuid
 
-from .config import siq_state
+from .config import SiqSettings, siq_state
 from .errors import ConfigurationError, CorruptStateError, StoreUnavailableError
 from .messages import DEFERRALS, HEADER_NAMES, ticket_headers
 from .parking import park, parked_message, release_now_and_then
@@ -43,7 +43,7 @@ NO_TICKET_ERRORS = (StoreUnavailableError, CorruptStateError)
 
 #: Claims sent by apply_async whose answers before_task_publish reads, by task id. It holds
 #: a claim only for the duration of one apply_async call.
-_CLAIMS_IN_FLIGHT: dict[str, tuple[PendingTicket, IntervalQueue, float, float]] = {}
+_CLAIMS_IN_FLIGHT: dict[str, tuple[PendingTicket, IntervalQueue, SiqSettings]] = {}
 
 
 def publish(
@@ -79,7 +79,7 @@ def publish(
     except NO_TICKET_ERRORS as exc:
         warn_no_ticket(task.name, exc)
         return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
-    _CLAIMS_IN_FLIGHT[task_id] = (pending, queue, settings.countdown_margin, settings.horizon)
+    _CLAIMS_IN_FLIGHT[task_id] = (pending, queue, settings)
     try:
         return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
     finally:
@@ -99,7 +99,7 @@ def claim_into(task: IntervalTask, queue: IntervalQueue, options: dict[str, Any]
     options["headers"].update(ticket_headers(ticket))
     settings = siq_state(task.app).settings
     if options.get("eta") is None and options.get("countdown") is None and ticket.delay <= settings.horizon:
-        eta = eta_for(ticket, settings.countdown_margin)
+        eta = eta_for(ticket, settings.countdown_margin, settings.broker_wait_below)
         if eta is not None:
             options["eta"] = eta
     return ticket
@@ -139,7 +139,7 @@ def publish_many(
                         to_park.append((ticket, task_id, message))
                         parked_calls.append((args, kwargs, task_id))
                     else:
-                        eta = eta_for(ticket, settings.countdown_margin)
+                        eta = eta_for(ticket, settings.countdown_margin, settings.broker_wait_below)
                         send(args, kwargs, task_id, producer, eta=eta, **opts)
                     results[i] = task.AsyncResult(task_id)
                 if to_park and not park(queue, to_park):
@@ -169,11 +169,20 @@ def warn_no_ticket(task: object, exc: Exception) -> None:
         logger.warning("%s: state store unreachable at publish; the worker will claim a ticket: %s", task, exc)
 
 
-def eta_for(ticket: Ticket, margin: float) -> datetime | None:
+def eta_for(ticket: Ticket, margin: float, broker_wait_below: float = 0.0) -> datetime | None:
     """The ETA that brings a task ``margin`` before its estimated slot, on the store's clock
     (not a countdown: Celery turns a countdown into an ETA with the producer's own clock,
-    so a producer whose clock is off would delay or hurry its tasks by that much)."""
-    if ticket.delay <= margin:
+    so a producer whose clock is off would delay or hurry its tasks by that much).
+
+    None (no ETA) when the slot is that near, and for a queue whose interval is below
+    ``broker_wait_below``: its tasks wait in the broker's queue, in ticket order, and
+    whichever worker process is free takes the next one. A worker takes an ETA task at
+    once and holds it until it is due, so at a few milliseconds per slot a task bound to
+    a node whose processes are all busy misses its slot while another node idles
+    (BENCHMARKS.md, "Peers"). In the broker's queue a task reaches a process only when
+    every earlier ticket has one, so its wait there is about one interval per process
+    ahead of it, well within ``siq_max_sleep``."""
+    if ticket.delay <= margin or 0 < ticket.interval_us < broker_wait_below * 1e6:
         return None
     return datetime.fromtimestamp(ticket.estimated_start - margin, UTC)
 
@@ -184,7 +193,7 @@ def put_ticket_in_headers(sender: Any = None, headers: dict[str, Any] | None = N
     claim = _CLAIMS_IN_FLIGHT.pop(headers.get("id", ""), None) if headers else None
     if claim is None or headers is None:
         return
-    pending, queue, margin, horizon = claim
+    pending, queue, settings = claim
     try:
         ticket = pending.ticket()
     except NO_TICKET_ERRORS as exc:
@@ -194,8 +203,8 @@ def put_ticket_in_headers(sender: Any = None, headers: dict[str, Any] | None = N
     headers.update(ticket_headers(ticket))
     # The caller's own countdown or eta stands. Beyond the horizon no ETA at all: the
     # worker parks the task at once instead of holding it in memory.
-    if headers.get("eta") is None and ticket.delay <= horizon:
-        eta = eta_for(ticket, margin)
+    if headers.get("eta") is None and ticket.delay <= settings.horizon:
+        eta = eta_for(ticket, settings.countdown_margin, settings.broker_wait_below)
         if eta is not None:
             headers["eta"] = eta.isoformat()
 

@@ -88,7 +88,7 @@ class PendingTicket:
     def ticket(self) -> Ticket:
         r = self._pending.result()
         self.queue.note_stored_interval(r.interval_us)
-        return Ticket(self.queue.name, r.first, r.epoch, r.estimate_us(r.first), r.now_us)
+        return Ticket(self.queue.name, r.first, r.epoch, r.estimate_us(r.first), r.now_us, r.interval_us)
 
     def discard(self) -> None:
         self._pending.discard()
@@ -259,7 +259,7 @@ class IntervalQueue:
         start keeps the next one c intervals away (start it with the same ``cost``)."""
         r = self.backend.claim(self.name, validate_cost(cost), self.interval_us or 0, new_epoch())
         self.note_stored_interval(r.interval_us)
-        ticket = Ticket(self.name, r.first, r.epoch, r.estimate_us(r.first), r.now_us)
+        ticket = Ticket(self.name, r.first, r.epoch, r.estimate_us(r.first), r.now_us, r.interval_us)
         self.last_delay = ticket.delay
         return ticket
 
@@ -290,7 +290,7 @@ class IntervalQueue:
         self.note_stored_interval(r.interval_us)
         tickets, number = [], r.first
         for cost in checked:
-            tickets.append(Ticket(self.name, number, r.epoch, r.estimate_us(number), r.now_us))
+            tickets.append(Ticket(self.name, number, r.epoch, r.estimate_us(number), r.now_us, r.interval_us))
             number += cost
         self.last_delay = tickets[-1].delay
         return tickets
@@ -308,7 +308,10 @@ class IntervalQueue:
             )  # fmt: skip
 
     def _tickets(self, r: ClaimResult) -> list[Ticket]:
-        return [Ticket(self.name, n, r.epoch, r.estimate_us(n), r.now_us) for n in range(r.first, r.first + r.count)]
+        return [
+            Ticket(self.name, n, r.epoch, r.estimate_us(n), r.now_us, r.interval_us)
+            for n in range(r.first, r.first + r.count)
+        ]
 
     def start(
         self, ticket: Ticket, *, task_id: str | None = None, record: StartRecord | None = None, cost: int = 1

@@ -155,6 +155,7 @@ class Ticket:
     epoch: str
     estimated_start_us: int  #: store clock, microseconds since the Unix epoch
     claimed_at_us: int  #: store clock at the claim
+    interval_us: int = 0  #: the queue's effective interval at the claim (0: not known)
 
     @property
     def estimated_start(self) -> float:

@@ -125,6 +125,44 @@ def test_the_published_message_carries_the_ticket_and_an_eta_on_the_store_clock(
     assert job.siq_queue().backend.client.connection_pool._in_use_connections == set()  # nothing left unread
 
 
+@pytest.mark.parametrize(("interval", "setting", "by_eta"), [("5ms", None, False), ("19ms", None, False),
+                                                           ("20ms", None, True), ("5ms", 0, True),
+                                                           ("30ms", 0.05, False)])  # fmt: skip
+def test_a_short_interval_waits_in_the_broker_queue_not_by_eta(
+    redis_url: str, interval: str, setting: float | None, by_eta: bool
+) -> None:
+    """Below ``siq_broker_wait_below`` no task carries an ETA, on every publish path, so
+    no worker node takes one before it has a free process for it."""
+    from celery import signals
+
+    conf = {} if setting is None else {"siq_broker_wait_below": setting}
+    app = make_app(broker=redis_url.replace("/0", "/5"), siq_url=redis_url, **conf)
+    sent: list[dict[str, Any]] = []
+
+    def capture(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        sent.append(dict(headers or {}))
+
+    signals.before_task_publish.connect(capture, weak=False)
+    try:
+
+        @app.task(base=IntervalTask, shared=False, interval=interval, interval_queue=f"short-{interval}-{setting}")
+        def job(n: int) -> None: ...
+
+        for n in range(20):  # a backlog: the last slots are 20 intervals out, far beyond the margin
+            job.delay(n)
+        job.apply_many([(n,) for n in range(20)], chunk_size=7)
+    finally:
+        signals.before_task_publish.disconnect(capture)
+    assert [h["siq_ticket"] for h in sent] == list(range(1, 41))
+    late = sent[10:]  # tickets well beyond the 20 ms margin
+    assert all((h["eta"] is not None) is by_eta for h in late), [h["eta"] for h in late]
+
+
+def test_broker_wait_below_must_be_seconds() -> None:
+    with pytest.raises(ConfigurationError, match="siq_broker_wait_below"):
+        SiqSettings.from_app(make_app(siq_url="memory://", siq_broker_wait_below=-0.01))
+
+
 @pytest.mark.parametrize(
     ("broker", "options", "horizon", "warns"),
     [

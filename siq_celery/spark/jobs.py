@@ -38,6 +38,7 @@ class TaskTarget:
     queue: str
     interval_us: int
     countdown_margin: float
+    broker_wait_below: float
 
     @classmethod
     def of(cls, task: Any) -> TaskTarget:
@@ -62,6 +63,7 @@ class TaskTarget:
             queue=queue.name,
             interval_us=queue.interval_us or 0,
             countdown_margin=settings.countdown_margin,
+            broker_wait_below=settings.broker_wait_below,
         )
 
 
@@ -133,7 +135,8 @@ def publish_rows(
                     for (args, kwargs), ticket in zip(chunk, tickets, strict=True):
                         app.send_task(
                             target.task_name, args=list(args), kwargs=kwargs, headers=ticket_headers(ticket),
-                            eta=eta_for(ticket, target.countdown_margin), producer=producer, **target.routing,
+                            eta=eta_for(ticket, target.countdown_margin, target.broker_wait_below),
+                            producer=producer, **target.routing,
                         )  # fmt: skip
                         result.published += 1
                 except Exception as exc:  # reported per partition; the next chunk may still go
