@@ -11,7 +11,7 @@ published at once (``--seconds`` of schedule, 100 to 400 tasks), bodies that sle
 ("empty") or 0, 0, 5, 20, 40 ms in turn ("mixed"). Celery's ``rate_limit`` is per
 worker node, as Celery defines it: set to 1/I, two nodes allow twice the rate.
 
-Prints one Markdown table; each cell is min-max over ``--runs`` runs:
+Prints one Markdown table; each cell is the median (min-max) of ``--runs`` runs:
 
 * achieved rate: ``(starts - 1) x I / span`` of body starts, as % of 1/I;
 * smallest gap between body starts (host clock), and violations: gaps < 0.9 x I;
@@ -19,6 +19,10 @@ Prints one Markdown table; each cell is min-max over ``--runs`` runs:
 * max starts in any window of 10 x I (10 is the cap; 11 can happen at the edges);
 * order inversions: starts of a task published after one that had not started yet;
 * siq_celery only: violations on the store's clock (authorized starts closer than I).
+
+``--limiters none`` adds the same plain task with no limit at all: its achieved rate
+(over 100 % where Celery alone is faster than 1/I) is the ceiling that Celery's own
+per-task cost sets on this machine, which no limiter running inside Celery can pass.
 
 BullMQ is installed with ``npm ci`` (or ``npm install``, at the lock's versions) into
 bench/peers/ (Node from the machine; skipped with a message where ``node``/``npm`` are
@@ -130,8 +134,10 @@ class Bench:
         # worker declares its interval (the code's interval= decides).
         if limiter == "siq":
             queue, extra, task = "peers-siq", {"SIQ_BENCH_INTERVAL": f"{interval_s * 1000:g}ms"}, "peers.siq"
-        else:
+        elif limiter == "rate_limit":
             queue, extra, task = "peers-rate", {"SIQ_BENCH_RATE": f"{1 / interval_s:g}/s"}, "peers.rate"
+        else:  # "none": the same plain task with no limit, what Celery alone can start here
+            queue, extra, task = "peers-rate", {}, "peers.rate"
         workers = self.celery_workers(queue, extra)
         try:
             self.record.delete(RECORD_KEY)
@@ -199,17 +205,22 @@ def bullmq_ready() -> str | None:
 
 
 def span(values: list[float], fmt: Callable[[float], str]) -> str:
+    """``median (min-max)`` of the runs, or one figure where they agree."""
     if not values:
         return "-"
-    lo, hi = min(values), max(values)
-    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}-{fmt(hi)}"
+    lo, mid, hi = min(values), statistics.median(values), max(values)
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(mid)} ({fmt(lo)}-{fmt(hi)})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--intervals", default="50,20,10,5,2", help="milliseconds, comma-separated")
     parser.add_argument("--profiles", default="empty,mixed", help=f"body profiles: {', '.join(PROFILES)}")
-    parser.add_argument("--limiters", default="siq,bullmq,rate_limit")
+    parser.add_argument(
+        "--limiters",
+        default="siq,bullmq,rate_limit,none",
+        help="siq, bullmq, rate_limit, none (no limit: the ceiling of 4 Celery processes)",
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=4.0, help="schedule length of a backlog")
     parser.add_argument("--broker-wait-below", type=float, default=0.02,
@@ -222,7 +233,8 @@ def main() -> None:
         print(f"note: {skip}", flush=True)
         limiters.remove("bullmq")
     print(f"# siq_celery vs BullMQ vs Celery rate_limit, {time.strftime('%Y-%m-%d')}, {platform.node()}, "
-          f"{os.cpu_count()} cores, 4 worker processes, {args.runs} runs per cell (min-max)\n", flush=True)  # fmt: skip
+          f"{os.cpu_count()} cores, 4 worker processes, {args.runs} runs per cell: median (min-max)\n",
+          flush=True)  # fmt: skip
     print("| interval | bodies | limiter | achieved rate | smallest gap | violations (< 0.9 I) | p99 lateness "
           "| max starts / 10 I | inversions | store-clock violations |")  # fmt: skip
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)

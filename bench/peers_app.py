@@ -2,7 +2,7 @@
 
 ``peers.siq`` is an IntervalTask at ``SIQ_BENCH_INTERVAL``; ``peers.rate`` a plain task
 under Celery's own ``rate_limit`` (``SIQ_BENCH_RATE``, per worker node, as Celery
-defines it). Both record when their body starts, then sleep the body time they were
+defines it; unset, no limit). Both record when their body starts, then sleep the body time they were
 given. ``SIQ_BENCH_BROKER``, ``SIQ_BENCH_STORE``, ``SIQ_BENCH_RECORD``;
 ``SIQ_BENCH_BROKER_WAIT_BELOW`` sets ``siq_broker_wait_below`` (0 compares the ETA path).
 """
@@ -58,7 +58,7 @@ def siq_task(self: Any, n: int, body_ms: float) -> None:
         time.sleep(body_ms / 1000)
 
 
-@app.task(name="peers.rate", rate_limit=os.environ.get("SIQ_BENCH_RATE"))
+@app.task(name="peers.rate", rate_limit=os.environ.get("SIQ_BENCH_RATE") or None)
 def rate_task(n: int, body_ms: float) -> None:
     _record({"n": n, "t": time.time(), "pid": os.getpid()})
     if body_ms:
