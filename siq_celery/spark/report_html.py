@@ -98,7 +98,9 @@ def render(report: dict[str, Any]) -> str:
         "figure{margin:1em 0}figcaption{font-weight:600}</style></head><body>"
         f"<h1>siq audit</h1><p>{_fmt(report['rows'])} ledger rows from {html.escape(', '.join(report['inputs']))}; "
         f"a violation is a start less than interval - {report['tolerance_us'] / 1000:g} ms after the one before it "
-        f"(store clock). Generated {html.escape(report['generated_at'])}.</p>"
+        f"(store clock). Generated {html.escape(report['generated_at'])}"
+        + (f" in {report['seconds']:g} s ({_fmt(report['rows_per_second'])} rows/s)" if "seconds" in report else "")
+        + ".</p>"
         + _table(report["summary"], (("queue", "queue"), *_SUMMARY_COLUMNS))
         + "".join(sections)
         + "</body></html>"

@@ -1,7 +1,7 @@
 """Synthetic ledgers with known faults, to check ``siq audit`` (tests) and time it (bench).
 
-Two queues (20 ms and 50 ms), one start per slot plus up to 0.2 ms of jitter, and, at
-positions at least 4 rows apart from each other:
+Two queues (20 ms and 50 ms) unless told otherwise, one start per slot plus up to 0.2 ms
+of jitter, and, at positions at least 4 rows apart from each other:
 
 * ``violations``: a start moved to half an interval after the one before it;
 * ``inversions``: two neighbouring starts with their tickets swapped;
@@ -13,6 +13,7 @@ Each injection changes exactly one of the audit's counts by exactly one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +39,10 @@ def write_synthetic_ledger(
     duplicates: int = 0,
     missing: int = 0,
     seed: int = 7,
+    queues: Sequence[tuple[str, int]] = QUEUES,
 ) -> Injected:
-    """Write ``rows`` ledger rows (Parquet) with the given faults, spread over both queues."""
+    """Write ``rows`` ledger rows (Parquet) with the given faults, spread evenly over
+    ``queues`` (name, interval in microseconds)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -50,9 +53,10 @@ def write_synthetic_ledger(
     rng = np.random.default_rng(seed)
     faults = {"violations": violations, "inversions": inversions, "duplicates": duplicates, "missing": missing}
     with pq.ParquetWriter(path, arrow_schema()) as writer:
-        for i, (queue, interval) in enumerate(QUEUES):
-            share = {k: v // 2 + (v % 2 if i == 0 else 0) for k, v in faults.items()}
-            kept = rows // 2 + (rows % 2 if i == 0 else 0)
+        nq = len(queues)
+        for i, (queue, interval) in enumerate(queues):
+            share = {k: v // nq + (1 if i < v % nq else 0) for k, v in faults.items()}
+            kept = rows // nq + (1 if i < rows % nq else 0)
             n = kept + share["missing"]  # rows before the missing ones are removed
             k = np.arange(n, dtype=np.int64)
             slot = T0_US + (k + 1) * interval
