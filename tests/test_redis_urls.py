@@ -83,3 +83,26 @@ def test_the_readme_acl_is_the_one_the_code_needs() -> None:
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert f"ACL SETUSER siq on >PASSWORD {' '.join(ACL_RULES)}\n" in readme
+
+
+def test_a_publish_claims_with_the_pool_of_redis_py_5_0_to_5_2(redis_url: str) -> None:
+    """redis-py 5.0 to 5.2 require the command name in ``get_connection``: the claim sent
+    ahead of a publish must still get its connection there."""
+    q = IntervalQueue("old-pool", url=redis_url, interval="10ms")
+    q.ensure()
+    first = q.claim()  # scripts loaded with the pool as it is
+    pool = q.backend.client.connection_pool  # type: ignore[attr-defined]
+    modern = pool.get_connection
+    asked: list[str] = []
+
+    def get_connection(command_name: str, *keys: object, **options: object) -> object:
+        asked.append(command_name)
+        return modern()
+
+    pool.get_connection = get_connection  # the 5.0-5.2 signature: no default
+    try:
+        pending = q.backend.claim_later(q.name, 1, q.interval_us, first.epoch)
+    finally:
+        del pool.get_connection
+    assert asked == ["EVALSHA"]
+    assert pending.result().first == first.number + 1

@@ -272,7 +272,7 @@ class RedisBackend(Backend):
         script = self._script("claim")
         pool = self.client.connection_pool
         try:
-            conn = pool.get_connection()
+            conn = _connection_from(pool)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
         try:
@@ -539,3 +539,12 @@ class RedisBackend(Backend):
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+
+def _connection_from(pool: Any) -> Any:
+    """A connection of redis-py's pool. redis-py 5.3 and later take no argument (and warn
+    at one); 5.0 to 5.2, which the package still accepts, need the command's name."""
+    try:
+        return pool.get_connection()
+    except TypeError:
+        return pool.get_connection("EVALSHA")
