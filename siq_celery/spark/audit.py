@@ -252,7 +252,7 @@ def audit(df: Any, tolerance_us: int = 1000, ordered: Any = None) -> dict[str, A
     # 64 consecutive numbers becomes one 64-bit mask of the numbers seen.
     started_tickets = (
         ordered.filter(F.col("ticket").isNotNull())
-        .groupBy("queue", "epoch", F.expr("ticket div 64").alias("block"))
+        .groupBy("queue", "epoch", F.expr("(ticket - pmod(ticket, 64)) div 64").alias("block"))
         .agg(F.bit_or(F.expr("shiftleft(1L, cast(pmod(ticket, 64) as int))")).alias("seen"),
              F.min("ticket").alias("low"), F.max("ticket").alias("high"))
         .groupBy("queue", "epoch")

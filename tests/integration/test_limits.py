@@ -40,14 +40,23 @@ def test_a_thousand_per_key_queues_on_two_nodes(celery_run: CeleryRun) -> None:
     starts = celery_run.wait_for_count(len(calls), timeout=120)
     took = max(s["t"] for s in starts) - published
     queues = by_queue(starts)
-    smallest = {q: min(gaps_ms(s)) for q, s in queues.items() if len(s) > 1}
+    # the guarantee, on the store's clock: authorized starts of one key never closer than 50 ms
+    store_gaps = [
+        (b - a) / 1000 for q in queues.values() for a, b in itertools.pairwise(sorted(s["store_start_us"] for s in q))
+    ]
+    # and what the service sees, bodies on this host's clock: at most 1 in 400 below 0.9 I
+    # (the bound the peers bench holds to; a 2-core host under 8 pool processes can
+    # deschedule a body for several ms after its authorization)
+    body_gaps = [g for q in queues.values() if len(q) > 1 for g in gaps_ms(q)]
     hot_gaps = [g for q in hot for g in gaps_ms(queues[f"shop:{q}"])]
     listed = celery_run.siq("status", "shop:*").strip().splitlines()[1:]
-    print(f"\n{len(queues)} queues, {len(starts)} starts in {took:.1f} s; smallest per-key gap "
-          f"{min(smallest.values()):.2f} ms; busy shops' gaps median {statistics.median(hot_gaps):.1f} ms, "
+    print(f"\n{len(queues)} queues, {len(starts)} starts in {took:.1f} s; smallest per-key gap: store "
+          f"{min(store_gaps):.2f} ms, bodies {min(body_gaps):.2f} ms ({sum(g < 45.0 for g in body_gaps)} of "
+          f"{len(body_gaps)} below 45 ms); busy shops' gaps median {statistics.median(hot_gaps):.1f} ms, "
           f"max {max(hot_gaps):.1f} ms; siq status 'shop:*' listed {len(listed)}")  # fmt: skip
     assert len(queues) == 1000 and len(starts) == len(calls)
-    assert min(smallest.values()) >= 45.0, "each key keeps its own interval"
+    assert min(store_gaps) >= 50.0, "each key keeps its own interval"
+    assert sum(g < 45.0 for g in body_gaps) <= max(1, len(starts) // 400), "bodies keep it too, but for rare noise"
     assert statistics.median(hot_gaps) <= 75.0, "busy keys run near their interval next to 990 others"
     assert len(listed) == 1000
     store = redis.Redis.from_url(celery_run.env["SIQ_TEST_STORE"])

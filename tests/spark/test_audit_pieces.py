@@ -132,3 +132,20 @@ def test_faults_where_pieces_meet_are_found_as_one_window_finds_them(spark: Any,
         assert reports[0][name] == reports[1][name], name
     [summary] = reports[0]["summary"]
     assert summary["violations"] == 3 and summary["inversions"] == sum(v[1] for v in expected.values())
+
+
+def test_tickets_never_started_are_counted_exactly_across_mask_blocks(spark: Any, tmp_path: Path) -> None:
+    """Tickets are counted in blocks of 64 (one bit each): numbers on both sides of block
+    edges, below zero, and started twice, each count once."""
+    tickets = [-65, -1, 0, 1, 63, 64, 64, 127, 128, 130]  # 64 twice: a ticket started twice
+    rows = [
+        LedgerRow("api", "e1", t, f"t{i}", "call", T0 + i * INTERVAL, T0 + i * INTERVAL, INTERVAL, None, None, 0,
+                  "node0", 100)
+        for i, t in enumerate(tickets)
+    ]  # fmt: skip
+    write(rows, tmp_path / "ledger.parquet")
+    report = run_audit(spark, [str(tmp_path / "ledger.parquet")], str(tmp_path / "audit"), log=lambda _: None)
+    [summary] = report["summary"]
+    distinct = len(set(tickets))
+    assert summary["missing_tickets"] == (130 - (-65) + 1) - distinct
+    assert summary["starts"] == len(tickets) and summary["unfinished"] == len(tickets)
