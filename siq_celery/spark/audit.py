@@ -42,7 +42,7 @@ from typing import Any
 
 from siq_celery.intervals import parse_duration
 from siq_celery.ledger import SCHEMA_VERSION
-from siq_celery.spark.pieces import ROWS_PER_PIECE, in_start_order
+from siq_celery.spark.pieces import ROWS_PER_PIECE, in_start_order, kept
 
 GAP_BIN = 0.05  # histogram bins, in intervals
 GAP_BINS_MAX = 60  # gaps of 3 intervals or more share the last bin
@@ -132,7 +132,9 @@ def auditable(df: Any) -> Any:
     )
 
 
-def ordered_starts(df: Any, tolerance_us: int = 1000, rows_per_piece: int = ROWS_PER_PIECE) -> Any:
+def ordered_starts(
+    df: Any, tolerance_us: int = 1000, rows_per_piece: int = ROWS_PER_PIECE, cached: list[Any] | None = None
+) -> Any:
     """One narrow row per auditable start with what the order-dependent tables need: its
     gap, violation and inversion flags (computed in parallel pieces of each queue,
     :mod:`siq_celery.spark.pieces`), lateness, 0/1 flags for unfinished and failed, and
@@ -146,25 +148,27 @@ def ordered_starts(df: Any, tolerance_us: int = 1000, rows_per_piece: int = ROWS
         (F.col("outcome") == "FAILURE").cast("byte").alias("failure"),
     )  # fmt: skip
     return (
-        in_start_order(narrow, tolerance_us, rows_per_piece)
+        in_start_order(narrow, tolerance_us, rows_per_piece, cached)
         .drop("piece", "highest_before", "prev_start_us")
         .withColumn("violation", F.col("violation").cast("byte"))
         .withColumn("inversion", F.col("inversion").cast("byte"))
     )
 
 
-def audit(df: Any, tolerance_us: int = 1000, ordered: Any = None) -> dict[str, Any]:
+def audit(df: Any, tolerance_us: int = 1000, ordered: Any = None, cached: list[Any] | None = None) -> dict[str, Any]:
     """Every audit table of ``df`` (ledger rows), as Spark DataFrames, by name. They are
     read from ``ordered`` (:func:`ordered_starts` of ``df``, made here if not given).
 
     Per-hour figures are aggregated once and rolled up to days and queues; percentiles
     are exact, read from value histograms (a gap or a lateness in microseconds takes few
-    distinct values), so they do not depend on how Spark split the work.
+    distinct values), so they do not depend on how Spark split the work. The small
+    tables it caches go on ``cached``, for the caller to unpersist when done.
     """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     if ordered is None:
-        ordered = ordered_starts(df, tolerance_us)
+        ordered = ordered_starts(df, tolerance_us, cached=cached)
     # Hours as numbers while rows are many; as text once they are few.
     hour_of = F.floor(F.col("start_us") / 3_600_000_000).alias("hour_n")
 
@@ -192,21 +196,21 @@ def audit(df: Any, tolerance_us: int = 1000, ordered: Any = None) -> dict[str, A
         )
         .join(hosts, ["queue", "hour_n"], "left")
         .transform(named)
-        .cache()  # small: one row per queue and hour
+        .transform(lambda small: kept(small, cached))  # one row per queue and hour
     )
     gap_hist = (
         rows.filter(F.col("gap_us").isNotNull())
         .groupBy("queue", "hour_n", "interval_us", "gap_us")
         .agg(F.count("*").alias("n"))
         .transform(named)
-        .cache()  # one row per distinct gap (µs) per hour
+        .transform(lambda small: kept(small, cached))  # one row per distinct gap (µs) per hour
     )
     late_hist = (
         rows.filter(F.col("lateness_us").isNotNull())
         .groupBy("queue", "hour_n", "lateness_us")
         .agg(F.count("*").alias("n"))
         .transform(named)
-        .cache()
+        .transform(lambda small: kept(small, cached))
     )
 
     def figures(*keys: str) -> Any:
@@ -246,7 +250,7 @@ def audit(df: Any, tolerance_us: int = 1000, ordered: Any = None) -> dict[str, A
         .groupBy("queue", "task_id")
         .agg(F.count("*").alias("starts"), F.collect_list("ticket").alias("tickets"))
         .filter(F.col("starts") > 1)
-        .cache()  # only the duplicates: the summary reads them too
+        .transform(lambda few: kept(few, cached))  # only the duplicates: the summary reads them too
     )
     # Tickets never started, exactly and without a shuffle of every ticket: each group of
     # 64 consecutive numbers becomes one 64-bit mask of the numbers seen.
@@ -290,8 +294,6 @@ def audit(df: Any, tolerance_us: int = 1000, ordered: Any = None) -> dict[str, A
         .withColumn("target_rate", 1e6 / F.col("mean_interval_us"))
         .drop("t0")
     )
-    from pyspark.sql import Window
-
     workers = (
         ledger.groupBy("queue", "host", "pid")
         .agg(F.count("*").alias("starts"))
@@ -363,10 +365,11 @@ def run_audit(
     # read back by the five tables that need it: a second pass over Parquet costs less
     # than keeping it in memory, and nothing is sorted twice.
     work = f"{out}/_ordered"
-    ordered_starts(df, tolerance_us, rows_per_piece).write.mode("overwrite").parquet(work)
-    done("(ordered)")
+    cached: list[Any] = []  # the small tables kept while they are read, dropped at the end
     try:
-        tables = audit(df, tolerance_us, spark.read.parquet(work))
+        ordered_starts(df, tolerance_us, rows_per_piece, cached).write.mode("overwrite").parquet(work)
+        done("(ordered)")
+        tables = audit(df, tolerance_us, spark.read.parquet(work), cached)
         report: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -379,9 +382,9 @@ def run_audit(
                 written = spark.read.parquet(f"{out}/{name}")
                 report[name] = [_plain(r.asDict()) for r in written.orderBy(*_order(name)).collect()]
             done(name)
-        for table in tables.values():
-            table.unpersist()
     finally:
+        for small in cached:
+            small.unpersist()
         _remove(spark, work)
     report["rows"] = sum(q["starts"] for q in report["summary"])
     report["unaudited_rows"] = unaudited

@@ -19,11 +19,14 @@ from typing import Any
 ROWS_PER_PIECE = 400_000
 
 
-def in_start_order(df: Any, tolerance_us: int, rows_per_piece: int = ROWS_PER_PIECE) -> Any:
+def in_start_order(
+    df: Any, tolerance_us: int, rows_per_piece: int = ROWS_PER_PIECE, cached: list[Any] | None = None
+) -> Any:
     """``df`` (ledger rows with a queue, a start and an epoch: none of them null) with
     ``prev_start_us``, ``gap_us``, ``violation`` (a gap below ``interval_us -
     tolerance_us``), ``highest_before`` and ``inversion`` (0 or 1), in the order
-    (start_us, ticket) of each queue, and the ``piece`` each row was computed in."""
+    (start_us, ticket) of each queue, and the ``piece`` each row was computed in. The
+    small tables it caches go on ``cached``, for the caller to unpersist when done."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -38,7 +41,7 @@ def in_start_order(df: Any, tolerance_us: int, rows_per_piece: int = ROWS_PER_PI
             F.max("start_us").alias("t1"),
             F.greatest(F.lit(1), F.ceil(F.count("*") / F.lit(rows_per_piece))).cast("long").alias("pieces"),
         )
-        .cache()
+        .transform(lambda small: kept(small, cached))
     )
     # Equal stretches of time: a piece is a range of start_us, so equal starts share one,
     # and every row of an earlier piece started no later than any row of a later one.
@@ -53,7 +56,7 @@ def in_start_order(df: Any, tolerance_us: int, rows_per_piece: int = ROWS_PER_PI
     ends = (
         pieced.groupBy("queue", "epoch", "piece")
         .agg(F.max("start_us").alias("piece_last_us"), F.max("ticket").alias("piece_highest"))
-        .cache()
+        .transform(lambda small: kept(small, cached))
     )
     by_queue = Window.partitionBy("queue").orderBy("piece")
     carried = (
@@ -87,3 +90,11 @@ def in_start_order(df: Any, tolerance_us: int, rows_per_piece: int = ROWS_PER_PI
         )
         .withColumn("inversion", F.coalesce((F.col("ticket") < F.col("highest_before")).cast("int"), F.lit(0)))
     )
+
+
+def kept(df: Any, cached: list[Any] | None) -> Any:
+    """``df`` cached, and listed on ``cached`` (if given) so that it can be unpersisted."""
+    df = df.cache()
+    if cached is not None:
+        cached.append(df)
+    return df
