@@ -42,7 +42,7 @@ from typing import Any
 
 from siq_celery.intervals import parse_duration
 from siq_celery.ledger import SCHEMA_VERSION
-from siq_celery.spark.pieces import ROWS_PER_PIECE, in_start_order, kept
+from siq_celery.spark.pieces import ROWS_PER_PIECE, in_pieces, in_start_order, kept, piece_ends, piece_spans
 
 GAP_BIN = 0.05  # histogram bins, in intervals
 GAP_BINS_MAX = 60  # gaps of 3 intervals or more share the last bin
@@ -94,12 +94,14 @@ def ledger_schema() -> Any:
 def read_ledger(spark: Any, paths: Sequence[str], fmt: str | None = None) -> Any:
     """One DataFrame of every ledger row in ``paths`` (Parquet and JSON Lines may be mixed);
     ValueError if a row has a newer schema version than this audit reads."""
-    return _read_and_check(spark, paths, fmt)[0]
+    df, counted, _ = _read_and_check(spark, paths, fmt)
+    counted.unpersist()
+    return df
 
 
-def _read_and_check(spark: Any, paths: Sequence[str], fmt: str | None) -> tuple[Any, int]:
-    """The ledger, and how many of its rows cannot be audited (no queue or no start), in
-    one pass that also refuses a newer schema."""
+def _read_and_check(spark: Any, paths: Sequence[str], fmt: str | None) -> tuple[Any, Any, int]:
+    """The ledger, its census (cached: :func:`census`), and how many of its rows cannot be
+    audited (no queue or no start), in one pass that also refuses a newer schema."""
     from pyspark.sql import functions as F
 
     frames = []
@@ -109,12 +111,36 @@ def _read_and_check(spark: Any, paths: Sequence[str], fmt: str | None) -> tuple[
             reader = spark.read.schema(ledger_schema())
             frames.append(reader.parquet(*chosen) if kind == "parquet" else reader.json(chosen))
     df = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
-    [check] = df.agg(
-        F.max("v").alias("newest"), F.count_if(F.col("queue").isNull() | F.col("start_us").isNull()).alias("unplaced")
+    counted = census(df).cache()
+    [check] = counted.agg(
+        F.max("newest").alias("newest"),
+        F.sum(F.when(F.col("queue").isNull() | F.col("hour_n").isNull(), F.col("n"))).alias("unplaced"),
     ).collect()
     if check["newest"] is not None and check["newest"] > SCHEMA_VERSION:
+        counted.unpersist()
         raise ValueError(f"ledger schema version {check['newest']} is newer than this siq audit ({SCHEMA_VERSION})")
-    return df, int(check["unplaced"])
+    return df, counted, int(check["unplaced"] or 0)
+
+
+def census(df: Any) -> Any:
+    """Ledger rows counted by (queue, hour, host, pid), with the first and last start and
+    the newest schema version of each: one small table from one pass, which the schema
+    check, the pieces, the per-hour hosts and the worker shares all read. Rows without a
+    queue or a start are counted under a null ``queue`` or ``hour_n``."""
+    from pyspark.sql import functions as F
+
+    return df.groupBy("queue", _hour_of(), "host", "pid").agg(
+        F.count("*").alias("n"),
+        F.min("start_us").alias("t0"),
+        F.max("start_us").alias("t1"),
+        F.max("v").alias("newest"),
+    )
+
+
+def _hour_of() -> Any:
+    from pyspark.sql import functions as F
+
+    return F.floor(F.col("start_us") / 3_600_000_000).alias("hour_n")
 
 
 def _format_of(path: str) -> str:
@@ -132,32 +158,61 @@ def auditable(df: Any) -> Any:
     )
 
 
-def ordered_starts(
-    df: Any, tolerance_us: int = 1000, rows_per_piece: int = ROWS_PER_PIECE, cached: list[Any] | None = None
-) -> Any:
-    """One narrow row per auditable start with what the order-dependent tables need: its
-    gap, violation and inversion flags (computed in parallel pieces of each queue,
-    :mod:`siq_celery.spark.pieces`), lateness, 0/1 flags for unfinished and failed, and
-    Several tables read it: :func:`run_audit` writes it once and reads it back."""
+def narrow_starts(df: Any) -> Any:
+    """One narrow row per auditable start, with what the order-dependent tables need:
+    lateness, 0/1 flags for unfinished and failed, and a 64-bit hash of the task id (for
+    duplicates, without carrying the ids themselves through the sort)."""
     from pyspark.sql import functions as F
 
-    narrow = auditable(df).select(
+    return auditable(df).select(
         "queue", "epoch", "ticket", "start_us", "interval_us",
         (F.col("start_us") - F.col("slot_us")).alias("lateness_us"),
         F.col("finish_us").isNull().cast("byte").alias("unfinished"),
         (F.col("outcome") == "FAILURE").cast("byte").alias("failure"),
+        F.when(F.col("task_id").isNotNull(), F.xxhash64("queue", "task_id")).alias("id_hash"),
     )  # fmt: skip
+
+
+def ordered_starts(
+    df: Any,
+    tolerance_us: int = 1000,
+    rows_per_piece: int = ROWS_PER_PIECE,
+    cached: list[Any] | None = None,
+    census_table: Any = None,
+) -> Any:
+    """:func:`narrow_starts` of ``df`` in start order, each with its gap and its
+    violation and inversion flags (bytes), computed in parallel pieces of each queue
+    (:mod:`siq_celery.spark.pieces`): the one sort of the audit, which :func:`run_audit`
+    writes once. ``census_table``: :func:`census` of ``df`` (made here if not given)."""
+    from pyspark.sql import functions as F
+
+    if census_table is None:
+        census_table = kept(census(df), cached)
+    per_queue = (
+        census_table.filter(F.col("queue").isNotNull() & F.col("hour_n").isNotNull())
+        .groupBy("queue")
+        .agg(F.min("t0").alias("t0"), F.max("t1").alias("t1"), F.sum("n").alias("rows"))
+    )
+    spans = piece_spans(per_queue, rows_per_piece).transform(lambda small: kept(small, cached))
+    pieced = in_pieces(narrow_starts(df), spans)
     return (
-        in_start_order(narrow, tolerance_us, rows_per_piece, cached)
+        in_start_order(pieced, piece_ends(pieced, cached), tolerance_us)
         .drop("piece", "highest_before", "prev_start_us")
         .withColumn("violation", F.col("violation").cast("byte"))
         .withColumn("inversion", F.col("inversion").cast("byte"))
     )
 
 
-def audit(df: Any, tolerance_us: int = 1000, ordered: Any = None, cached: list[Any] | None = None) -> dict[str, Any]:
+def audit(
+    df: Any,
+    tolerance_us: int = 1000,
+    ordered: Any = None,
+    cached: list[Any] | None = None,
+    census_table: Any = None,
+) -> dict[str, Any]:
     """Every audit table of ``df`` (ledger rows), as Spark DataFrames, by name. They are
-    read from ``ordered`` (:func:`ordered_starts` of ``df``, made here if not given).
+    read from ``ordered`` (:func:`ordered_starts`, made here if not given) and
+    ``census_table`` (:func:`census` of ``df``, likewise).
 
     Per-hour figures are aggregated once and rolled up to days and queues; percentiles
     are exact, read from value histograms (a gap or a lateness in microseconds takes few
@@ -167,18 +222,19 @@ def audit(df: Any, tolerance_us: int = 1000, ordered: Any = None, cached: list[A
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    if census_table is None:
+        census_table = kept(census(df), cached)
     if ordered is None:
-        ordered = ordered_starts(df, tolerance_us, cached=cached)
-    # Hours as numbers while rows are many; as text once they are few.
-    hour_of = F.floor(F.col("start_us") / 3_600_000_000).alias("hour_n")
+        ordered = ordered_starts(df, tolerance_us, cached=cached, census_table=census_table)
 
     def named(table: Any) -> Any:
         text = F.date_format(F.expr("timestamp_micros(hour_n * 3600000000)"), "yyyy-MM-dd HH:00")
         return table.withColumn("hour", text).withColumn("day", F.substring(text, 1, 10)).drop("hour_n")
 
-    rows = ordered.withColumn("hour_n", hour_of)
     ledger = auditable(df)
-    hosts = ledger.groupBy("queue", hour_of).agg(F.collect_set("host").alias("hosts"))
+    placed = census_table.filter(F.col("queue").isNotNull() & F.col("hour_n").isNotNull())
+    rows = ordered.withColumn("hour_n", _hour_of())
+    hosts = placed.groupBy("queue", "hour_n").agg(F.collect_set("host").alias("hosts"))
     hourly = (
         rows.groupBy("queue", "hour_n")
         .agg(
@@ -241,12 +297,16 @@ def audit(df: Any, tolerance_us: int = 1000, ordered: Any = None, cached: list[A
 
     # Duplicate task ids: first by a 64-bit hash (a cheap key for a shuffle of every
     # start), then exactly, by the ids themselves, among the few whose hash repeats.
+    # The hashes ride in the sorted table; the ids are read again only where a hash repeats.
+    repeated = kept(
+        ordered.filter(F.col("id_hash").isNotNull()).groupBy("id_hash").count().filter(F.col("count") > 1),
+        cached,
+    ).select("id_hash")
     ids = ledger.filter(F.col("task_id").isNotNull()).select(
         "queue", "task_id", "ticket", F.xxhash64("queue", "task_id").alias("id_hash")
     )
-    repeated = ids.groupBy("id_hash").count().filter(F.col("count") > 1).select("id_hash")
     duplicates = (
-        ids.join(repeated, "id_hash", "left_semi")
+        ids.join(_small(repeated), "id_hash", "left_semi")
         .groupBy("queue", "task_id")
         .agg(F.count("*").alias("starts"), F.collect_list("ticket").alias("tickets"))
         .filter(F.col("starts") > 1)
@@ -295,16 +355,21 @@ def audit(df: Any, tolerance_us: int = 1000, ordered: Any = None, cached: list[A
         .drop("t0")
     )
     workers = (
-        ledger.groupBy("queue", "host", "pid")
-        .agg(F.count("*").alias("starts"))
+        placed.groupBy("queue", "host", "pid")
+        .agg(F.sum("n").alias("starts"))
         .withColumn("share", F.col("starts") / F.sum("starts").over(Window.partitionBy("queue")))
     )
     # The offending rows with their task ids, found again in the ledger by queue, epoch,
     # ticket and start (rows that tie on all four are listed together).
     keys = ["queue", "epoch", "ticket", "start_us"]
+    offending = kept(
+        ordered.filter(F.col("violation") == 1).select(
+            *keys, (F.col("start_us") - F.col("gap_us")).alias("prev_start_us"), "gap_us", "interval_us"
+        ),
+        cached,
+    )
     violations = (
-        ordered.filter(F.col("violation") == 1)
-        .select(*keys, (F.col("start_us") - F.col("gap_us")).alias("prev_start_us"), "gap_us", "interval_us")
+        _small(offending)
         .join(ledger.select(*keys, "task_id", "host", "pid"), keys)
         .select("queue", "epoch", "ticket", "task_id", "prev_start_us", "start_us", "gap_us", "interval_us", "host",
                 "pid")
@@ -319,6 +384,18 @@ def audit(df: Any, tolerance_us: int = 1000, ordered: Any = None, cached: list[A
         "violations": violations,
         "duplicates": duplicates,
     }
+
+
+#: A cached table of at most this many rows is broadcast to a join, not shuffled with it.
+BROADCAST_ROWS = 1_000_000
+
+
+def _small(table: Any) -> Any:
+    """``table`` (cached) marked for broadcast if it is small: the few offending rows are
+    then matched in one pass over the ledger, with no shuffle of the ledger."""
+    from pyspark.sql import functions as F
+
+    return F.broadcast(table) if table.count() <= BROADCAST_ROWS else table
 
 
 def _percentiles(hist: Any, keys: list[str], value: str, wanted: dict[str, float]) -> Any:
@@ -360,16 +437,17 @@ def run_audit(
     def done(stage: str) -> None:
         log(f"  {stage:<10} written ({time.monotonic() - started:.1f} s)")
 
-    df, unaudited = _read_and_check(spark, paths, fmt)
+    df, counted, unaudited = _read_and_check(spark, paths, fmt)
+    done("(census)")
     # Every start in queue order with its gap and flags, written once (a narrow table) and
-    # read back by the five tables that need it: a second pass over Parquet costs less
-    # than keeping it in memory, and nothing is sorted twice.
+    # read back by the tables that need it: a second pass over Parquet costs less than
+    # keeping it in memory, and nothing is sorted twice.
     work = f"{out}/_ordered"
-    cached: list[Any] = []  # the small tables kept while they are read, dropped at the end
+    cached: list[Any] = [counted]  # the small tables kept while they are read, dropped at the end
     try:
-        ordered_starts(df, tolerance_us, rows_per_piece, cached).write.mode("overwrite").parquet(work)
+        ordered_starts(df, tolerance_us, rows_per_piece, cached, counted).write.mode("overwrite").parquet(work)
         done("(ordered)")
-        tables = audit(df, tolerance_us, spark.read.parquet(work), cached)
+        tables = audit(df, tolerance_us, spark.read.parquet(work), cached, counted)
         report: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -6,9 +6,11 @@ the whole queue would sort every start of a queue in one Spark task: one busy qu
 usual fleet, would get one core on any cluster. Instead each queue's rows are cut by
 start time into *pieces* of about ``rows_per_piece`` rows, each piece is sorted and
 windowed on its own (in parallel), and only the first row of a piece needs what came
-before it. That comes from a small table with one row per (queue, epoch, piece): the last
-start of the nearest earlier piece, and the highest ticket of every earlier piece of the
-epoch. The answers are those of one window over the whole queue, row for row.
+before it. That comes from a small table with one row per (queue, epoch, piece),
+:func:`piece_ends`: the last start of the nearest earlier piece, and the highest ticket
+of every earlier piece of the epoch. It is an aggregate of the unsorted rows, made
+before the sort, so the sort's own pass gives every row its final answers. Those are
+the answers of one window over the whole queue, row for row.
 """
 
 from __future__ import annotations
@@ -19,45 +21,55 @@ from typing import Any
 ROWS_PER_PIECE = 400_000
 
 
-def in_start_order(
-    df: Any, tolerance_us: int, rows_per_piece: int = ROWS_PER_PIECE, cached: list[Any] | None = None
-) -> Any:
-    """``df`` (ledger rows with a queue, a start and an epoch: none of them null) with
-    ``prev_start_us``, ``gap_us``, ``violation`` (a gap below ``interval_us -
-    tolerance_us``), ``highest_before`` and ``inversion`` (0 or 1), in the order
-    (start_us, ticket) of each queue, and the ``piece`` each row was computed in. The
-    small tables it caches go on ``cached``, for the caller to unpersist when done."""
-    from pyspark.sql import Window
+def piece_spans(per_queue: Any, rows_per_piece: int = ROWS_PER_PIECE) -> Any:
+    """One row per queue (``queue``, ``t0``, ``t1``, ``pieces``) from ``per_queue``
+    (``queue``, ``t0``: first start, ``t1``: last start, ``rows``)."""
     from pyspark.sql import functions as F
 
     if rows_per_piece < 1:
         raise ValueError(f"rows_per_piece must be at least 1, not {rows_per_piece}")
-    # The small tables are computed once (cached) and broadcast: each is one row per
-    # queue, or per (queue, epoch, piece).
-    spans = (
-        df.groupBy("queue")
-        .agg(
-            F.min("start_us").alias("t0"),
-            F.max("start_us").alias("t1"),
-            F.greatest(F.lit(1), F.ceil(F.count("*") / F.lit(rows_per_piece))).cast("long").alias("pieces"),
-        )
-        .transform(lambda small: kept(small, cached))
-    )
+    pieces = F.greatest(F.lit(1), F.ceil(F.col("rows") / F.lit(rows_per_piece))).cast("long")
+    return per_queue.select("queue", "t0", "t1", pieces.alias("pieces"))
+
+
+def in_pieces(df: Any, spans: Any) -> Any:
+    """``df`` (rows with a queue and a start) with the ``piece`` of each row. ``spans``:
+    :func:`piece_spans` of the same rows."""
+    from pyspark.sql import functions as F
+
     # Equal stretches of time: a piece is a range of start_us, so equal starts share one,
     # and every row of an earlier piece started no later than any row of a later one.
     # (In doubles: a hostile start_us must not overflow; division and product are monotone.)
     from_t0 = F.col("start_us").cast("double") - F.col("t0").cast("double")
     width = F.col("t1").cast("double") - F.col("t0").cast("double") + 1.0
-    pieced = (
+    return (
         df.join(F.broadcast(spans), "queue")
         .withColumn("piece", F.floor(from_t0 / width * F.col("pieces")).cast("long"))
         .drop("t0", "t1", "pieces")
     )
-    ends = (
+
+
+def piece_ends(pieced: Any, cached: list[Any] | None = None) -> Any:
+    """The small table of :func:`in_pieces` rows (one row per queue, epoch and piece: the
+    last start and the highest ticket), cached and listed on ``cached``. An aggregate of
+    the unsorted rows: it needs no sort, so it is made before the sort, not from it."""
+    from pyspark.sql import functions as F
+
+    return (
         pieced.groupBy("queue", "epoch", "piece")
         .agg(F.max("start_us").alias("piece_last_us"), F.max("ticket").alias("piece_highest"))
         .transform(lambda small: kept(small, cached))
     )
+
+
+def in_start_order(pieced: Any, ends: Any, tolerance_us: int) -> Any:
+    """:func:`in_pieces` rows, each piece sorted and windowed on its own, with
+    ``prev_start_us``, ``gap_us``, ``violation`` (a gap below ``interval_us -
+    tolerance_us``), ``highest_before`` and ``inversion`` (0 or 1), as one window over each
+    whole queue gives them. ``ends``: :func:`piece_ends` of the same rows."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
     by_queue = Window.partitionBy("queue").orderBy("piece")
     carried = (
         ends.groupBy("queue", "piece")
@@ -90,6 +102,21 @@ def in_start_order(
         )
         .withColumn("inversion", F.coalesce((F.col("ticket") < F.col("highest_before")).cast("int"), F.lit(0)))
     )
+
+
+def queue_in_start_order(
+    df: Any, tolerance_us: int, rows_per_piece: int = ROWS_PER_PIECE, cached: list[Any] | None = None
+) -> Any:
+    """:func:`in_start_order` of ``df`` (ledger rows with a queue, a start and an epoch:
+    none of them null), its pieces cut here; the small tables it caches go on ``cached``."""
+    from pyspark.sql import functions as F
+
+    per_queue = df.groupBy("queue").agg(
+        F.min("start_us").alias("t0"), F.max("start_us").alias("t1"), F.count("*").alias("rows")
+    )
+    spans = piece_spans(per_queue, rows_per_piece).transform(lambda small: kept(small, cached))
+    pieced = in_pieces(df, spans)
+    return in_start_order(pieced, piece_ends(pieced, cached), tolerance_us)
 
 
 def kept(df: Any, cached: list[Any] | None) -> Any:

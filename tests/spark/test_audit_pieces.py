@@ -12,7 +12,7 @@ import pytest
 
 from siq_celery.ledger import COLUMNS, LedgerRow
 from siq_celery.spark.audit import read_ledger, run_audit
-from siq_celery.spark.pieces import in_start_order
+from siq_celery.spark.pieces import queue_in_start_order
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -23,7 +23,7 @@ TOLERANCE = 1_000
 
 
 def piece_of(start_us: int, t0: int, t1: int, pieces: int) -> int:
-    """The piece of a start, as the audit computes it (pieces.in_start_order)."""
+    """The piece of a start, as the audit computes it (pieces.in_pieces)."""
     return int((float(start_us) - float(t0)) / (float(t1) - float(t0) + 1.0) * pieces // 1)
 
 
@@ -106,7 +106,7 @@ def test_faults_where_pieces_meet_are_found_as_one_window_finds_them(spark: Any,
     df = read_ledger(spark, [str(tmp_path / "ledger.parquet")])
     got = {
         r["task_id"]: (r["violation"], r["inversion"], r["gap_us"], r["piece"])
-        for r in in_start_order(df, TOLERANCE, rows_per_piece=per_piece).collect()
+        for r in queue_in_start_order(df, TOLERANCE, rows_per_piece=per_piece).collect()
     }
     # the faults really sit where pieces meet: the row before each is in another piece
     pieces = {tid: v[3] for tid, v in got.items()}
