@@ -4,6 +4,8 @@
     siq --url ... pause QUEUE | resume QUEUE | reset QUEUE [--yes]
     siq --url ... set-interval QUEUE 250ms | set-interval QUEUE --clear
     siq --url ... export [QUEUE...] --out ledger.parquet [--since 2h --until ...]
+    siq --url ... exporter [PATTERN...] [--port 9808] [--max-queues 1000]
+    siq --url ... top [PATTERN]
     siq audit LEDGER... --out DIR [--master local[*]] [--tolerance 1ms]
     siq demo [--workers 3 --concurrency 2 --tasks 60 --interval 100ms --out siq-demo.png]
 
@@ -260,6 +262,61 @@ def export_command(
     click.echo(f"exported {count:,} ledger rows of {len(names)} queue(s) to {where} ({fmt})", err=out == "-")
 
 
+@click.command("exporter")
+@click.argument("patterns", nargs=-1)
+@click.option("--port", default=9808, show_default=True, help="Port of the HTTP server serving /metrics.")
+@click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option(
+    "--max-queues",
+    default=1000,
+    show_default=True,
+    help="Export at most this many queues (by name); the others are counted in siq_queues_left_out.",
+)
+@click.option("--once", is_flag=True, help="Print one scrape on stdout and exit (no server).")
+@click.pass_obj
+def exporter_command(
+    store: StoreOptions, patterns: tuple[str, ...], port: int, addr: str, max_queues: int, once: bool
+) -> None:
+    """Serve Prometheus metrics of the queues matching PATTERNS (default: all), read-only."""
+    from .metrics import StoreCollector, serve, text
+
+    if max_queues < 1:
+        raise click.BadParameter(f"must be at least 1, not {max_queues}", param_hint="--max-queues")
+    with one_line_errors():
+        names = store.backend.queues(patterns[0] if len(patterns) == 1 else "*")  # the store answers, or a clear error
+    collector = StoreCollector(store.backend, patterns or ("*",), max_queues)
+    if once:
+        click.echo(text(collector), nl=False)
+        return
+    try:
+        server = serve(collector, port, addr)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {addr}:{port}: {exc}") from None
+    click.echo(f"siq exporter: http://{addr}:{port}/metrics ({len(names)} queue(s) now; Ctrl-C stops)", err=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
+
+
+@click.command("top")
+@click.argument("pattern", default="*")
+@click.option("--refresh", default="1s", show_default=True, help="Time between readings.")
+@click.option("--max-queues", default=200, show_default=True, help="Show at most this many queues (by name).")
+@click.pass_obj
+def top_command(store: StoreOptions, pattern: str, refresh: str, max_queues: int) -> None:
+    """A live view of the queues matching PATTERN: rate, backlog, lateness; q quits."""
+    try:
+        from .top import run
+    except ImportError as exc:
+        raise click.ClickException(f"siq top needs rich: pip install 'siq_celery[metrics]' ({exc})") from None
+    with one_line_errors():
+        every = parse_duration(refresh) / 1e6
+        store.backend.queues(pattern)  # the store answers, or a clear error before the screen changes
+        run(store.backend, pattern, max(every, 0.1), max_queues)
+
+
 def _names(store: StoreOptions, queues: tuple[str, ...]) -> list[str]:
     names: list[str] = []
     for q in queues or ("*",):
@@ -269,7 +326,7 @@ def _names(store: StoreOptions, queues: tuple[str, ...]) -> list[str]:
 
 QUEUE_COMMANDS = [
     status_command, pause_command, resume_command, backoff_command, set_interval_command, reset_command,
-    export_command,
+    export_command, exporter_command, top_command,
 ]  # fmt: skip
 
 

@@ -96,9 +96,15 @@ class QueueKeys:
         return f"{self.base}:intervals"
 
     @property
+    def refused(self) -> str:
+        """Counts of refused starts (duplicate, reclaim), for the exporter."""
+        return f"{self.base}:refused"
+
+    @property
     def all(self) -> tuple[str, ...]:
         return (
-            self.state, self.finished, self.ledger, self.parked, self.parked_messages, self.releasing, self.intervals
+            self.state, self.finished, self.ledger, self.parked, self.parked_messages, self.releasing, self.intervals,
+            self.refused,
         )  # fmt: skip
 
     @classmethod

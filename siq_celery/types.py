@@ -14,7 +14,7 @@ US = 1_000_000
 
 @dataclass
 class QueueState:
-    """The shared state of one queue (see DESIGN.md, "The model").
+    """The shared state of one queue (see docs/design.md, "The model").
 
     ``anchor_us`` is the slot at which ticket ``current`` was due; ticket ``t > current``
     is due at ``anchor_us + (t - current) * interval_us``. ``last_start_us`` is the store
@@ -97,6 +97,8 @@ class QueueStatus:
     finished: int
     parked: int = 0  #: tasks parked in the store (beyond the horizon), releasing ones included
     sources: IntervalSources = IntervalSources()  #: where the interval comes from
+    duplicates_refused: int = 0  #: starts refused because the task id had finished
+    reclaims: int = 0  #: starts answered RECLAIM (the ticket's epoch was gone)
 
     @property
     def next_start_us(self) -> int:
@@ -119,6 +121,8 @@ class QueueStatus:
             "now": self.now_us / US,
             "finished_recorded": self.finished,
             "parked": self.parked,
+            "duplicates_refused": self.duplicates_refused,
+            "reclaims": self.reclaims,
             "declared_s": src.declared_us / US if src.declared_us else None,
             "declared_by": src.declared_by or None,
             "override_s": src.override_us / US if src.override_us else None,

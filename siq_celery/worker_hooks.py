@@ -4,7 +4,10 @@
   sent, and announce the node's interval declarations (declarations.py).
 * ``worker_process_init`` / ``worker_ready``: connect to the store and load its scripts,
   so a fresh process's first task is not late; start the upkeep thread (upkeep.py).
-* ``worker_shutdown``: stop the upkeep thread and withdraw the node's declarations.
+* ``worker_ready`` with ``siq_metrics_port`` set: serve Prometheus metrics from the main
+  process (metrics.py), read from the store like ``siq exporter``.
+* ``worker_shutdown``: stop the upkeep thread and the metrics server, and withdraw the
+  node's declarations.
 * ``task_postrun``: collect the garbage Celery's ``Ignore`` leaves after deferrals.
 
 It knows interval tasks by their ``siq_queue`` method, so it imports neither the task
@@ -108,6 +111,36 @@ def _stop_upkeep(**_: Any) -> None:
         _UPKEEP.pop().stop()
 
 
+_METRICS_SERVERS: list[Any] = []
+
+
+def _serve_metrics(sender: Any = None, **_: Any) -> None:
+    """With ``siq_metrics_port``: the exporter's metrics from this worker's main process.
+    A port already taken (two nodes on one host) is logged, not fatal."""
+    app = getattr(sender, "app", None)
+    if app is None or not has_interval_tasks(app):
+        return
+    state = siq_state(app)
+    port = state.settings.metrics_port
+    if port is None:
+        return
+    from .declarations import app_declarations
+    from .metrics import StoreCollector, serve
+
+    patterns = state.settings.metrics_queues or tuple(q.name for q in app_declarations(app))
+    try:
+        _METRICS_SERVERS.append(serve(StoreCollector(state.backend, patterns), port))
+    except OSError as exc:
+        logger.error("siq_celery: cannot serve metrics on port %s: %s", port, exc)
+        return
+    logger.info("siq_celery: metrics of %s on http://0.0.0.0:%s/metrics", ", ".join(patterns), port)
+
+
+def _stop_metrics(**_: Any) -> None:
+    while _METRICS_SERVERS:
+        _METRICS_SERVERS.pop().shutdown()
+
+
 #: RabbitMQ's default consumer_timeout (30 min): a delivery unacknowledged longer closes the channel.
 RABBITMQ_CONSUMER_TIMEOUT_S = 1800.0
 REDIS_VISIBILITY_TIMEOUT_S = 3600.0  # kombu's default for the Redis (and SQS) transports
@@ -154,5 +187,7 @@ signals.task_postrun.connect(_collect_after_deferrals, weak=False)
 signals.worker_process_init.connect(_warm_pool_process, weak=False)
 signals.worker_ready.connect(_warm_worker, weak=False)
 signals.worker_ready.connect(_start_upkeep, weak=False)
+signals.worker_ready.connect(_serve_metrics, weak=False)
 signals.worker_shutdown.connect(_stop_upkeep, weak=False)
+signals.worker_shutdown.connect(_stop_metrics, weak=False)
 signals.worker_shutdown.connect(_withdraw_declarations, weak=False)

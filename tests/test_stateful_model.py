@@ -1,6 +1,6 @@
 """Model-based test: random sequences of claim / start / finish / pause / resume /
 set_interval / reset / state loss / clock moves, applied to the memory, SQLite and Redis
-stores side by side and to a small reference model written here from DESIGN.md. Every
+stores side by side and to a small reference model written here from docs/design.md. Every
 answer and every state must agree, and no two authorized starts may be closer than the
 interval in force."""
 
@@ -27,7 +27,7 @@ _run = itertools.count()
 
 @dataclass
 class Reference:
-    """The rules of DESIGN.md "The model", written independently of siq_celery.model."""
+    """The rules of docs/design.md, "The model", written independently of siq_celery.model."""
 
     clock: PinnedClock
     q: dict[str, object] | None = None

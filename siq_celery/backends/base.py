@@ -23,9 +23,10 @@ from dataclasses import asdict, replace
 from typing import Any, ClassVar
 
 from .. import model
-from ..errors import ConfigurationError, CorruptStateError, QueueNotFoundError
+from ..errors import ConfigurationError, CorruptStateError, QueueNotFoundError, SiqError, StoreUnavailableError
 from ..keys import DEFAULT_KEY_PREFIX, QueueKeys, validate_key_prefix
 from ..ledger import DEFAULT_LEDGER_MAX, LedgerRow, StartRecord
+from ..lru import LRUCache
 from ..types import (
     ClaimResult,
     Decision,
@@ -36,9 +37,15 @@ from ..types import (
     QueueState,
     QueueStatus,
     Release,
+    Verdict,
 )
 
 Clock = Callable[[], int]
+#: Verdicts the store counts (the exporter's siq_duplicates_refused_total, siq_reclaims_total).
+REFUSALS = (Verdict.DUPLICATE, Verdict.RECLAIM)
+#: Per-key queues whose idle expiry a client remembers; a queue in use is registered again
+#: by each use (config.SiqState.queue), so the bound never drops one that is working.
+IDLE_EXPIRY_REMEMBERED = 20_000
 """A clock returning microseconds since the Unix epoch (tests pin it)."""
 
 DEFAULT_FINISHED_RETENTION_US = 24 * 3_600 * 1_000_000
@@ -101,7 +108,7 @@ class Backend(ABC):
         self.finished_max = finished_max
         self.ledger_max = max(int(ledger_max), 0)
         self._keys_cache: dict[str, QueueKeys] = {}
-        self._idle_expiry_us: dict[str, int] = {}
+        self._idle_expiry_us: LRUCache[str, int] = LRUCache(IDLE_EXPIRY_REMEMBERED)
 
     def expire_when_idle(self, queue: str, idle_us: int) -> None:
         """Let ``queue``'s state disappear ``idle_us`` after its last claim, start or
@@ -112,7 +119,7 @@ class Backend(ABC):
         self._idle_expiry_us[queue] = max(int(idle_us), 0)
 
     def idle_expiry_us(self, queue: str) -> int:
-        return self._idle_expiry_us.get(queue, 0)
+        return self._idle_expiry_us.get(queue) or 0
 
     @classmethod
     @abstractmethod
@@ -264,6 +271,25 @@ class Backend(ABC):
     @abstractmethod
     def status(self, queue: str) -> QueueStatus | None: ...
 
+    def statuses(self, queues: Sequence[str]) -> list[QueueStatus | SiqError | None]:
+        """:meth:`status` of each of ``queues``, in order; a queue whose state cannot be
+        read gives its error in its place. StoreUnavailableError if the store is down.
+        (A store with round trips to save reads them together.)"""
+        out: list[QueueStatus | SiqError | None] = []
+        for queue in queues:
+            try:
+                out.append(self.status(queue))
+            except StoreUnavailableError:
+                raise
+            except SiqError as exc:
+                out.append(exc)
+        return out
+
+    def starts_since(self, since: Mapping[str, int | None]) -> dict[str, list[LedgerRow]]:
+        """For each queue of ``since``, its ledger rows that started at or after the time
+        given (every row for None), finishes not joined. The exporter's incremental read."""
+        return {queue: list(self.ledger(queue, since_us=us)) for queue, us in since.items()}
+
     @abstractmethod
     def queues(self, pattern: str = "*") -> list[str]:
         """Names of the queues with state, matching a glob ``pattern``, sorted."""
@@ -341,6 +367,14 @@ class Transaction(ABC):
 
     @abstractmethod
     def record_start(self, row: LedgerRow) -> None: ...
+
+    @abstractmethod
+    def count_refusal(self, verdict: str) -> None:
+        """One more start refused with ``verdict`` (``duplicate`` or ``reclaim``)."""
+
+    @abstractmethod
+    def refusals(self) -> tuple[int, int]:
+        """(duplicates refused, reclaims) counted so far."""
 
     @abstractmethod
     def park(self, tasks: Sequence[ParkedTask]) -> None: ...
@@ -435,6 +469,8 @@ class ModelBackend(Backend):
             state = self._created(tx, queue, interval_us, new_epoch)
             finished = task_id is not None and tx.is_finished(task_id)
             decision = model.start(state, ticket, epoch, tx.now_us, finished=finished, cost=cost)
+            if decision.verdict in REFUSALS:
+                tx.count_refusal(decision.verdict.value)
             if record is not None and self.ledger_max and decision.authorized:
                 tx.record_start(
                     LedgerRow(
@@ -463,6 +499,9 @@ class ModelBackend(Backend):
             decisions = model.start_all(
                 states, list(tickets), list(epochs), txs[0].now_us, finished=finished, cost=cost
             )
+            for tx, d in zip(txs, decisions, strict=True):
+                if d.verdict in REFUSALS:
+                    tx.count_refusal(d.verdict.value)
             if record is not None and self.ledger_max and decisions[0].authorized:
                 for tx, queue, state, d in zip(txs, queues, states, decisions, strict=True):
                     tx.record_start(
@@ -546,7 +585,9 @@ class ModelBackend(Backend):
         with self.transaction(queue) as tx:
             if tx.state is None:
                 return None
-            return QueueStatus(queue, _copy(tx.state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources())
+            return QueueStatus(
+                queue, _copy(tx.state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources(), *tx.refusals()
+            )
 
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
         with self.transaction(queue) as tx:

@@ -27,6 +27,8 @@ class _Store:
     #: per queue: task id -> (parked task, lease deadline or None)
     parked: dict[str, dict[str, tuple[ParkedTask, int | None]]] = field(default_factory=dict)
     sources: dict[str, IntervalSources] = field(default_factory=dict)
+    #: per queue: verdict -> starts refused with it
+    refusals: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 _NAMED_STORES: dict[str, _Store] = {}
@@ -63,6 +65,14 @@ class _MemoryTransaction(Transaction):
         if ledger is None or ledger.maxlen != self._backend.ledger_max:
             ledger = self._store.ledgers[self._queue] = deque(ledger or (), maxlen=self._backend.ledger_max)
         ledger.append(row)
+
+    def count_refusal(self, verdict: str) -> None:
+        counts = self._store.refusals.setdefault(self._queue, {})
+        counts[verdict] = counts.get(verdict, 0) + 1
+
+    def refusals(self) -> tuple[int, int]:
+        counts = self._store.refusals.get(self._queue, {})
+        return counts.get("duplicate", 0), counts.get("reclaim", 0)
 
     def record_finish(self, task_id: str, outcome: str) -> None:
         for row in reversed(self._store.ledgers.get(self._queue, ())):
@@ -113,6 +123,7 @@ class _MemoryTransaction(Transaction):
 
     def delete(self) -> bool:
         self._store.sources.pop(self._queue, None)
+        self._store.refusals.pop(self._queue, None)
         had_parked = bool(self._store.parked.pop(self._queue, None))
         had_state = self._store.states.pop(self._queue, None) is not None
         had_records = bool(self._store.finished.pop(self._queue, None))

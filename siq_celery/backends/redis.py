@@ -20,6 +20,7 @@ from ..errors import (
     CorruptStateError,
     MissingDependencyError,
     QueueNotFoundError,
+    SiqError,
     StoreUnavailableError,
 )
 from ..keys import QueueKeys
@@ -42,6 +43,7 @@ try:
     import redis
     from redis.backoff import NoBackoff
     from redis.cluster import ClusterNode, RedisCluster
+    from redis.exceptions import RedisClusterException  # not on the top-level module before redis-py 5.1
     from redis.retry import Retry
     from redis.sentinel import Sentinel
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -54,7 +56,7 @@ ACL_RULES = (
     "~siq:*",
     "+evalsha", "+eval", "+script|load", "+ping", "+select", "+scan", "+del", "+exists", "+pexpire", "+persist",
     "+time", "+hmget", "+hset", "+zscore", "+zadd", "+zremrangebyscore", "+zremrangebyrank", "+zcard",
-    "+xadd", "+xrange", "+hget", "+hgetall", "+hdel", "+zrange", "+zrangebyscore", "+zrem",
+    "+xadd", "+xrange", "+hget", "+hgetall", "+hdel", "+zrange", "+zrangebyscore", "+zrem", "+hincrby",
 )  # fmt: skip
 
 SCRIPTS = (
@@ -198,7 +200,7 @@ class RedisBackend(Backend):
             assert self._connect is not None
             try:
                 self._client = self._connect()
-            except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
+            except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
                 raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
             except (ValueError, redis.RedisError) as exc:  # the URL itself (redis-py reads it here)
                 raise ConfigurationError(f"the Redis state store URL is not usable: {exc}") from None
@@ -220,7 +222,7 @@ class RedisBackend(Backend):
             return self._script(name)(keys=list(keys), args=[self._now_arg(), *args])
         except redis.ResponseError as exc:
             raise self._translate(exc, queue, keys[0]) from None
-        except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
             raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
         except redis.RedisError as exc:  # e.g. an ssl_* option redis-py refuses when it connects
             raise ConfigurationError(f"queue {queue!r}: the Redis client refused the store URL: {exc}") from None
@@ -238,6 +240,13 @@ class RedisBackend(Backend):
             return ConfigurationError(
                 f"queue {queue!r}: the Redis user may not run what siq_celery needs ({text.split(' script:')[0]}); "
                 f"grant: ACL SETUSER <user> {' '.join(ACL_RULES)}"
+            )
+        if "non deterministic commands" in text or "Unknown Redis command called from Lua script" in text:
+            # Redis before 5.0 replicates scripts whole, so it refuses a write after TIME.
+            return ConfigurationError(
+                f"queue {queue!r}: this Redis server is older than siq_celery needs: its scripts read the "
+                f"server clock (TIME) before writing, which Redis allows from 5.0 on. Upgrade to Redis 5.0 "
+                f"or newer ({text.split(' script:')[0]})"
             )
         if "WRONGTYPE" in text:
             return CorruptStateError(queue, key, "(key type)", "not a siq_celery value")
@@ -341,7 +350,10 @@ class RedisBackend(Backend):
         record: StartRecord | None = None,
         cost: int = 1,
     ) -> list[Decision]:
-        keys = [key for q in queues for key in (self.keys(q).state, self.keys(q).finished, self.keys(q).ledger)]
+        keys = [
+            key for q in queues for key in (self.keys(q).state, self.keys(q).finished, self.keys(q).ledger,
+                                            self.keys(q).refused)
+        ]  # fmt: skip
         if record is not None and self.ledger_max:
             ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
@@ -388,7 +400,7 @@ class RedisBackend(Backend):
         while True:
             try:
                 entries = self.client.xrange(key, min=first, max="+", count=batch)
-            except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
+            except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
                 raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
             for _, fields in entries:
                 yield _ledger_entry(queue, fields)
@@ -398,10 +410,11 @@ class RedisBackend(Backend):
             first = f"{ms}-{int(seq) + 1}"
 
     def pause(self, queue: str) -> QueueState:
-        return self._state(self._run("pause", queue, [self.keys(queue).state], []))[0]
+        return self._state(self._run("pause", queue, self.keys(queue).all, []))[0]
 
     def resume(self, queue: str, grace_us: int = 0) -> QueueState:
-        return self._state(self._run("resume", queue, [self.keys(queue).state], [grace_us]))[0]
+        args = [grace_us, self.idle_expiry_us(queue)]
+        return self._state(self._run("resume", queue, self.keys(queue).all, args))[0]
 
     def set_interval(self, queue: str, interval_us: int | None, origin: str = "") -> QueueState:
         k = self.keys(queue)
@@ -467,7 +480,7 @@ class RedisBackend(Backend):
                     if value is not None:
                         ticket, _, message = value.decode().partition("|")
                         tasks.append(ParkedTask(int(ticket), task_id, message))
-        except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
             raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
         return sorted(tasks, key=lambda t: t.ticket)
 
@@ -477,12 +490,70 @@ class RedisBackend(Backend):
             self._run("unpark", queue, [k.parked, k.parked_messages, k.releasing], list(task_ids))
 
     def status(self, queue: str) -> QueueStatus | None:
+        return self._status(queue, self._run("status", queue, self._status_keys(queue), []))
+
+    def _status_keys(self, queue: str) -> list[str]:
         k = self.keys(queue)
-        reply = self._run("status", queue, [k.state, k.finished, k.parked, k.releasing, k.intervals], [])
+        return [k.state, k.finished, k.parked, k.releasing, k.intervals, k.refused]
+
+    def _status(self, queue: str, reply: Sequence[Any]) -> QueueStatus | None:
         if not reply:
             return None
         state, now = self._state(reply)
-        return QueueStatus(queue, state, now, int(reply[8]), int(reply[9]), _sources(reply[10:]))
+        finished, parked, duplicates, reclaims = (int(v) for v in reply[8:12])
+        return QueueStatus(queue, state, now, finished, parked, _sources(reply[12:]), duplicates, reclaims)
+
+    #: Commands sent in one pipeline by the exporter's reads of many queues.
+    PIPELINE_CHUNK = 500
+
+    def statuses(self, queues: Sequence[str]) -> list[QueueStatus | SiqError | None]:
+        if isinstance(self.client, RedisCluster):
+            return super().statuses(queues)  # a pipeline of scripts does not span cluster nodes
+        script = self._script("status")
+        out: list[QueueStatus | SiqError | None] = []
+        for at in range(0, len(queues), self.PIPELINE_CHUNK):
+            chunk = queues[at : at + self.PIPELINE_CHUNK]
+            pipe = self.client.pipeline(transaction=False)
+            for queue in chunk:
+                script(keys=self._status_keys(queue), args=[self._now_arg()], client=pipe)
+            try:
+                replies = pipe.execute(raise_on_error=False)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+            for queue, reply in zip(chunk, replies, strict=True):
+                if isinstance(reply, redis.ConnectionError | redis.TimeoutError):
+                    raise StoreUnavailableError(f"cannot reach the Redis state store: {reply}")
+                if isinstance(reply, Exception):
+                    error = self._translate(reply, queue, self.keys(queue).state)
+                    out.append(error if isinstance(error, SiqError) else CorruptStateError(queue, "", "", str(reply)))
+                else:
+                    out.append(self._status(queue, reply))
+        return out
+
+    def starts_since(self, since: Mapping[str, int | None]) -> dict[str, list[LedgerRow]]:
+        if isinstance(self.client, RedisCluster) or self.clock is not None:
+            return super().starts_since(since)  # one node per pipeline; a pinned clock is not the ids' clock
+        batch = 10_000
+        names = list(since)
+        out: dict[str, list[LedgerRow]] = {}
+        for at in range(0, len(names), self.PIPELINE_CHUNK):
+            chunk = names[at : at + self.PIPELINE_CHUNK]
+            pipe = self.client.pipeline(transaction=False)
+            for queue in chunk:
+                low = since[queue]
+                pipe.xrange(self.keys(queue).ledger, min=f"{max(low or 0, 0) // 1000}-0", max="+", count=batch)
+            try:
+                replies = pipe.execute()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+            for queue, entries in zip(chunk, replies, strict=True):
+                if len(entries) == batch:  # more than one batch behind: read the rest in turn
+                    out[queue] = list(self.ledger(queue, since_us=since[queue]))
+                    continue
+                low = since[queue]
+                rows = (_ledger_entry(queue, fields) for _, fields in entries)
+                out[queue] = [r for r in rows if isinstance(r, LedgerRow) and (low is None or r.start_us >= low)]
+        return out
 
     def queues(self, pattern: str = "*") -> list[str]:
         # SCAN (never KEYS: it would block Redis), narrowed on the server to the pattern's
@@ -508,7 +579,7 @@ class RedisBackend(Backend):
                     name = QueueKeys.queue_from_state_key(key.decode(), suffix)
                     if name:
                         names.add(name)
-        except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
             raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
         return sorted(names)
 
@@ -524,7 +595,7 @@ class RedisBackend(Backend):
             return self.clock()
         try:
             seconds, micros = self.client.time()
-        except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
             raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
         return int(seconds) * 1_000_000 + int(micros)
 
@@ -533,7 +604,7 @@ class RedisBackend(Backend):
             for name in SCRIPTS:
                 script = self._script(name)
                 script.sha = self.client.script_load(script.script)
-        except (redis.ConnectionError, redis.TimeoutError, redis.RedisClusterException) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
             raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
 
     def close(self) -> None:

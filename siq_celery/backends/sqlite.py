@@ -55,6 +55,10 @@ CREATE TABLE IF NOT EXISTS siq_parked (
     message TEXT NOT NULL, lease_until INTEGER, PRIMARY KEY (prefix, queue, task_id)
 );
 CREATE INDEX IF NOT EXISTS siq_parked_by_ticket ON siq_parked (prefix, queue, ticket);
+CREATE TABLE IF NOT EXISTS siq_refusals (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, verdict TEXT NOT NULL, n INTEGER NOT NULL,
+    PRIMARY KEY (prefix, queue, verdict)
+);
 CREATE TABLE IF NOT EXISTS siq_interval_sources (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, sources TEXT NOT NULL, PRIMARY KEY (prefix, queue)
 );
@@ -109,6 +113,18 @@ class _SqliteTransaction(Transaction):
     def finished_count(self) -> int:
         (n,) = self._c.execute("SELECT COUNT(*) FROM siq_finished WHERE prefix=? AND queue=?", self._key).fetchone()
         return int(n)
+
+    def count_refusal(self, verdict: str) -> None:
+        self._c.execute(
+            "INSERT INTO siq_refusals (prefix, queue, verdict, n) VALUES (?, ?, ?, 1) "
+            "ON CONFLICT (prefix, queue, verdict) DO UPDATE SET n = n + 1",
+            (*self._key, verdict),
+        )
+
+    def refusals(self) -> tuple[int, int]:
+        rows = self._c.execute("SELECT verdict, n FROM siq_refusals WHERE prefix=? AND queue=?", self._key)
+        counts = {verdict: int(n) for verdict, n in rows.fetchall()}
+        return counts.get("duplicate", 0), counts.get("reclaim", 0)
 
     def record_start(self, row: LedgerRow) -> None:
         values = [getattr(row, name) for name in _LEDGER_COLUMNS]
@@ -183,6 +199,7 @@ class _SqliteTransaction(Transaction):
 
     def delete(self) -> bool:
         self._c.execute("DELETE FROM siq_interval_sources WHERE prefix=? AND queue=?", self._key)
+        self._c.execute("DELETE FROM siq_refusals WHERE prefix=? AND queue=?", self._key)
         removed = self._c.execute("DELETE FROM siq_parked WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_finished WHERE prefix=? AND queue=?", self._key).rowcount

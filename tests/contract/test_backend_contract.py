@@ -1,6 +1,6 @@
 """The contract every state store passes: memory, SQLite, Redis and a 3-node Redis Cluster.
 
-Each case of DESIGN.md "Cases the tests must pin down" is a named test here. The store
+Each case of docs/design.md, "Cases the tests must pin down" is a named test here. The store
 clock is pinned (``store.clock``), nothing sleeps, and every figure is exact. Interval:
 100 ms (``I``); ``T0`` is the pinned time at which the queue is created.
 """

@@ -8,9 +8,11 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,3 +140,29 @@ def inversions(starts: list[dict[str, Any]]) -> int:
         count += r["ticket"] < highest
         highest = max(highest, r["ticket"])
     return count
+
+
+@contextmanager
+def busy_queue(url: str, name: str, callers: int) -> Iterator[None]:
+    """``callers`` threads, each taking ``name``'s slots one after another with
+    ``IntervalQueue.slot()``: the queue runs at its limit, with ``callers - 1`` waiting."""
+    from siq_celery.backends import backend_from_url
+    from siq_celery.queue import IntervalQueue
+
+    stop = threading.Event()
+
+    def starts() -> None:
+        queue = IntervalQueue(name, backend=backend_from_url(url))
+        while not stop.is_set():
+            with queue.slot():
+                pass
+
+    threads = [threading.Thread(target=starts, daemon=True) for _ in range(callers)]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(15)

@@ -2,7 +2,7 @@
 -- The last start and the anchor move so that the cap and ticket current+1 both fall
 -- then; the line behind keeps its order. Never earlier than already due.
 -- KEYS[1]  the queue's state hash
--- KEYS[2..7]  the queue's other keys (QueueKeys.all), for idle expiry
+-- KEYS[2..8]  the queue's other keys (QueueKeys.all), for idle expiry
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  how long to hold, in microseconds (>= 0)
 -- ARGV[3]  1: keep the first slot after the hold for the task that backed off (it comes

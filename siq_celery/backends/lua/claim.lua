@@ -1,6 +1,6 @@
 -- claim: issue ARGV[2] consecutive tickets of one queue.
 -- KEYS[1]  the queue's state hash, siq:{<queue>}:state
--- KEYS[2..7]  the queue's other keys (QueueKeys.all), for idle expiry
+-- KEYS[2..8]  the queue's other keys (QueueKeys.all), for idle expiry
 -- ARGV[1]  now in microseconds, or '' for Redis TIME (tests pin the clock)
 -- ARGV[2]  count of tickets, whole number >= 1
 -- ARGV[3]  interval in microseconds for a state created here; 0 = do not create

@@ -3,7 +3,7 @@
 -- in the same step (model.py: declare).
 -- KEYS[1]  the queue's state hash (created here if missing)
 -- KEYS[2..6]  the queue's other keys (QueueKeys.all), for idle expiry
--- KEYS[7]  the queue's interval sources hash (see siq_sources)
+-- KEYS[7]  the queue's interval sources hash (see siq_sources); KEYS[8]  its refused-start counts
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  the declared interval in microseconds (> 0)
 -- ARGV[3]  epoch for a state created here

@@ -1,8 +1,9 @@
 -- resume: the line continues ARGV[2] from now: ticket current+1 is due then (rate cap
 -- kept). The grace lets waiters polling the paused queue come back before their slots.
--- KEYS[1]  the queue's state hash
+-- KEYS[1]  the queue's state hash; KEYS[2..]  its other keys (QueueKeys.all)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  grace in microseconds (>= 0)
+-- ARGV[3]  idle expiry in microseconds (0: never; see siq_touch): counted again from here
 -- Returns the state as siq_reply; error SIQNOTFOUND if the queue has no state.
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
@@ -12,5 +13,6 @@ if s.paused == 1 then  -- resuming a running queue changes nothing
   s.paused = 0
   s.anchor_us = math.max(s.anchor_us, now + tonumber(ARGV[2]) - s.interval_us)
   siq_save(KEYS[1], s)
+  siq_touch(KEYS, s, tonumber(ARGV[3]), now)  -- idle from here on, unless parked tasks pin it
 end
 return siq_reply(s, now)

@@ -3,6 +3,7 @@
 -- KEYS[2]  the queue's finished-task sorted set, siq:{<queue>}:finished
 -- KEYS[3]  the queue's ledger stream, siq:{<queue>}:ledger
 -- KEYS[4..7]  the queue's parked keys and interval sources (QueueKeys.all), for idle expiry
+-- KEYS[8]  the queue's counts of refused starts (hash: duplicate, reclaim)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  ticket number
 -- ARGV[3]  the ticket's epoch
@@ -28,11 +29,20 @@ if not s then
   siq_save(KEYS[1], s)
   siq_touch(KEYS, s, tonumber(ARGV[13]), now)
 end
+local function refused(verdict)  -- counted for the exporter; the count expires with the queue
+  redis.call('HINCRBY', KEYS[8], verdict, 1)
+  siq_touch(KEYS, s, tonumber(ARGV[13]), now)
+end
 if ARGV[4] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[4]) then
+  refused('duplicate')
   return {'duplicate', ticket, now, 0, 0, 0}
 end
-if ticket < 1 then return {'reclaim', ticket, now, 0, 0, 0} end  -- FREE is for start_all only
+if ticket < 1 then  -- FREE is for start_all only
+  refused('reclaim')
+  return {'reclaim', ticket, now, 0, 0, 0}
+end
 local verdict, wait, slot = siq_decide(KEYS[1], s, ticket, ARGV[3], cost, now)
+if verdict == 'reclaim' then refused('reclaim') end
 if verdict ~= 'authorized' then
   local interval = s.interval_us
   if verdict == 'reclaim' then interval = 0 end

@@ -2,8 +2,9 @@
 -- per-day limit): authorized and recorded in every queue, or in none (model.start_all).
 -- A queue that would authorize while another says wait answers 'wait' with wait 0: no
 -- slot is held in one queue while the start waits for another.
--- KEYS[3i-2..3i]  queue i's state hash, finished-task set and ledger stream (all keys
---                 in one hash slot on Redis Cluster: name the queues {group}rest)
+-- KEYS[4i-3..4i]  queue i's state hash, finished-task set, ledger stream and counts of
+--                 refused starts (all keys in one hash slot on Redis Cluster: name the
+--                 queues {group}rest)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  task id, or '' (checked against the first queue's finished tasks)
 -- ARGV[3]  ledger cap; 0 = write no ledger entry
@@ -15,10 +16,10 @@
 -- Returns one {verdict, ticket, now_us, wait_us, slot_us, interval_us} per queue.
 local now = siq_now(ARGV[1])
 local cost = tonumber(ARGV[8]) or 1
-local n = #KEYS / 3
+local n = #KEYS / 4
 local states, tickets, replies = {}, {}, {}
 for i = 1, n do
-  local key = KEYS[3 * i - 2]
+  local key = KEYS[4 * i - 3]
   local s, err = siq_load(key)
   if err then return redis.error_reply(err) end
   if not s then
@@ -30,7 +31,10 @@ for i = 1, n do
   states[i], tickets[i] = s, tonumber(ARGV[7 + 3 * i]) or 0
 end
 if ARGV[2] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[2]) then
-  for i = 1, n do replies[i] = {'duplicate', tickets[i], now, 0, 0, 0} end
+  for i = 1, n do
+    replies[i] = {'duplicate', tickets[i], now, 0, 0, 0}
+    redis.call('HINCRBY', KEYS[4 * i], 'duplicate', 1)
+  end
   return replies
 end
 local placed = false  -- a start needs a place in some line: not every ticket FREE (0)
@@ -38,12 +42,16 @@ for i = 1, n do
   if tickets[i] ~= 0 then placed = true end
 end
 if not placed then
-  for i = 1, n do replies[i] = {'reclaim', tickets[i], now, 0, 0, 0} end
+  for i = 1, n do
+    replies[i] = {'reclaim', tickets[i], now, 0, 0, 0}
+    redis.call('HINCRBY', KEYS[4 * i], 'reclaim', 1)
+  end
   return replies
 end
 local all = true
 for i = 1, n do
-  local verdict, wait, slot = siq_decide(KEYS[3 * i - 2], states[i], tickets[i], ARGV[8 + 3 * i], cost, now)
+  local verdict, wait, slot = siq_decide(KEYS[4 * i - 3], states[i], tickets[i], ARGV[8 + 3 * i], cost, now)
+  if verdict == 'reclaim' then redis.call('HINCRBY', KEYS[4 * i], 'reclaim', 1) end
   local interval = states[i].interval_us
   if verdict == 'reclaim' then interval = 0 end
   replies[i] = {verdict, tickets[i], now, wait, slot, interval}
@@ -58,7 +66,7 @@ end
 local cap = tonumber(ARGV[3]) or 0
 for i = 1, n do
   local s = states[i]
-  siq_commit(KEYS[3 * i - 2], s, tickets[i], cost, now)
-  siq_ledger_start(KEYS[3 * i], cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+  siq_commit(KEYS[4 * i - 3], s, tickets[i], cost, now)
+  siq_ledger_start(KEYS[4 * i - 1], cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 end
 return replies

@@ -3,8 +3,10 @@
 -- KEYS[2]  the queue's finished-task sorted set
 -- KEYS[3], KEYS[4]  parked tasks not leased, and leased (sorted sets)
 -- KEYS[5]  the queue's interval sources hash
+-- KEYS[6]  the queue's counts of refused starts
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
--- Returns siq_reply followed by the finished and parked counts, then siq_sources_reply;
+-- Returns siq_reply followed by the finished and parked counts, the duplicates refused and
+-- the reclaims, then siq_sources_reply;
 -- or an empty array if no state.
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
@@ -13,5 +15,8 @@ if not s then return {} end
 local reply = siq_reply(s, now)
 table.insert(reply, redis.call('ZCARD', KEYS[2]))
 table.insert(reply, redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4]))
+local refused = redis.call('HMGET', KEYS[6], 'duplicate', 'reclaim')
+table.insert(reply, tonumber(refused[1]) or 0)
+table.insert(reply, tonumber(refused[2]) or 0)
 for _, v in ipairs(siq_sources_reply(siq_sources(KEYS[5], now, false))) do table.insert(reply, v) end
 return reply
