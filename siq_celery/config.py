@@ -28,6 +28,14 @@
 * ``siq_declaration_ttl`` (30 s): a worker's declaration of its tasks' intervals counts
   this long unless renewed (every third of it); a worker that dies without withdrawing
   its declarations stops holding its queues to its interval after at most this long.
+* ``siq_key_cache_size`` (10000): queues a process keeps ready (client objects, parsed
+  declarations), least recently used forgotten first: a worker that sees 100,000 keys
+  of a per-key queue holds this many, not all of them.
+* ``siq_metrics_port`` (``None``: off): the worker's main process serves the exporter's
+  Prometheus metrics (siq_celery.metrics) on this port, for fleets that scrape workers;
+  pool processes are not involved, so it is prefork-safe. ``siq_metrics_queues``
+  (default: the queues the app's tasks declare): glob patterns of the queues it
+  exports, ``["shop:*"]`` for per-key queues.
 
 Precedence: task attribute > app setting > default. The store client and the
 :class:`IntervalQueue` objects are cached on the app (never in a module global), and
@@ -47,6 +55,7 @@ from .errors import ConfigurationError
 from .intervals import IntervalLike, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
 from .ledger import DEFAULT_LEDGER_MAX
+from .lru import LRUCache
 from .queue import IntervalQueue
 
 REDIS_BROKER_SCHEMES = {"redis", "rediss", "unix"}
@@ -68,6 +77,9 @@ class SiqSettings:
     release_every: float
     key_idle_expiry: float
     declaration_ttl: float
+    key_cache_size: int = 10_000
+    metrics_port: int | None = None
+    metrics_queues: tuple[str, ...] | None = None
 
     @property
     def horizon_us(self) -> int:
@@ -92,6 +104,9 @@ class SiqSettings:
             release_every=_seconds(conf, "siq_release_every", 1.0, minimum=0.05),
             key_idle_expiry=_seconds(conf, "siq_key_idle_expiry", 86_400.0, minimum=1.0),
             declaration_ttl=_seconds(conf, "siq_declaration_ttl", 30.0, minimum=1.0),
+            key_cache_size=max(_count(conf, "siq_key_cache_size", 10_000), 100),
+            metrics_port=_port(conf, "siq_metrics_port"),
+            metrics_queues=_patterns(conf, "siq_metrics_queues"),
         )
 
 
@@ -118,6 +133,26 @@ def _seconds(conf: Any, key: str, default: float, minimum: float = 0.0) -> float
     return seconds
 
 
+def _port(conf: Any, key: str) -> int | None:
+    value = conf.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise ConfigurationError(f"app.conf.{key} = {value!r}: expected a TCP port (1-65535) or None")
+    return value
+
+
+def _patterns(conf: Any, key: str) -> tuple[str, ...] | None:
+    value = conf.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple) or not value or not all(isinstance(p, str) and p for p in value):
+        raise ConfigurationError(f"app.conf.{key} = {value!r}: expected a list of queue name patterns")
+    return tuple(value)
+
+
 def _count(conf: Any, key: str, default: int) -> int:
     value = conf.get(key)
     if value is None:
@@ -134,8 +169,9 @@ class SiqState:
         self.app = app
         self._settings: SiqSettings | None = None
         self._backend: Backend | None = None
-        self._queues: dict[tuple[str, int | None], IntervalQueue] = {}
-        self._by_declaration: dict[tuple[str, object], IntervalQueue] = {}
+        # Bounded (siq_key_cache_size): per-key queues may be many, and idle ones cost nothing.
+        self._queues: LRUCache[tuple[str, int | None], IntervalQueue] | None = None
+        self._by_declaration: LRUCache[tuple[str, object], IntervalQueue] | None = None
         self._combined: dict[str, CombinedQueue] = {}
         #: The worker node's declarations (main process) and the per-key queues' (pool
         #: processes): declarations.py; None outside a worker.
@@ -165,8 +201,13 @@ class SiqState:
         """The IntervalQueue ``name``; ``interval`` (or siq_default_interval) is used only to
         create its state. Raises ConfigurationError when neither is set. A ``per_key``
         queue's state expires after ``siq_key_idle_expiry`` of idleness."""
+        if self._queues is None or self._by_declaration is None:
+            self._queues = LRUCache(self.settings.key_cache_size)
+            self._by_declaration = LRUCache(self.settings.key_cache_size)
         cached = self._by_declaration.get((name, interval))
         if cached is not None:  # the publish path: no parsing, no validation
+            if per_key:  # the store client's own bounded memory of it may have let it go
+                self.backend.expire_when_idle(name, round(self.settings.key_idle_expiry * 1e6))
             return cached
         interval_us = parse_interval(interval) if interval is not None else self.settings.default_interval_us
         if interval_us is None:

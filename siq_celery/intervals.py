@@ -1,6 +1,6 @@
 """Parse intervals and rates into integer microseconds, and format them back.
 
-Accepted: ``float``/``int`` seconds, :class:`datetime.timedelta`, ``"200ms"``, ``"250us"``,
+Accepted: ``float``/``int`` seconds, :class:`datetime.timedelta`, ``"200ms"``, ``"1500us"``,
 ``"2s"``, ``"1.5m"``, ``"1h"``, and rates ``"5/s"``, ``"300/m"``, ``"1000/h"``, ``"10/2s"`` (one
 start per ``1/rate``: "10 per 2 s" is one start every 200 ms, never more than 10 in any
 2 s). The store keeps microseconds (not milliseconds) so that a 2 ms cap is a 2 ms cap
@@ -86,7 +86,7 @@ def _parse_text(text: str) -> float:
         unit = m.group(2) or "s"
         return float(m.group(1)) * _UNITS_US[unit] / US_PER_S
     raise InvalidIntervalError(
-        f"cannot parse interval {text!r}; write it like '200ms', '2s', '1.5m', '250us' or a "
+        f"cannot parse interval {text!r}; write it like '200ms', '2s', '1.5m', '1500us' or a "
         f"rate like '5/s', '300/m', '1000/h', '10/2s'"
     )
 

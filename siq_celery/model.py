@@ -4,7 +4,7 @@ This module is the reference semantics: the memory and SQLite backends run it in
 transaction, and the Redis Lua scripts (``backends/lua``) implement the same rules line
 for line. All times are integer microseconds on the store's clock.
 
-Rules (DESIGN.md, "The model"):
+Rules (docs/design.md, "The model"):
 
 * a ticket ``t > current`` is due at ``anchor + (t - current) * interval``; a ticket
   ``t <= current`` (it turned up after a higher one started) takes the next free slot;

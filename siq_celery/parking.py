@@ -29,6 +29,7 @@ from kombu.utils.json import dumps, loads  # Celery's JSON: datetimes, UUIDs, De
 
 from .backends.base import RELEASE_LIMIT
 from .config import siq_state
+from .lru import LRUCache
 from .messages import ticket_headers
 from .queue import IntervalQueue
 from .types import ParkedTask, Ticket
@@ -119,13 +120,15 @@ class ReleaseThrottle:
 
     def __init__(self, every: float = 1.0) -> None:
         self.every = every
-        self._last: dict[str, float] = {}
+        # Bounded: a queue forgotten is released once more than once a second, no harm.
+        self._last: LRUCache[str, float] = LRUCache(10_000)
         self._lock = threading.Lock()
 
     def due(self, queue: str) -> bool:
         now = time.monotonic()
         with self._lock:
-            if now - self._last.get(queue, -1e9) < self.every:
+            last = self._last.get(queue)
+            if last is not None and now - last < self.every:
                 return False
             self._last[queue] = now
             return True

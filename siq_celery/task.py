@@ -1,6 +1,6 @@
 """IntervalTask: every start of the task takes its turn in a shared interval queue.
 
->>> @app.task(base=IntervalTask, interval="200ms", interval_queue="geocoder", acks_late=True)
+>>> @app.task(base=IntervalTask, interval="200ms", interval_queue="geocoder")
 ... def geocode(address): ...
 
 This module is the declaration: the task's attributes, which queue (or queues) a call
@@ -61,6 +61,20 @@ class IntervalTask(Task):  # type: ignore[misc]
 
     #: Celery's request, reading the message's ETA on the state store's clock (clock.py).
     Request = "siq_celery.clock:StoreClockRequest"
+
+    #: Durable by default: a task is acknowledged after it ran, and given back to the
+    #: broker if its worker process dies, unless the task (``acks_late=False``) or the app
+    #: (``task_acks_late``, ``task_reject_on_worker_lost``) says otherwise. Celery's own
+    #: defaults acknowledge on receipt: a SIGKILLed worker would lose the tasks it held,
+    #: and an interval queue holds many (waiting for their slot, or running).
+    DURABLE_DEFAULTS = (("acks_late", "task_acks_late"), ("reject_on_worker_lost", "task_reject_on_worker_lost"))
+
+    @classmethod
+    def bind(cls, app: Any) -> Any:
+        for attribute, setting in cls.DURABLE_DEFAULTS:
+            if getattr(cls, attribute, None) is None and not _app_sets(app, setting):
+                setattr(cls, attribute, True)
+        return super().bind(app)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A declaration that cannot be parsed fails here, when the task is defined (at
@@ -177,6 +191,14 @@ class IntervalTask(Task):  # type: ignore[misc]
         # Called for SUCCESS and FAILURE only (not RETRY, not our Ignore).
         record_finish(self, status, task_id, args, kwargs)
         super().after_return(status, retval, task_id, args, kwargs, einfo)
+
+
+def _app_sets(app: Any, setting: str) -> bool:
+    """Whether the app's configuration gives ``setting`` (anywhere but Celery's defaults,
+    the last layer of ``app.conf``)."""
+    conf = app.conf
+    conf.get(setting)  # the first read loads a pending configuration into its layers
+    return any(setting in layer for layer in conf.maps[:-1])
 
 
 def _declared(task: IntervalTask, value: Any) -> Any:

@@ -122,3 +122,44 @@ def test_malformed_redis_urls_are_refused(url: str) -> None:
 
     with pytest.raises(ConfigurationError):
         redis_client_from_url(url)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("siq_metrics_port", "9808"), ("siq_metrics_port", 0), ("siq_metrics_port", 70_000), ("siq_metrics_port", True),
+     ("siq_metrics_queues", []), ("siq_metrics_queues", [""]), ("siq_metrics_queues", 3)],
+)  # fmt: skip
+def test_bad_metrics_settings_name_the_setting(key: str, value: object) -> None:
+    from celery import Celery
+
+    from siq_celery.config import SiqSettings
+
+    app = Celery("bad-metrics", set_as_current=False)
+    app.conf.update(siq_url="memory://bad-metrics", **{key: value})
+    with pytest.raises(ConfigurationError, match=key):
+        SiqSettings.from_app(app)
+    app.conf.update(siq_metrics_port=9808, siq_metrics_queues="shop:*")
+    settings = SiqSettings.from_app(app)
+    assert settings.metrics_port == 9808 and settings.metrics_queues == ("shop:*",)
+
+
+def test_every_interval_the_docs_and_the_parse_error_suggest_is_accepted() -> None:
+    """The README's list of forms and the parse error's examples are intervals the code
+    takes (they once suggested "250us", below the 1 ms floor)."""
+    import re
+    from pathlib import Path
+
+    from siq_celery.errors import InvalidIntervalError
+    from siq_celery.intervals import parse_interval
+
+    with pytest.raises(InvalidIntervalError) as refused:
+        parse_interval("fast")
+    suggested = re.findall(r"'([^']+)'", str(refused.value))[1:]
+    readme = Path(__file__).resolve().parent.parent.joinpath("README.md").read_text()
+    paragraph = readme[readme.index("The interval can be float seconds") :].split("\n\n")[0]
+    listed = re.findall(r'`"([^"]+)"`', paragraph)
+    assert len(suggested) >= 6 and len(listed) >= 8
+    for form in suggested + listed:
+        assert parse_interval(form) >= 1000, form
+    with pytest.raises(InvalidIntervalError, match="1 ms"):
+        parse_interval("250us")

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import time
 from collections.abc import Iterator
@@ -92,12 +93,14 @@ def test_a_publish_claims_with_the_pool_of_redis_py_5_0_to_5_2(redis_url: str) -
     q.ensure()
     first = q.claim()  # scripts loaded with the pool as it is
     pool = q.backend.client.connection_pool  # type: ignore[attr-defined]
-    modern = pool.get_connection
+    real = pool.get_connection
+    name = inspect.signature(real).parameters.get("command_name")
+    takes_name = name is not None and name.default is inspect.Parameter.empty  # redis-py 5.0-5.2 itself
     asked: list[str] = []
 
     def get_connection(command_name: str, *keys: object, **options: object) -> object:
         asked.append(command_name)
-        return modern()
+        return real(command_name) if takes_name else real()
 
     pool.get_connection = get_connection  # the 5.0-5.2 signature: no default
     try:
@@ -106,3 +109,26 @@ def test_a_publish_claims_with_the_pool_of_redis_py_5_0_to_5_2(redis_url: str) -
         del pool.get_connection
     assert asked == ["EVALSHA"]
     assert pending.result().first == first.number + 1
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        # Redis 3.2 to 4.0, on a script that reads TIME and then writes
+        "ERR Error running script (call to f_0123): @user_script:12: @user_script: 12: Write commands not allowed "
+        "after non deterministic commands. Call redis.replicate_commands() at the start of your script in order "
+        "to switch to single commands replication mode.",
+        # Redis before 3.2 has no such mode at all
+        "ERR Error running script (call to f_0123): @user_script:3: @user_script: 3: Unknown Redis command called "
+        "from Lua script",
+    ],
+)  # fmt: skip
+def test_a_redis_server_older_than_5_is_named_with_the_version_needed(reply: str) -> None:
+    import redis
+
+    from siq_celery.backends.redis import RedisBackend
+    from siq_celery.errors import ConfigurationError
+
+    error = RedisBackend._translate(redis.ResponseError(reply), "geo", "siq:{geo}:state")
+    assert isinstance(error, ConfigurationError)
+    assert "Redis 5.0 or newer" in str(error) and "'geo'" in str(error)

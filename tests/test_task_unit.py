@@ -213,3 +213,49 @@ def test_per_key_queues_costs_and_limits_are_checked_at_publish(tmp_path: Any) -
     with pytest.raises(ConfigurationError, match="2 interval queues but 1 intervals"):
         mismatched.delay()
     assert backend_from_url(f"sqlite:///{tmp_path}/s.db").queues() == [], "nothing was claimed"
+
+
+def test_interval_tasks_are_durable_unless_the_task_or_the_app_says_otherwise() -> None:
+    """Acknowledged after they ran and given back if their process dies, by default; an
+    explicit choice (task attribute, app.conf.update, config_from_object) is kept."""
+    from celery import Celery
+
+    from siq_celery import IntervalTask
+
+    def app(**conf: object) -> Celery:
+        made = Celery("durable", set_as_current=False)
+        made.conf.update(siq_url="memory://durable", **conf)
+        return made
+
+    plain_app = app()
+
+    @plain_app.task(base=IntervalTask, interval="1s", shared=False)
+    def defaults() -> None: ...
+
+    @plain_app.task(base=IntervalTask, interval="1s", shared=False, acks_late=False)
+    def early() -> None: ...
+
+    @plain_app.task(shared=False)
+    def not_interval() -> None: ...
+
+    assert (defaults.acks_late, defaults.reject_on_worker_lost) == (True, True)
+    assert (early.acks_late, early.reject_on_worker_lost) == (False, True)
+    assert not_interval.acks_late is False  # Celery's own default, for other tasks
+
+    configured = app(task_acks_late=False)
+
+    @configured.task(base=IntervalTask, interval="1s", shared=False)
+    def app_says() -> None: ...
+
+    assert (app_says.acks_late, app_says.reject_on_worker_lost) == (False, True)
+
+    class Config:
+        task_reject_on_worker_lost = False
+
+    from_object = Celery("durable-object", set_as_current=False)
+    from_object.config_from_object(Config)
+
+    @from_object.task(base=IntervalTask, interval="1s", shared=False)
+    def object_says() -> None: ...
+
+    assert (object_says.acks_late, object_says.reject_on_worker_lost) == (True, False)

@@ -54,7 +54,11 @@ def make_app(env: Mapping[str, str]) -> Celery:
         worker_prefetch_multiplier=int(env.get("SIQ_TEST_PREFETCH", "4")),
         result_backend=env.get("SIQ_TEST_RESULTS") or None,
         task_default_queue=env.get("SIQ_TEST_QUEUE", "celery"),
+        siq_metrics_port=int(env["SIQ_TEST_METRICS_PORT"]) if env.get("SIQ_TEST_METRICS_PORT") else None,
     )
+    if env.get("SIQ_TEST_CELERY_DEFAULTS"):  # an app that says nothing about durability
+        for key in ("task_acks_late", "task_reject_on_worker_lost"):
+            del app.conf[key]
     interval = env.get("SIQ_TEST_INTERVAL", "20ms")
     record_url = env.get("SIQ_TEST_RECORD", "redis://127.0.0.1:6379/14")
     clients: dict[int, redis.Redis] = {}
@@ -110,6 +114,14 @@ def make_app(env: Mapping[str, str]) -> Celery:
     )
     def no_retries(self: Any, n: int) -> int:
         note(self, n, real_time())
+        return n
+
+    @app.task(shared=False, name="geo.total", base=IntervalTask, interval=interval, interval_queue="geo", bind=True)
+    def total(self: Any, numbers: list[int]) -> int:
+        """A chord's callback: an interval task too, recorded with n = the sum."""
+        n = sum(numbers)
+        note(self, n, real_time())
+        finished(self, n)
         return n
 
     @app.task(

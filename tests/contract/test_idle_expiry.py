@@ -51,19 +51,31 @@ def test_an_idle_queue_leaves_no_keys_and_comes_back_in_a_new_epoch(store: Store
 
 
 def test_a_paused_queue_and_one_with_parked_tasks_never_expire(store: Store) -> None:
+    """Nothing a paused queue needs expires: its finished ids (a redelivered copy of a
+    finished task must still be skipped after a long pause), its ledger, its state. On
+    resume it is idle again from then."""
     client = redis_only(store)
     paused, parking = idle_queue(store, "shop:paused"), idle_queue(store, "shop:parked")
-    paused.ensure()
-    paused.claim()
+    t0 = paused.ensure().last_start_us
+    ticket = paused.claim()
+    store.clock.now_us = t0 + I
+    assert paused.start(ticket, task_id="done").authorized
+    paused.finish("done")
+    again = paused.claim()
     paused.pause()
     parking.ensure()
     ticket = parking.claim()
     assert parking.backend.park("shop:parked", ticket.epoch, [ParkedTask(1, "t1", "{}")])
     parking.claim()  # activity after parking keeps it pinned
     time.sleep(1.2)
-    assert len(keys_of(client, store, "shop:paused")) == 1 and paused.status().state.paused
+    assert len(keys_of(client, store, "shop:paused")) == 3 and paused.status().state.paused  # state, finished, ledger
     assert parking.status().parked == 1
     assert all(client.pttl(k) == -1 for k in keys_of(client, store, "shop:parked"))
+    paused.resume(grace=0)
+    store.clock.now_us += 2 * I
+    redelivered = paused.start(again, task_id="done")  # the finished id is still known
+    assert redelivered.verdict is Verdict.DUPLICATE
+    assert all(0 < client.pttl(k) <= 1_300 for k in keys_of(client, store, "shop:paused"))  # idle again
 
 
 def test_queues_without_idle_expiry_never_expire(store: Store) -> None:

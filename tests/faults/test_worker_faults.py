@@ -72,8 +72,13 @@ def test_sigkill_while_tasks_sleep_before_their_slot(fault_run: CeleryRun) -> No
     assert min(gaps_ms(starts)) >= 180.0
 
 
-def test_sigkill_while_bodies_run(fault_run: CeleryRun) -> None:
+@pytest.mark.parametrize("durability", ["app settings", "IntervalTask defaults"])
+def test_sigkill_while_bodies_run(fault_run: CeleryRun, durability: str) -> None:
+    """Nothing is lost whether the app sets acks_late and reject_on_worker_lost or, like a
+    plain Celery() app, says nothing (IntervalTask is durable by default)."""
     fault_run.env.update(SIQ_TEST_INTERVAL="100ms")
+    if durability == "IntervalTask defaults":
+        fault_run.env.update(SIQ_TEST_CELERY_DEFAULTS="1")
     fault_run.start_worker("survivor", 2).wait_ready()
     victim = fault_run.start_worker("victim", 4).wait_ready()
     publish(fault_run, range(40), work=0.5)
