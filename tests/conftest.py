@@ -143,3 +143,11 @@ def amqp_url() -> str:
     if not url:
         pytest.skip("SIQ_TEST_AMQP_URL is not set (.ci/run sets it to the machine's RabbitMQ)")
     return url
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Reruns are visible: their count, and which tests took them (only assertions about
+    host-clock timing may be rerun; a rerun anywhere else is a defect to fix)."""
+    reruns = terminalreporter.stats.get("rerun", [])
+    names = sorted({report.nodeid for report in reruns})
+    terminalreporter.write_line(f"siq reruns: {len(reruns)}" + (f" ({', '.join(names)})" if names else ""))

@@ -49,17 +49,22 @@ def test_a_thousand_per_key_queues_on_two_nodes(celery_run: CeleryRun) -> None:
     # deschedule a body for several ms after its authorization)
     body_gaps = [g for q in queues.values() if len(q) > 1 for g in gaps_ms(q)]
     hot_gaps = [g for q in hot for g in gaps_ms(queues[f"shop:{q}"])]
+    store = redis.Redis.from_url(celery_run.env["SIQ_TEST_STORE"])
+    listed_at_us = int(store.time()[0]) * 1_000_000  # the store's clock, to the second below
     listed = celery_run.siq("status", "shop:*").strip().splitlines()[1:]
+    # Every key active within its idle expiry (10 s) is still there; on a loaded machine
+    # the run can outlast it, and the first quiet keys have then rightly expired.
+    alive = {q for q, rows in queues.items() if max(r["store_start_us"] for r in rows) > listed_at_us - 9_000_000}
     print(f"\n{len(queues)} queues, {len(starts)} starts in {took:.1f} s; smallest per-key gap: store "
           f"{min(store_gaps):.2f} ms, bodies {min(body_gaps):.2f} ms ({sum(g < 45.0 for g in body_gaps)} of "
           f"{len(body_gaps)} below 45 ms); busy shops' gaps median {statistics.median(hot_gaps):.1f} ms, "
-          f"max {max(hot_gaps):.1f} ms; siq status 'shop:*' listed {len(listed)}")  # fmt: skip
+          f"max {max(hot_gaps):.1f} ms; siq status 'shop:*' listed {len(listed)}, "
+          f"of {len(alive)} active within 9 s")  # fmt: skip
     assert len(queues) == 1000 and len(starts) == len(calls)
     assert min(store_gaps) >= 50.0, "each key keeps its own interval"
     assert sum(g < 45.0 for g in body_gaps) <= max(1, len(starts) // 400), "bodies keep it too, but for rare noise"
     assert statistics.median(hot_gaps) <= 75.0, "busy keys run near their interval next to 990 others"
-    assert len(listed) == 1000
-    store = redis.Redis.from_url(celery_run.env["SIQ_TEST_STORE"])
+    assert alive <= {line.split()[0] for line in listed} and len(listed) <= 1000
     time.sleep(11.0)  # idle for longer than siq_key_idle_expiry (10 s)
     left = list(store.scan_iter(match="siq:{shop:*", count=1000))
     print(f"keys of per-key queues left after 11 s idle: {len(left)}")
@@ -73,11 +78,21 @@ def test_a_cost_3_task_keeps_the_next_start_three_intervals_away(celery_run: Cel
     costs = [3, 1, 1, 3, 1, 2, 1, 3, 3, 1] * 4
     for n, cost in enumerate(costs):
         task.delay(n, cost=cost)
-    starts = sorted(celery_run.wait_for_count(len(costs)), key=lambda s: s["t"])
-    after = [(costs[a["n"]], (b["t"] - a["t"]) * 1000) for a, b in itertools.pairwise(starts)]
-    worst = {c: min(g for k, g in after if k == c) for c in (1, 2, 3)}
-    print(f"\nsmallest gap after a start of cost 1/2/3: {worst[1]:.2f} / {worst[2]:.2f} / {worst[3]:.2f} ms")
-    assert worst[3] >= 0.9 * 60 and worst[2] >= 0.9 * 40 and worst[1] >= 0.9 * 20
+    starts = celery_run.wait_for_count(len(costs))
+
+    def after(clock: str, scale: float) -> list[tuple[int, float]]:
+        """(cost of a start, ms to the next start) on one clock."""
+        ordered = sorted(starts, key=lambda s: s[clock])
+        return [(costs[a["n"]], (b[clock] - a[clock]) * scale) for a, b in itertools.pairwise(ordered)]
+
+    store, bodies = after("store_start_us", 1e-3), after("t", 1e3)
+    worst = {c: (min(g for k, g in store if k == c), min(g for k, g in bodies if k == c)) for c in (1, 2, 3)}
+    print("\nsmallest gap after a start of cost 1/2/3, store / bodies: "
+          + ", ".join(f"{s:.2f} / {b:.2f} ms" for s, b in worst.values()))  # fmt: skip
+    # the guarantee, on the store's clock: a start of cost c holds the next one c intervals away
+    assert all(gap >= 20.0 * cost for cost, gap in store)
+    # and bodies on this host's clock: at most 1 in 400 (here: 1) below 0.9 of that
+    assert sum(gap < 0.9 * 20.0 * cost for cost, gap in bodies) <= 1
 
 
 class FlakyService:
