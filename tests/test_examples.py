@@ -8,17 +8,27 @@ from pathlib import Path
 
 import pytest
 
+from tests.timing import HOST_CLOCK_RERUNS, host_clock
+
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.processes
 
 
-def test_standalone_example_runs_as_written() -> None:
-    result = subprocess.run(
-        [sys.executable, "examples/standalone/limited_api.py"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+def run_example(*args: str, timeout: float = 170) -> list[str]:
+    result = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     lines = result.stdout.strip().splitlines()
+    # An example that ran to its end and printed FAILED: its own check of what its tasks
+    # saw, on the host clock (gaps, calls a service counted as too early). Anything else
+    # (a crash, a timeout) is a plain failure.
+    host_clock(not (lines and lines[-1].startswith("FAILED")), result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return lines
+
+
+@HOST_CLOCK_RERUNS
+def test_standalone_example_runs_as_written() -> None:
+    lines = run_example("examples/standalone/limited_api.py", timeout=120)
     assert len(lines) == 21 and lines[-1].startswith("OK: 20 calls, smallest gap")
 
 
@@ -31,14 +41,8 @@ def test_standalone_example_on_redis(redis_url: str) -> None:
     assert result.stdout.strip().splitlines()[-1].startswith("OK: 12 calls")
 
 
-def run_example(*args: str, timeout: float = 170) -> list[str]:
-    result = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout.strip().splitlines()
-
-
 @pytest.mark.slow
-@pytest.mark.flaky(reruns=2)  # real workers timed on the host clock
+@HOST_CLOCK_RERUNS  # real workers timed on the host clock
 def test_rate_limited_api_no_429_with_siq_many_with_celery_rate_limit() -> None:
     lines = run_example("examples/rate_limited_api/run.py")
     rejected = {line.split()[0]: int(line.split("x 429")[0].split()[-1]) for line in lines if "x 429" in line}
@@ -48,7 +52,7 @@ def test_rate_limited_api_no_429_with_siq_many_with_celery_rate_limit() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.flaky(reruns=2)
+@HOST_CLOCK_RERUNS
 def test_pause_resume_example() -> None:
     lines = run_example("examples/pause_resume/run.py")
     assert any("$ celery -A tasks siq resume reports" in line for line in lines)
@@ -57,7 +61,7 @@ def test_pause_resume_example() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.flaky(reruns=2)
+@HOST_CLOCK_RERUNS
 def test_flower_example() -> None:
     lines = run_example("examples/flower/run.py")
     assert lines[0].startswith("Flower on http://127.0.0.1:")
@@ -68,7 +72,7 @@ def test_flower_example() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.flaky(reruns=2)
+@HOST_CLOCK_RERUNS
 def test_fleet_limits_example() -> None:
     lines = run_example("examples/fleet_limits/run.py")
     assert [line.split(":")[0] for line in lines] == ["per-key", "weighted", "two limits", "back-off", "OK"], lines

@@ -18,8 +18,9 @@ import pytest
 from siq_celery.workers import WorkerProcess
 from tests.faults.conftest import publish, wait_finished
 from tests.integration.conftest import CeleryRun, gaps_ms
+from tests.timing import HOST_CLOCK_RERUNS, host_clock, host_gaps_at_least
 
-pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.faults, pytest.mark.flaky(reruns=1)]
+pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.faults, HOST_CLOCK_RERUNS]
 
 
 def waiting_on(run: CeleryRun, node: str) -> set[str]:
@@ -69,7 +70,7 @@ def test_sigkill_while_tasks_sleep_before_their_slot(fault_run: CeleryRun) -> No
     assert sleeping, "the kill hit tasks waiting for their slot"
     assert sorted(finishes) == list(range(40)) and max(finishes.values()) == 1
     assert {s["node"] for s in rerun} == {"survivor@siq-test"} and len(rerun) == len(sleeping)
-    assert min(gaps_ms(starts)) >= 180.0
+    host_gaps_at_least(gaps_ms(starts), 180.0)
 
 
 @pytest.mark.parametrize("durability", ["app settings", "IntervalTask defaults"])
@@ -92,7 +93,7 @@ def test_sigkill_while_bodies_run(fault_run: CeleryRun, durability: str) -> None
           f"smallest gap {min(gaps_ms(starts)):.2f} ms")  # fmt: skip
     assert sorted(finishes) == list(range(40)) and max(finishes.values()) == 1, "every task finished once"
     assert set(twice) == interrupted, "an interrupted body runs again (at least once), nothing else does"
-    assert min(gaps_ms(starts)) >= 90.0, "the re-run took a slot of its own"
+    host_gaps_at_least(gaps_ms(starts), 90.0)  # the re-run took a slot of its own
 
 
 def test_sigterm_warm_shutdown_with_tasks_waiting(fault_run: CeleryRun) -> None:
@@ -115,7 +116,7 @@ def test_sigterm_warm_shutdown_with_tasks_waiting(fault_run: CeleryRun) -> None:
     assert code == 0
     assert waiting and waiting <= by_victim, "the tasks it was waiting with started before it stopped"
     assert sorted(finishes) == list(range(40)) and max(finishes.values()) == 1, "the rest went to the survivor"
-    assert min(gaps_ms(starts)) >= 180.0
+    host_gaps_at_least(gaps_ms(starts), 180.0)
 
 
 @pytest.mark.parametrize("jump", ["+180", "-180"])
@@ -139,7 +140,8 @@ def test_a_worker_host_clock_jumps_minutes(fault_run: CeleryRun, jump: str) -> N
           f"skew warned {warned}, all done in {took:.1f} s, "
           f"smallest gap {min(gaps_ms(starts)):.2f} ms")  # fmt: skip
     assert sorted(finishes) == list(range(160)) and max(finishes.values()) == 1
-    assert min(gaps_ms(starts)) >= 45.0
+    host_gaps_at_least(gaps_ms(starts), 45.0)
     # ETAs read on the store's clock: the skewed worker neither holds tasks minutes too
     # long (-180) nor takes them early and sends them back (+180).
-    assert warned and took < 20.0 and deferrals <= 10
+    assert warned and deferrals <= 10
+    host_clock(took < 20.0, f"the jumped worker took {took:.1f} s")

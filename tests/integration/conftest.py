@@ -81,6 +81,14 @@ class CeleryRun:
         """Tasks that entered their trace (with ``SIQ_TEST_TRACE_PRERUN``): waiting or running."""
         return [json.loads(raw) for raw in self.records.lrange(PRERUNS, 0, -1)]
 
+    def held_by_workers(self) -> tuple[int, float]:
+        """Tasks the workers hold by ETA, and their main processes' RSS in MB."""
+        import psutil
+
+        scheduled = self.app.control.inspect(timeout=3.0).scheduled() or {}
+        rss = sum(psutil.Process(w.process.pid).memory_info().rss for w in self.workers if w.process)
+        return sum(len(tasks) for tasks in scheduled.values()), rss / 2**20
+
     def siq(self, *args: str) -> str:
         """Run ``celery -A tests.apps.geo siq ARGS`` as an operator would; its output."""
         # nice: the CLI spends about a second of CPU starting up; on a 2-core machine that

@@ -22,8 +22,9 @@ import redis
 from siq_celery.embedded import free_port
 from siq_celery.workers import FlowerProcess
 from tests.integration.conftest import ROOT, CeleryRun
+from tests.timing import HOST_CLOCK_RERUNS, host_gaps_at_least
 
-pytestmark = [pytest.mark.processes, pytest.mark.slow, pytest.mark.flaky(reruns=2)]
+pytestmark = [pytest.mark.processes, pytest.mark.slow, HOST_CLOCK_RERUNS]
 
 INTERVAL_S = 0.2
 MARGIN_S = 0.02  # siq_countdown_margin: the ETA brings a task this much before its slot
@@ -149,7 +150,7 @@ def test_flower_shows_interval_tasks_received_at_their_slot_started_succeeded(
     store_gaps = [(b["store_start_us"] - a["store_start_us"]) / 1e3 for a, b in itertools.pairwise(ordered)]
     assert min(store_gaps) >= INTERVAL_S * 1000
     body_gaps = [(b["t"] - a["t"]) * 1e3 for a, b in itertools.pairwise(sorted(starts.values(), key=lambda r: r["t"]))]
-    assert min(body_gaps) >= 0.9 * INTERVAL_S * 1000
+    host_gaps_at_least(body_gaps, 0.9 * INTERVAL_S * 1000)
     print(f"\nflower: {len(starts)} tasks, states of a paused one {watch.seen[paused[0]]}, "
           f"{checked} ETAs within 10 ms of slot - margin, smallest gap {min(store_gaps):.2f} ms (store), "
           f"{min(body_gaps):.2f} ms (bodies)")  # fmt: skip

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.conftest import CeleryRun, gaps_ms, inversions
+from tests.timing import HOST_CLOCK_RERUNS, host_clock, host_gaps_at_least
 
 # Real processes timed on the host clock of a 2-core shared machine: a rare scheduling
 # spike of a few ms can delay one body past the bound. Such a test runs at most twice more
 # (same tolerances; a real defect fails three times; pytest -ra lists every rerun).
-pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.flaky(reruns=2)]
+pytestmark = [pytest.mark.slow, pytest.mark.processes, HOST_CLOCK_RERUNS]
 
 TASKS, INTERVAL_MS = 200, 20
 
@@ -17,8 +18,10 @@ TASKS, INTERVAL_MS = 200, 20
 def assert_fidelity(starts: list[dict], tasks: int = TASKS) -> None:
     assert sorted(r["n"] for r in starts) == list(range(tasks)), "each task ran exactly once"
     gaps = gaps_ms(starts)
-    assert min(gaps) >= 18.0, f"smallest gap {min(gaps):.2f} ms"
-    assert inversions(starts) == 0, _debug_dump(starts)
+    host_gaps_at_least(gaps, 18.0)
+    # Order holds for tickets that reach a worker by their slot; one the host delivers more
+    # than an interval late is overtaken, by design (docs/design.md, "The guarantees").
+    host_clock(inversions(starts) == 0, "a head delivered late was overtaken:\n" + _debug_dump(starts))
     times = sorted(r["t"] for r in starts)
     span = times[-1] - times[0]
     print(f"{len(starts)} starts, smallest gap {min(gaps):.2f} ms, span {span:.3f} s "
