@@ -162,15 +162,25 @@ def back_off(task: IntervalTask, seconds: float | str) -> NoReturn:
     if held is not None:
         number = decision.ticket if decision is not None else 1
         headers.update(ticket_headers(Ticket(queue.name, number, held.epoch, 0, 0)))
-    margin = siq_state(task.app).settings.countdown_margin
-    if states:
-        hold_end = max(st.last_start_us + st.interval_us for st in states.values()) / 1e6
-        eta = datetime.fromtimestamp(hold_end - margin, UTC)
-    else:  # no store answered: after the hold, on this host's clock
-        eta = datetime.now(UTC) + timedelta(microseconds=parse_duration(seconds))
+    settings = siq_state(task.app).settings
     logger.info("%s[%s]: %s held for %ss; this task runs again after it",
                 task.name, request.id, list(states), seconds)  # fmt: skip
     signature = task.signature_from_request(request, request.args, request.kwargs, headers=headers)
+    if held is not None and decision is not None:
+        # A hold beyond the horizon: the task waits parked in the store, as a long
+        # backlog does, and is released for the slot the back-off keeps for it.
+        ticket = Ticket(queue.name, decision.ticket, held.epoch, 0, 0)
+        if parse_duration(seconds) > settings.horizon_us:
+            message = parked_message(task.name, request.args, request.kwargs, dict(signature.options))
+            if park(queue, [(ticket, request.id, message)]):
+                logger.info("%s[%s]: ticket %s of %r parked until the hold ends",
+                            task.name, request.id, ticket.number, queue.name)  # fmt: skip
+                raise Ignore()
+    if states:
+        hold_end = max(st.last_start_us + st.interval_us for st in states.values()) / 1e6
+        eta = datetime.fromtimestamp(hold_end - settings.countdown_margin, UTC)
+    else:  # no store answered: after the hold, on this host's clock
+        eta = datetime.now(UTC) + timedelta(microseconds=parse_duration(seconds))
     signature.apply_async(eta=eta, **{KEEP_TICKET: True})
     raise Ignore()
 

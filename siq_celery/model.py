@@ -300,8 +300,10 @@ def restamp(state: QueueState, epoch: str, started_us: int, now_us: int) -> int 
 
 def release_cutoff(state: QueueState, now_us: int, horizon_us: int) -> int | None:
     """The highest ticket whose slot is within ``horizon_us`` of now: parked tasks up to it
-    go back to the broker. None while paused (no slot is known)."""
-    if state.paused:
+    go back to the broker. None while paused (no slot is known), and while the next free
+    slot is itself beyond the horizon (a long back-off): every ticket, passed-over ones
+    too, starts no earlier than that."""
+    if state.paused or state.last_start_us + state.interval_us > now_us + horizon_us:
         return None
     return state.current + max((now_us + horizon_us - state.anchor_us) // state.interval_us, 0)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -105,12 +106,24 @@ def claim_into(task: IntervalTask, queue: IntervalQueue, options: dict[str, Any]
     return ticket
 
 
+@dataclass
+class Progress:
+    """What :func:`publish_many` has done so far, for a caller that must report it even
+    if a later chunk fails (the Spark bulk submit)."""
+
+    published: int = 0  #: sent to the broker or parked in the store
+    parked: int = 0
+    claims: int = 0  #: store round trips that claimed tickets
+
+
 def publish_many(
     task: IntervalTask, send: Send, calls: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],
-    chunk_size: int, options: dict[str, Any],
+    chunk_size: int, options: dict[str, Any], progress: Progress | None = None,
 ) -> list[Any]:  # fmt: skip
-    """``apply_many``: tickets claimed ``chunk_size`` at a time per queue (one round trip
-    per chunk), tasks beyond the horizon parked a chunk at a time."""
+    """``apply_many``: tickets claimed ``chunk_size`` at a time per queue, each call with
+    its own queue and cost (one round trip per chunk of a queue), tasks beyond the
+    horizon parked a chunk at a time."""
+    progress = progress if progress is not None else Progress()
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= 10_000:
         raise ConfigurationError(f"apply_many(chunk_size) takes a whole number from 1 to 10000, not {chunk_size!r}")
     normalized = [normalize_call(c) for c in calls]
@@ -129,6 +142,7 @@ def publish_many(
             for start in range(0, len(indexes), chunk_size):
                 chunk = indexes[start : start + chunk_size]
                 tickets = queue.claim_costs([routed[i][1] for i in chunk])
+                progress.claims += 1
                 to_park, parked_calls = [], []
                 for i, ticket in zip(chunk, tickets, strict=True):
                     _, _, args, kwargs = routed[i]
@@ -141,10 +155,17 @@ def publish_many(
                     else:
                         eta = eta_for(ticket, settings.countdown_margin, settings.broker_wait_below)
                         send(args, kwargs, task_id, producer, eta=eta, **opts)
+                        progress.published += 1
                     results[i] = task.AsyncResult(task_id)
-                if to_park and not park(queue, to_park):
-                    for args, kwargs, task_id in parked_calls:  # the line moved on (reset): the worker re-claims
-                        send(args, kwargs, task_id, producer, **options)
+                if not to_park:
+                    continue
+                if park(queue, to_park):
+                    progress.published += len(to_park)
+                    progress.parked += len(to_park)
+                    continue
+                for args, kwargs, task_id in parked_calls:  # the line moved on (reset): the worker re-claims
+                    send(args, kwargs, task_id, producer, **options)
+                    progress.published += 1
             release_now_and_then(task.app, queue, task.name)
     return results
 

@@ -105,7 +105,7 @@ class IntervalTask(Task):  # type: ignore[misc]
     def siq_queue(self, args: Any = None, kwargs: Any = None) -> IntervalQueue:
         """The IntervalQueue of a call with ``args`` and ``kwargs`` (cached on the app);
         the arguments matter only when ``interval_queue`` is a callable."""
-        name = _declared(self, self.interval_queue)
+        name = declared(self, self.interval_queue)
         limits = self.siq_limits(args, kwargs)
         if limits is not None:
             return limits.primary
@@ -116,10 +116,10 @@ class IntervalTask(Task):  # type: ignore[misc]
 
     def siq_limits(self, args: Any = None, kwargs: Any = None) -> CombinedQueue | None:
         """The combined limit of a task with several interval queues, else None."""
-        declared = _declared(self, self.interval_queue)
-        if declared is None or isinstance(declared, str) or callable(declared):
+        queues = declared(self, self.interval_queue)
+        if queues is None or isinstance(queues, str) or callable(queues):
             return None
-        return siq_state(self.app).combined(self.name, declared, self.interval)
+        return siq_state(self.app).combined(self.name, queues, self.interval)
 
     def siq_line(self, args: Any, kwargs: Any) -> tuple[IntervalQueue, IntervalQueue | CombinedQueue]:
         """The queue a call's ticket is for, and what its start must pass (that queue, or
@@ -133,11 +133,11 @@ class IntervalTask(Task):  # type: ignore[misc]
     @property
     def siq_per_key(self) -> bool:
         """Whether ``interval_queue`` is a callable: one queue per key."""
-        return callable(_declared(self, self.interval_queue))
+        return callable(declared(self, self.interval_queue))
 
     def siq_cost(self, args: Any = None, kwargs: Any = None) -> int:
         """Slots a call with ``args`` and ``kwargs`` takes."""
-        cost = _declared(self, self.cost)
+        cost = declared(self, self.cost)
         if callable(cost):
             cost = _per_call(self, "cost", cost, args, kwargs)
         try:
@@ -201,7 +201,7 @@ def _app_sets(app: Any, setting: str) -> bool:
     return any(setting in layer for layer in conf.maps[:-1])
 
 
-def _declared(task: IntervalTask, value: Any) -> Any:
+def declared(task: IntervalTask, value: Any) -> Any:
     """An attribute as declared: Celery's task decorator makes options class attributes,
     so a function given as ``interval_queue=`` or ``cost=`` comes back bound to the task."""
     if getattr(value, "__self__", None) is task:

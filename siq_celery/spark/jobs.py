@@ -17,7 +17,6 @@ from typing import Any
 
 from ..config import siq_state
 from ..intervals import IntervalLike
-from ..messages import ticket_headers
 from ..queue import IntervalQueue
 
 logger = logging.getLogger("siq_celery")
@@ -25,54 +24,75 @@ logger = logging.getLogger("siq_celery")
 DEFAULT_CHUNK = 500
 
 
+#: The app settings an executor's publisher needs (the rest stays with the driver's app).
+PUBLISH_SETTINGS = ("task_serializer", "task_compression", "task_protocol", "accept_content")
+
+
 @dataclass(frozen=True)
 class TaskTarget:
-    """What an executor needs to publish an interval task without the app's module."""
+    """What an executor needs to publish an interval task without the app's module: the
+    task's name and declaration (a per-key ``interval_queue`` or ``cost`` callable
+    travels with it, serialized by Spark: by reference for a module's function, whose module
+    the executors must then import), the broker, the routing and the siq settings."""
 
     task_name: str
     broker_url: str
-    broker_options: dict[str, Any]
+    conf: dict[str, Any]
+    declaration: dict[str, Any]
     routing: dict[str, Any]
-    store_url: str
-    key_prefix: str
-    queue: str
-    interval_us: int
-    countdown_margin: float
-    broker_wait_below: float
 
     @classmethod
     def of(cls, task: Any) -> TaskTarget:
-        from ..task import IntervalTask
+        from ..task import IntervalTask, declared
 
         if not isinstance(task, IntervalTask):
             raise TypeError(f"submit_dataframe needs an IntervalTask, not {type(task).__name__}")
-        app, queue = task.app, task.siq_queue()
+        app = task.app
+        if not task.siq_per_key:  # a task with no interval anywhere fails here, on the driver
+            task.siq_queue()
         settings = siq_state(app).settings
         route = app.amqp.router.route({}, task.name)
         broker_queue = route.get("queue")
         routing = {"queue": getattr(broker_queue, "name", broker_queue) or app.conf.task_default_queue}
         if route.get("routing_key"):
             routing["routing_key"] = route["routing_key"]
+        conf = {k: app.conf.get(k) for k in app.conf if k.startswith(("siq_", "broker_")) or k in PUBLISH_SETTINGS}
+        conf.update(siq_url=settings.url, broker_url=None, broker_connection_retry_on_startup=True)
         return cls(
             task_name=task.name,
             broker_url=app.connection_for_write().as_uri(include_password=True),
-            broker_options=dict(app.conf.broker_transport_options or {}),
+            conf={k: v for k, v in conf.items() if v is not None},
+            declaration={
+                "interval": task.interval,
+                "interval_queue": declared(task, task.interval_queue),
+                "cost": declared(task, task.cost),
+            },
             routing=routing,
-            store_url=settings.url,
-            key_prefix=settings.key_prefix,
-            queue=queue.name,
-            interval_us=queue.interval_us or 0,
-            countdown_margin=settings.countdown_margin,
-            broker_wait_below=settings.broker_wait_below,
         )
+
+    def task(self) -> Any:
+        """The task, on an app of its own that only publishes it (in an executor)."""
+        from celery import Celery
+
+        from ..task import IntervalTask
+
+        app = Celery("siq-spark-submit", broker=self.broker_url, set_as_current=False)
+        app.conf.update(self.conf)
+        app.task(name=self.task_name, base=IntervalTask, shared=False, **self.declaration)(_runs_in_workers)
+        return app.tasks[self.task_name]
+
+
+def _runs_in_workers(*args: Any, **kwargs: Any) -> None:
+    raise RuntimeError("submit_dataframe's copy of a task only publishes it: workers run the real one")
 
 
 @dataclass
 class PartitionResult:
     partition: int
     rows: int = 0
-    published: int = 0
-    claims: int = 0  #: store round trips that claimed tickets (one per chunk)
+    published: int = 0  #: sent to the broker, or parked in the store
+    parked: int = 0  #: beyond the horizon: parked, released by the workers in time
+    claims: int = 0  #: store round trips that claimed tickets (one per queue and chunk)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -97,11 +117,17 @@ class SubmitReport:
         return sum(p.failed for p in self.partitions)
 
     @property
+    def parked(self) -> int:
+        return sum(p.parked for p in self.partitions)
+
+    @property
     def claims(self) -> int:
         return sum(p.claims for p in self.partitions)
 
     def __str__(self) -> str:
         text = f"{self.published:,} of {self.rows:,} rows published in {self.claims} claims"
+        if self.parked:
+            text += f" ({self.parked:,} parked beyond the horizon)"
         bad = [p for p in self.partitions if p.failed]
         if bad:
             text += "; failed: " + "; ".join(f"partition {p.partition}: {p.failed} rows ({p.errors[0]})" for p in bad)
@@ -114,37 +140,34 @@ def publish_rows(
     partition: int = 0,
     chunk_size: int = DEFAULT_CHUNK,
 ) -> PartitionResult:
-    """Claim tickets a chunk at a time (one store round trip each) and publish one task per
-    ``(args, kwargs)``. A failed chunk is counted and reported, and the rest goes on."""
-    from celery import Celery
+    """Publish one task per ``(args, kwargs)``, ``chunk_size`` rows at a time as
+    ``apply_many`` does: each row claims in its own queue (per-key tasks) with its own
+    cost (weighted ones), one store round trip per queue of a chunk, and rows whose slot
+    is beyond the horizon are parked in the store, a chunk at a time, instead of waiting
+    in a worker. A failed chunk is counted and reported, and the rest goes on."""
+    from celery import Task
 
-    from ..publish import eta_for
+    from ..publish import Progress, publish_many
 
     result = PartitionResult(partition)
-    app = Celery("siq-spark-submit", broker=target.broker_url, set_as_current=False)
-    app.conf.update(broker_transport_options=target.broker_options, broker_connection_retry_on_startup=True)
-    queue = IntervalQueue(target.queue, url=target.store_url, interval=target.interval_us / 1e6,
-                          key_prefix=target.key_prefix)  # fmt: skip
+    task = target.task()
+    send = Task.apply_async.__get__(task)  # Celery's own publish of one message
     try:
-        with app.producer_or_acquire() as producer:
-            for chunk in _chunks(rows, chunk_size):
-                result.rows += len(chunk)
-                try:
-                    tickets = queue.claim_many(len(chunk))
-                    result.claims += 1
-                    for (args, kwargs), ticket in zip(chunk, tickets, strict=True):
-                        app.send_task(
-                            target.task_name, args=list(args), kwargs=kwargs, headers=ticket_headers(ticket),
-                            eta=eta_for(ticket, target.countdown_margin, target.broker_wait_below),
-                            producer=producer, **target.routing,
-                        )  # fmt: skip
-                        result.published += 1
-                except Exception as exc:  # reported per partition; the next chunk may still go
-                    result.errors.append(f"{type(exc).__name__}: {exc}")
-                    logger.error("partition %d: a chunk of %d rows failed: %s", partition, len(chunk), exc)
+        for chunk in _chunks(rows, chunk_size):
+            result.rows += len(chunk)
+            progress = Progress()
+            try:
+                publish_many(task, send, chunk, len(chunk), dict(target.routing), progress)
+            except Exception as exc:  # reported per partition; the next chunk may still go
+                result.errors.append(f"{type(exc).__name__}: {exc}")
+                logger.error("partition %d: a chunk of %d rows failed: %s", partition, len(chunk), exc)
+            finally:
+                result.published += progress.published
+                result.parked += progress.parked
+                result.claims += progress.claims
     finally:
-        queue.close()
-        app.close()
+        siq_state(task.app).backend.close()
+        task.app.close()
     return result
 
 

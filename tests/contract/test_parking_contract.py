@@ -126,6 +126,31 @@ def test_after_an_outage_release_counts_the_horizon_from_now(store: Store) -> No
     assert release.tasks[0][1] == t0 + 600 * I + 10 * I + 19 * I
 
 
+def test_a_task_parked_through_a_long_back_off_is_released_only_as_the_hold_ends(store: Store) -> None:
+    """A task that backed off comes back with its passed-over ticket (a late ticket: the
+    first slot after the hold is its own). Parked, it stays parked until that slot comes
+    within the horizon, and is released for it; so does the line behind."""
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(5)
+    store.clock.now_us = t0 + I
+    assert q.backend.start("q", 1, tickets[0].epoch, task_id="first", interval_us=I, new_epoch="x").authorized
+    held = q.backoff(3600, keep_first=True)  # an hour: far beyond the horizon
+    hold_end = t0 + I + 3600 * 1_000_000
+    assert held.last_start_us + held.interval_us == hold_end
+    q.backend.park("q", held.epoch, [ParkedTask(1, "backed-off", "{}"), *parked(2, 5)])
+    for now in (t0 + 2 * I, hold_end - H - 1):
+        store.clock.now_us = now
+        assert q.backend.release("q", H).tasks == [], now - t0  # the hold is beyond the horizon
+    store.clock.now_us = hold_end - H
+    release = q.backend.release("q", H)
+    assert [(t.task_id, est) for t, est in release.tasks] == [("backed-off", hold_end)]
+    store.clock.now_us = hold_end - H + 3 * I
+    assert [(t.ticket, est) for t, est in q.backend.release("q", H).tasks] == [
+        (2, hold_end + I), (3, hold_end + 2 * I), (4, hold_end + 3 * I),
+    ]  # fmt: skip
+
+
 class RecordingApp:
     """Stands in for a Celery app: release_due only calls send_task."""
 

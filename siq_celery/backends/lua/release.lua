@@ -21,7 +21,10 @@ local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, li
 -- After an outage the line restarts from now (as start.lua would shift it).
 if s.paused == 0 and siq_shift_after_outage(s, now) then siq_save(KEYS[1], s) end
 local due = {}
-if s.paused == 0 and #expired < limit then
+-- Nothing is due while paused, or while the next free slot (the cap) is itself beyond the
+-- horizon (a long back-off): no ticket, passed-over ones included, starts before it.
+local cap_in_reach = s.last_start_us + s.interval_us <= now + tonumber(ARGV[2])
+if s.paused == 0 and cap_in_reach and #expired < limit then
   local ahead = math.floor((now + tonumber(ARGV[2]) - s.anchor_us) / s.interval_us)
   local cutoff = s.current + math.max(ahead, 0)
   due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', cutoff, 'LIMIT', 0, limit - #expired)
