@@ -75,17 +75,20 @@ def outage_us(interval_us: int) -> int:
     return max(10 * interval_us, OUTAGE_MIN_US)
 
 
-def shift_after_outage(state: QueueState, now_us: int) -> bool:
+def shift_after_outage(state: QueueState, now_us: int, overdue_us: int = 0) -> bool:
     """After an outage (no start, and the head of the line overdue by more than
-    :func:`outage_us`), the whole backlog shifts once so the head is due that long from
-    now: the returning workers and their tasks settle in, and the line restarts in ticket
-    order instead of letting whichever task arrives first jump ahead. Once only (the
-    anchor then lies after the last start) until the next start, so a head that never
-    comes back costs its slot and the line moves on. Mutates ``state``."""
+    :func:`outage_us`, or ``overdue_us`` if longer), the whole backlog shifts once so the
+    head is due :func:`outage_us` from now: the returning workers and their tasks settle
+    in, and the line restarts in ticket order instead of letting whichever task arrives
+    first jump ahead. Once only (the anchor then lies after the last start) until the next
+    start, so a head that never comes back costs its slot and the line moves on.
+
+    A task asking shifts at the threshold; a release passes its horizon as ``overdue_us``
+    (see :func:`release_cutoff`). Mutates ``state``."""
     if state.anchor_us > state.last_start_us:  # shifted already (or resumed, or reset)
         return False
     settle = outage_us(state.interval_us)
-    if state.anchor_us + state.interval_us >= now_us - settle:
+    if state.anchor_us + state.interval_us >= now_us - max(settle, overdue_us):
         return False
     state.anchor_us = now_us + settle - state.interval_us
     return True
@@ -302,7 +305,13 @@ def release_cutoff(state: QueueState, now_us: int, horizon_us: int) -> int | Non
     """The highest ticket whose slot is within ``horizon_us`` of now: parked tasks up to it
     go back to the broker. None while paused (no slot is known), and while the next free
     slot is itself beyond the horizon (a long back-off): every ticket, passed-over ones
-    too, starts no earlier than that."""
+    too, starts no earlier than that.
+
+    The caller first shifts a stalled line with ``overdue_us=horizon_us``: a release
+    shifts it only once its head is overdue by more than the horizon. A shorter outage is
+    left to the first task that comes back; a release made as the outage began (a
+    stopping worker's upkeep, a producer parking) would otherwise spend the one shift
+    before the workers return, and the returning tasks would start in arrival order."""
     if state.paused or state.last_start_us + state.interval_us > now_us + horizon_us:
         return None
     return state.current + max((now_us + horizon_us - state.anchor_us) // state.interval_us, 0)

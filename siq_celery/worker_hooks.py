@@ -188,6 +188,9 @@ signals.worker_process_init.connect(_warm_pool_process, weak=False)
 signals.worker_ready.connect(_warm_worker, weak=False)
 signals.worker_ready.connect(_start_upkeep, weak=False)
 signals.worker_ready.connect(_serve_metrics, weak=False)
+# A stopping worker releases nothing more: what it would release is for the workers that
+# stay, and a release as the outage begins must not stand in for the restart (model.release_cutoff).
+signals.worker_shutting_down.connect(_stop_upkeep, weak=False)
 signals.worker_shutdown.connect(_stop_upkeep, weak=False)
 signals.worker_shutdown.connect(_stop_metrics, weak=False)
 signals.worker_shutdown.connect(_withdraw_declarations, weak=False)

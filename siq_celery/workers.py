@@ -92,12 +92,19 @@ class CeleryProcess:
         if self.process is not None:
             self.process.wait(10)
 
+    def request_stop(self) -> None:
+        """Ask for a warm shutdown: SIGTERM to the main process only. (Pool processes reset
+        SIGTERM to its default, so a SIGTERM to the whole group kills running bodies.)"""
+        if self.alive:
+            assert self.process is not None
+            os.kill(self.process.pid, signal.SIGTERM)
+
     def stop(self, timeout: float = 20.0) -> None:
-        """Warm shutdown (SIGTERM), then SIGKILL if it takes longer than ``timeout``."""
+        """Warm shutdown, then SIGKILL if it takes longer than ``timeout``."""
         if not self.alive:
             return
         assert self.process is not None
-        self.signal(signal.SIGTERM)
+        self.request_stop()
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:

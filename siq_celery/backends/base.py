@@ -604,7 +604,7 @@ class ModelBackend(Backend):
                 return Release("", tx.now_us, [])
             state, now = tx.state, tx.now_us
             if not state.paused:
-                model.shift_after_outage(state, now)
+                model.shift_after_outage(state, now, horizon_us)  # see model.release_cutoff
             tasks = tx.leasable(model.release_cutoff(state, now, horizon_us), now, limit)
             tx.lease([t.task_id for t in tasks], now + lease_us)
             return Release(state.epoch, now, [(t, model.estimate_of(state, t.ticket, now)) for t in tasks])

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from siq_celery.parking import parked_message, release_due
-from siq_celery.types import ParkedTask
+from siq_celery.types import ParkedTask, Verdict
 from tests.conftest import Store
 
 I = 100_000
@@ -124,6 +124,27 @@ def test_after_an_outage_release_counts_the_horizon_from_now(store: Store) -> No
     release = q.backend.release("q", H, limit=100)
     assert [t.ticket for t, _ in release.tasks] == [20]
     assert release.tasks[0][1] == t0 + 600 * I + 10 * I + 19 * I
+
+
+def test_a_release_as_an_outage_begins_leaves_the_restart_to_the_returning_tasks(store: Store) -> None:
+    """Workers stop; a release 2 s later (a stopping worker's upkeep, a producer parking)
+    finds the head overdue, but by less than its horizon: it must not spend the one shift,
+    or the tasks coming back a minute later would start in arrival order."""
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(30)
+    q.backend.park("q", tickets[0].epoch, parked(11, 30))
+    store.clock.now_us = t0 + I
+    assert q.start(tickets[0]).authorized
+    store.clock.now_us = t0 + I + 2_000_000
+    q.backend.release("q", 50 * I)  # horizon 5 s
+    back = t0 + 60_000_000
+    store.clock.now_us = back
+    d = q.start(tickets[4])  # ticket 5 comes back first: 2, 3 and 4 still go before it
+    assert d.verdict is Verdict.WAIT and d.wait_us == 10 * I + 3 * I
+    assert q.start(tickets[1]).wait_us == 10 * I
+    store.clock.now_us = back + 10 * I
+    assert q.start(tickets[1]).authorized
 
 
 def test_a_task_parked_through_a_long_back_off_is_released_only_as_the_hold_ends(store: Store) -> None:

@@ -61,12 +61,13 @@ local function siq_reply(s, now)
           s.paused, now}
 end
 
--- After an outage (no start, head overdue by more than max(10 intervals, 1 s)) the backlog
--- shifts once so the head is due that long from now (model.py: shift_after_outage).
-local function siq_shift_after_outage(s, now)
+-- After an outage (no start, head overdue by more than max(10 intervals, 1 s), or than
+-- overdue if longer: a release passes its horizon) the backlog shifts once so the head is
+-- due max(10 intervals, 1 s) from now (model.py: shift_after_outage).
+local function siq_shift_after_outage(s, now, overdue)
   local settle = math.max(10 * s.interval_us, 1000000)
   if s.anchor_us > s.last_start_us then return false end
-  if s.anchor_us + s.interval_us >= now - settle then return false end
+  if s.anchor_us + s.interval_us >= now - math.max(settle, overdue) then return false end
   s.anchor_us = now + settle - s.interval_us
   return true
 end
@@ -113,7 +114,7 @@ local function siq_decide(key, s, ticket, epoch, cost, now)
   if s.paused == 1 then
     return 'paused', math.max(ticket - s.current - 1, 0) * s.interval_us, 0
   end
-  if ticket > s.current and siq_shift_after_outage(s, now) then siq_save(key, s) end
+  if ticket > s.current and siq_shift_after_outage(s, now, 0) then siq_save(key, s) end
   local due = 0  -- a ticket passed over by current takes the next free slot
   if ticket > s.current then due = s.anchor_us + (ticket - s.current) * s.interval_us end
   local slot = math.max(due, s.last_start_us + s.interval_us)

@@ -18,8 +18,9 @@ local limit = tonumber(ARGV[3])
 local lease_until = now + tonumber(ARGV[4])
 local reply = {s.epoch, now}
 local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, limit)
--- After an outage the line restarts from now (as start.lua would shift it).
-if s.paused == 0 and siq_shift_after_outage(s, now) then siq_save(KEYS[1], s) end
+-- After an outage longer than the horizon the line restarts from now; a shorter one is
+-- left to the first task that comes back (model.py: release_cutoff).
+if s.paused == 0 and siq_shift_after_outage(s, now, tonumber(ARGV[2])) then siq_save(KEYS[1], s) end
 local due = {}
 -- Nothing is due while paused, or while the next free slot (the cap) is itself beyond the
 -- horizon (a long back-off): no ticket, passed-over ones included, starts before it.
