@@ -184,8 +184,16 @@ def test_a_two_hour_back_off_waits_parked_in_the_store_and_the_line_keeps_its_or
         assert "parked until the hold ends" in logs, logs[-3000:]
         state = queue.backend.keys("geo").state
         store = redis.Redis.from_url(celery_run.env["SIQ_TEST_STORE"])
-        for field in ("last_start_us", "anchor_us"):  # two hours pass, but for 2 s
-            store.hincrby(state, field, -7_198_000_000)
+        # Two hours pass, but for 2 s from now: counted from the store's clock now, not from
+        # the back-off (parking the line behind it takes 2 s itself: a hold already over
+        # when its tasks come back lets them race for the first slot).
+        seconds, micros = store.time()
+        hold_ends = int(store.hget(state, "last_start_us")) + 100_000
+        early = hold_ends - (seconds * 1_000_000 + micros + 2_000_000)
+        with store.pipeline(transaction=True) as moves:
+            for field in ("last_start_us", "anchor_us"):
+                moves.hincrby(state, field, -early)
+            moves.execute()
         celery_run.wait_for(lambda s: len({f["n"] for f in celery_run.finishes()}) >= 30, 60, "30 calls")
     finally:
         service.server.shutdown()
@@ -193,7 +201,7 @@ def test_a_two_hour_back_off_waits_parked_in_the_store_and_the_line_keeps_its_or
     calls = sorted(service.calls)
     ok = [c for c in calls if c[2] == 200]
     assert len(ok) == 30 and len({c[1] for c in ok}) == 30, "every call once"
-    assert calls[10][1] == calls[9][1], "the backed-off call first after the hold"
+    assert calls[10][1] == calls[9][1], f"the backed-off call first after the hold: {calls[8:13]}"
     host_gaps_at_least([(b[0] - a[0]) * 1000 for a, b in itertools.pairwise(calls[10:])], 90.0, "gap between calls")
     assert queue.status().parked == 0
 
