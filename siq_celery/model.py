@@ -85,8 +85,8 @@ def shift_after_outage(state: QueueState, now_us: int, overdue_us: int = 0) -> b
 
     A task asking shifts at the threshold; a release passes its horizon as ``overdue_us``
     (see :func:`release_cutoff`). Mutates ``state``."""
-    if state.anchor_us > state.last_start_us:  # shifted already (or resumed, or reset)
-        return False
+    if state.anchor_us > state.last_start_us + state.interval_us:  # shifted already (or resumed)
+        return False  # (a back-off that keeps the first slot sets the anchor one interval on: not a shift)
     settle = outage_us(state.interval_us)
     if state.anchor_us + state.interval_us >= now_us - max(settle, overdue_us):
         return False
@@ -143,10 +143,13 @@ def decide(
 def commit_start(state: QueueState, ticket: int, now_us: int, cost: int = 1) -> None:
     """Record an authorized start. The line continues from it: for a late ticket (ticket
     <= current) that means it took the slot ticket current+1 was due at, and the line
-    behind it shifts by one slot, keeping its order (so does a FREE start)."""
+    behind it shifts by one slot, keeping its order (so does a FREE start). A line whose
+    head is due later (an outage's settle, a resume's grace, a kept first slot) stays
+    where it is: a late ticket that starts before it never pulls it forward."""
     if ticket != FREE:
         state.current = max(state.current, ticket + cost - 1)
-    state.anchor_us = state.last_start_us = now_us + (cost - 1) * state.interval_us
+    state.last_start_us = now_us + (cost - 1) * state.interval_us
+    state.anchor_us = max(state.anchor_us, state.last_start_us)
 
 
 def start_all(
@@ -297,7 +300,8 @@ def restamp(state: QueueState, epoch: str, started_us: int, now_us: int) -> int 
     """
     if state.epoch != epoch or state.last_start_us != started_us or now_us < started_us:
         return None
-    state.last_start_us = state.anchor_us = now_us
+    state.last_start_us = now_us
+    state.anchor_us = max(state.anchor_us, now_us)
     return now_us
 
 

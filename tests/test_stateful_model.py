@@ -68,7 +68,7 @@ class Reference:
         if q["paused"]:
             return "paused", max(number - cur - 1, 0) * I, 0  # type: ignore[operator]
         settle = max(10 * I, 1_000_000)  # type: ignore[call-overload]
-        outage = q["anchor"] <= q["last"] and q["anchor"] + I < now - settle  # type: ignore[operator]
+        outage = q["anchor"] <= q["last"] + I and q["anchor"] + I < now - settle  # type: ignore[operator]
         if number > cur and outage:  # type: ignore[operator]
             q["anchor"] = now + settle - I  # type: ignore[operator]  # a long-overdue head: the backlog shifts once
         due = q["anchor"] + (number - cur) * I if number > cur else 0  # type: ignore[operator]
@@ -76,14 +76,15 @@ class Reference:
         if now < slot:
             return "wait", slot - now, slot
         q["cur"] = max(cur, number + cost - 1)  # type: ignore[call-overload]
-        q["anchor"] = q["last"] = now + (cost - 1) * I  # type: ignore[operator]  # c slots: the last one's
+        q["last"] = now + (cost - 1) * I  # type: ignore[operator]  # c slots: the last one's
+        q["anchor"] = max(q["anchor"], q["last"])  # type: ignore[call-overload]  # a line due later stays
         return "authorized", 0, slot
 
-    def backoff(self, hold: int) -> None:
+    def backoff(self, hold: int, keep_first: bool) -> None:
         q = self.q
         until = self.clock.now_us + hold - q["I"]  # type: ignore[index, operator]
         q["last"] = max(q["last"], until)  # type: ignore[index, call-overload]
-        q["anchor"] = max(q["anchor"], until)  # type: ignore[index, call-overload]
+        q["anchor"] = max(q["anchor"], until + (q["I"] if keep_first else 0))  # type: ignore[index, call-overload, operator]
 
 
 class StoresAgree(RuleBasedStateMachine):
@@ -154,7 +155,8 @@ class StoresAgree(RuleBasedStateMachine):
         now = self.clock.now_us
         expected = None
         if epoch == q["epoch"] and started == q["last"] and now >= started:  # type: ignore[index, operator]
-            q["last"] = q["anchor"] = expected = now  # type: ignore[index]
+            q["last"] = expected = now  # type: ignore[index]
+            q["anchor"] = max(q["anchor"], now)  # type: ignore[index, call-overload]
             if self.starts:
                 self.starts[-1] = (now, self.starts[-1][1])
         assert got == expected
@@ -180,10 +182,10 @@ class StoresAgree(RuleBasedStateMachine):
             q["anchor"] = max(q["anchor"], self.clock.now_us + grace - q["I"])  # type: ignore[index, operator]
 
     @precondition(lambda self: self.ref.q is not None)
-    @rule(hold=st.sampled_from([0, 50_000, 1_000_000]))
-    def backoff(self, hold: int) -> None:
-        self._all("backoff", hold)
-        self.ref.backoff(hold)
+    @rule(hold=st.sampled_from([0, 50_000, 1_000_000]), keep_first=st.booleans())
+    def backoff(self, hold: int, keep_first: bool) -> None:
+        self._all("backoff", hold, keep_first=keep_first)
+        self.ref.backoff(hold, keep_first)
         self.backoffs.append((len(self.starts), self.clock.now_us + hold))
 
     @precondition(lambda self: self.ref.q is not None)

@@ -504,3 +504,21 @@ def test_a_backoff_can_keep_the_first_slot_for_the_task_that_backed_off(store: S
     assert q.start(first).authorized  # the passed-over ticket takes the first slot
     at(store, hold_end + I)
     assert q.start(second).authorized
+
+
+def test_a_hold_that_ends_during_an_outage_still_restarts_the_line_in_order(store: Store) -> None:
+    """The workers are gone when a kept-first back-off ends, and come back a minute later:
+    the line shifts as after any outage (the kept first slot is not a shift already
+    made), the task that backed off first, the rest in ticket order."""
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    first, second, third = q.claim_many(3)
+    at(store, t0 + I)
+    assert q.start(first).authorized
+    q.backoff(1.0, keep_first=True)
+    back = t0 + I + 60_000_000
+    at(store, back)
+    d = q.start(third)  # comes back first: second still goes before it
+    assert d.verdict is Verdict.WAIT and d.wait_us == SETTLE + I
+    assert q.start(first).authorized  # the passed-over ticket: its slot came long ago
+    assert q.start(second).wait_us == SETTLE

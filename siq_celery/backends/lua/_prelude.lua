@@ -66,7 +66,7 @@ end
 -- due max(10 intervals, 1 s) from now (model.py: shift_after_outage).
 local function siq_shift_after_outage(s, now, overdue)
   local settle = math.max(10 * s.interval_us, 1000000)
-  if s.anchor_us > s.last_start_us then return false end
+  if s.anchor_us > s.last_start_us + s.interval_us then return false end  -- shifted already
   if s.anchor_us + s.interval_us >= now - math.max(settle, overdue) then return false end
   s.anchor_us = now + settle - s.interval_us
   return true
@@ -123,12 +123,13 @@ local function siq_decide(key, s, ticket, epoch, cost, now)
 end
 
 -- Record an authorized start (model.commit_start): the line continues from it (a late
--- ticket takes the slot current+1 was due at, and the line behind shifts one slot); a
--- start of cost c is recorded as if its last slot were used c - 1 intervals from now.
+-- ticket takes the slot current+1 was due at, and the line behind shifts one slot; a line
+-- due later stays where it is); a start of cost c is recorded as if its last slot were
+-- used c - 1 intervals from now.
 local function siq_commit(key, s, ticket, cost, now)
   if ticket > 0 and ticket + cost - 1 > s.current then s.current = ticket + cost - 1 end
-  s.anchor_us = now + (cost - 1) * s.interval_us
-  s.last_start_us = s.anchor_us
+  s.last_start_us = now + (cost - 1) * s.interval_us
+  s.anchor_us = math.max(s.anchor_us, s.last_start_us)
   siq_save(key, s)
 end
 
