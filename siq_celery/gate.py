@@ -29,7 +29,7 @@ from .intervals import parse_duration
 from .ledger import StartRecord
 from .messages import DEFERRALS, HEADER_NAMES, KEEP_TICKET, deferrals, ticket_from_headers, ticket_headers
 from .parking import park, parked_message, release_now_and_then
-from .queue import DeferralNeeded, DuplicateTaskError
+from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue
 from .types import Decision, QueueState, Ticket, Verdict
 from .worker_hooks import WORKER_SENDS_TASK_EVENTS
 
@@ -86,13 +86,12 @@ def defer(task: IntervalTask, ticket: Ticket, decision: Decision, own_wait: floa
     headers = {**(request.headers or {}), **ticket_headers(ticket), DEFERRALS: deferrals(request.headers) + 1}
     signature = task.signature_from_request(request, request.args, request.kwargs, headers=headers)
     own_far = own_wait is None or own_wait > settings.horizon
-    if decision.verdict is Verdict.WAIT and decision.wait > settings.horizon and own_far:
-        message = parked_message(task.name, request.args, request.kwargs, dict(signature.options))
-        if park(task.siq_queue(request.args, request.kwargs), [(ticket, request.id, message)]):
-            logger.info("%s[%s]: ticket %s of %r parked, %.0fs from its slot",
-                        task.name, request.id, ticket.number, ticket.queue, decision.wait)  # fmt: skip
-            send_deferred_event(task, ticket, decision, decision.wait)
-            raise Ignore()
+    far = decision.verdict is Verdict.WAIT and decision.wait > settings.horizon and own_far
+    if far and park_this_run(task, task.siq_queue(request.args, request.kwargs), ticket, signature):
+        logger.info("%s[%s]: ticket %s of %r parked, %.0fs from its slot",
+                    task.name, request.id, ticket.number, ticket.queue, decision.wait)  # fmt: skip
+        send_deferred_event(task, ticket, decision, decision.wait)
+        raise Ignore()
     countdown = min(countdown, settings.horizon)  # nothing waits in a worker beyond the horizon
     # An ETA on the store's clock, like the producer's: a countdown would become an ETA
     # on this worker's clock, and a worker whose clock is off would send the task to
@@ -103,6 +102,14 @@ def defer(task: IntervalTask, ticket: Ticket, decision: Decision, own_wait: floa
                 task.name, request.id, decision.verdict.value, ticket.number, ticket.queue, countdown)  # fmt: skip
     send_deferred_event(task, ticket, decision, countdown)
     raise Ignore()
+
+
+def park_this_run(task: IntervalTask, queue: IntervalQueue, ticket: Ticket, signature: Any) -> bool:
+    """Park the running task (as ``signature`` would re-publish it) in ``queue`` under
+    ``ticket``; False if the store refused (the line moved on): re-publish it instead."""
+    request = task.request
+    message = parked_message(task.name, request.args, request.kwargs, dict(signature.options))
+    return park(queue, [(ticket, request.id, message)])
 
 
 def send_deferred_event(task: IntervalTask, ticket: Ticket, decision: Decision, countdown: float) -> None:
@@ -159,28 +166,27 @@ def back_off(task: IntervalTask, seconds: float | str) -> NoReturn:
     # (gone, or unreachable) it comes back without one and claims one at the worker.
     headers = {k: v for k, v in (request.headers or {}).items() if k not in HEADER_NAMES}
     held = states.get(queue.name)
+    ticket = None
     if held is not None:
-        number = decision.ticket if decision is not None else 1
-        headers.update(ticket_headers(Ticket(queue.name, number, held.epoch, 0, 0)))
+        ticket = Ticket(queue.name, decision.ticket if decision is not None else 1, held.epoch, 0, 0)
+        headers.update(ticket_headers(ticket))
     settings = siq_state(task.app).settings
+    hold_us = parse_duration(seconds)
     logger.info("%s[%s]: %s held for %ss; this task runs again after it",
                 task.name, request.id, list(states), seconds)  # fmt: skip
     signature = task.signature_from_request(request, request.args, request.kwargs, headers=headers)
-    if held is not None and decision is not None:
-        # A hold beyond the horizon: the task waits parked in the store, as a long
-        # backlog does, and is released for the slot the back-off keeps for it.
-        ticket = Ticket(queue.name, decision.ticket, held.epoch, 0, 0)
-        if parse_duration(seconds) > settings.horizon_us:
-            message = parked_message(task.name, request.args, request.kwargs, dict(signature.options))
-            if park(queue, [(ticket, request.id, message)]):
-                logger.info("%s[%s]: ticket %s of %r parked until the hold ends",
-                            task.name, request.id, ticket.number, queue.name)  # fmt: skip
-                raise Ignore()
+    # A hold beyond the horizon: the task waits parked in the store, as a long backlog
+    # does, and is released for the slot the back-off keeps for it.
+    far = decision is not None and hold_us > settings.horizon_us
+    if ticket is not None and far and park_this_run(task, queue, ticket, signature):
+        logger.info("%s[%s]: ticket %s of %r parked until the hold ends",
+                    task.name, request.id, ticket.number, queue.name)  # fmt: skip
+        raise Ignore()
     if states:
         hold_end = max(st.last_start_us + st.interval_us for st in states.values()) / 1e6
         eta = datetime.fromtimestamp(hold_end - settings.countdown_margin, UTC)
     else:  # no store answered: after the hold, on this host's clock
-        eta = datetime.now(UTC) + timedelta(microseconds=parse_duration(seconds))
+        eta = datetime.now(UTC) + timedelta(microseconds=hold_us)
     signature.apply_async(eta=eta, **{KEEP_TICKET: True})
     raise Ignore()
 

@@ -80,8 +80,9 @@ def shift_after_outage(state: QueueState, now_us: int, overdue_us: int = 0) -> b
     :func:`outage_us`, or ``overdue_us`` if longer), the whole backlog shifts once so the
     head is due :func:`outage_us` from now: the returning workers and their tasks settle
     in, and the line restarts in ticket order instead of letting whichever task arrives
-    first jump ahead. Once only (the anchor then lies after the last start) until the next
-    start, so a head that never comes back costs its slot and the line moves on.
+    first jump ahead. Once only (the anchor then lies more than an interval after the last
+    start) until the next start, so a head that never comes back costs its slot and the
+    line moves on.
 
     A task asking shifts at the threshold; a release passes its horizon as ``overdue_us``
     (see :func:`release_cutoff`). Mutates ``state``."""
