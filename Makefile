@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= redis,dev
 
-.PHONY: demo test lint unit bench bench-peers clean test-redis-floor
+.PHONY: demo test lint unit bench bench-peers clean test-redis-floor test-install
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,17 @@ test-redis-floor: $(FLOOR_VENV)/.installed-$(REDIS_PY_FLOOR)
 	$(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow and not cluster" tests/contract \
 		tests/test_redis_urls.py -W "ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning"
 
+# Install exactly as the README's Install section says, `pip install ".[redis]"` (not
+# editable, no dev extras), into a fresh venv, then start a real `celery -A app worker` on a
+# private Redis, run an IntervalTask through it, and run `siq demo` (.ci/install_check.py).
+# The dev extras bring in what an extra may forget to declare: this is the install a user gets.
+INSTALL_VENV ?= .venv-install
+test-install:
+	rm -rf $(INSTALL_VENV)
+	$(PYTHON) -m venv $(INSTALL_VENV)
+	$(INSTALL_VENV)/bin/python -m pip install --quiet ".[redis]"
+	cd $(INSTALL_VENV) && env -u PYTHONPATH ./bin/python $(CURDIR)/.ci/install_check.py
+
 bench: install
 	$(PY) bench/core.py
 	$(PY) bench/fidelity.py
@@ -59,4 +70,4 @@ bench-peers: install
 	$(PY) bench/peers.py
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(FLOOR_VENV) $(INSTALL_VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
