@@ -5,14 +5,16 @@ Redis: the same script, into a capped stream with the queue's hash tag; on SQLit
 row in the same transaction), and the finish record with the finish. ``siq export``
 turns them into rows of the schema below, which ``siq audit`` reads.
 
-Schema version 1 (``v``), one row per authorized start; times are integer microseconds
+Schema version 2 (``v``), one row per authorized start; times are integer microseconds
 since the Unix epoch on the store's clock:
 
 ======================  ======================================================
-``v``                   schema version (1)
+``v``                   schema version (2)
 ``queue``               interval queue
 ``epoch``               life of the queue's state the ticket belongs to
-``ticket``              ticket number (ticket order is start order)
+``ticket``              ticket number (ticket order is start order); a start of cost c holds
+                        tickets ``ticket .. ticket + c - 1``; 0: a start with no place in
+                        this queue's line (a combined limit's other queues)
 ``task_id``             Celery task id (or the id given to ``slot()``); may be null
 ``task_name``           task name (``slot()`` users: ``"slot"`` unless named)
 ``slot_us``             the slot the start was measured against
@@ -23,7 +25,11 @@ since the Unix epoch on the store's clock:
 ``deferrals``           times the task was sent back to wait before this start
 ``host``                worker node name (Celery) or host name
 ``pid``                 process id of the starting process
+``cost``                slots the start took (``cost=``): the next start may come
+                        ``cost x interval`` after it
 ======================  ======================================================
+
+Version 1 had no ``cost``: a reader takes a missing or null ``cost`` as 1.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: Default cap on start records kept per queue (finishes are kept alongside). About
 #: 5.5 hours of starts at 200 ms; export more often, or raise ``siq_ledger_max``.
@@ -59,7 +65,7 @@ class StartRecord:
 
 @dataclass
 class LedgerRow:
-    """One row of the exported ledger (schema version 1: see the module docstring)."""
+    """One row of the exported ledger (schema version 2: see the module docstring)."""
 
     queue: str
     epoch: str
@@ -74,6 +80,7 @@ class LedgerRow:
     deferrals: int = 0
     host: str = ""
     pid: int = 0
+    cost: int = 1
     v: int = SCHEMA_VERSION
 
     def as_dict(self) -> dict[str, Any]:
@@ -92,7 +99,7 @@ def arrow_schema() -> Any:
         "queue": pa.string(), "epoch": pa.string(), "ticket": pa.int64(), "task_id": pa.string(),
         "task_name": pa.string(), "slot_us": pa.int64(), "start_us": pa.int64(), "interval_us": pa.int64(),
         "finish_us": pa.int64(), "outcome": pa.string(), "deferrals": pa.int32(), "host": pa.string(),
-        "pid": pa.int32(), "v": pa.int16(),
+        "pid": pa.int32(), "cost": pa.int32(), "v": pa.int16(),
     }  # fmt: skip
     return pa.schema([(name, types[name]) for name in COLUMNS])
 

@@ -49,7 +49,7 @@ def test_json_lines_one_row_per_start_with_its_finish(store_url: str, tmp_path: 
     rows = [json.loads(line) for line in (tmp_path / "geo.jsonl").read_text().splitlines()]
     assert [r["ticket"] for r in rows] == [1, 2, 3, 4, 5] and tuple(rows[0]) == COLUMNS
     assert [r["outcome"] for r in rows] == ["SUCCESS", "FAILURE", "SUCCESS", "SUCCESS", "SUCCESS"]
-    assert all(r["v"] == 1 and r["finish_us"] == r["start_us"] for r in rows)
+    assert all(r["v"] == 2 and r["cost"] == 1 and r["finish_us"] == r["start_us"] for r in rows)
 
 
 def test_parquet_has_the_documented_schema(store_url: str, tmp_path: Path) -> None:
@@ -124,3 +124,29 @@ def test_parked_tasks_export_as_json_lines(store_url: str, tmp_path: Path) -> No
         (2, "t2", "geo.lookup"),
         (3, "t3", "geo.lookup"),
     ]
+
+
+def test_a_sqlite_ledger_from_before_costs_were_recorded_reads_as_cost_1(tmp_path: Path) -> None:
+    """A database whose ledger table predates the cost column gets it when first opened:
+    old rows read as cost 1, new starts record theirs."""
+    import sqlite3
+
+    from siq_celery.backends import backend_from_url
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE siq_ledger (prefix TEXT NOT NULL, queue TEXT NOT NULL, epoch TEXT NOT NULL, "
+            "ticket INTEGER NOT NULL, task_id TEXT, task_name TEXT NOT NULL, slot_us INTEGER NOT NULL, "
+            "start_us INTEGER NOT NULL, interval_us INTEGER NOT NULL, finish_us INTEGER, outcome TEXT, "
+            "deferrals INTEGER NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL)"
+        )
+        conn.execute("INSERT INTO siq_ledger VALUES ('siq', 'geo', 'old', 7, 'x', 'job', 1, 2, 100000, 3, "
+                     "'SUCCESS', 0, 'h', 1)")  # fmt: skip
+    clock = PinnedClock()
+    q = IntervalQueue("geo", interval=0.1, backend=backend_from_url(f"sqlite:///{path}", clock=clock))
+    t0 = q.ensure().last_start_us
+    ticket = q.claim(4)
+    clock.now_us = t0 + I
+    assert q.start(ticket, task_id="y", record=StartRecord("job", "y", "h", 1), cost=4).authorized
+    assert [(r.epoch, r.ticket, r.cost) for r in q.ledger()] == [("old", 7, 1), (ticket.epoch, 1, 4)]

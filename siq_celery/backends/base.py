@@ -476,7 +476,7 @@ class ModelBackend(Backend):
                     LedgerRow(
                         queue, state.epoch, ticket, task_id or record.task_id, record.task_name, decision.slot_us,
                         decision.now_us, state.interval_us, deferrals=record.deferrals, host=record.host,
-                        pid=record.pid,
+                        pid=record.pid, cost=cost,
                     )
                 )  # fmt: skip
             return decision
@@ -508,6 +508,7 @@ class ModelBackend(Backend):
                         LedgerRow(
                             queue, state.epoch, d.ticket, task_id or record.task_id, record.task_name, d.slot_us,
                             d.now_us, state.interval_us, deferrals=record.deferrals, host=record.host, pid=record.pid,
+                            cost=cost,
                         )
                     )  # fmt: skip
             return decisions

@@ -147,7 +147,7 @@ def _ledger_entry(queue: str, raw: Mapping[bytes, bytes]) -> LedgerRow | FinishE
         return FinishEntry(f["id"], int(f["ft"]), f["o"])
     return LedgerRow(
         queue, f["ep"], int(f["t"]), f["id"] or None, f["n"], int(f["sl"]), int(f["st"]), int(f["iv"]),
-        deferrals=int(f["d"]), host=f["h"], pid=int(f["p"]),
+        deferrals=int(f["d"]), host=f["h"], pid=int(f["p"]), cost=int(f.get("c", 1)),
     )  # fmt: skip
 
 

@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS siq_ledger (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, epoch TEXT NOT NULL, ticket INTEGER NOT NULL,
     task_id TEXT, task_name TEXT NOT NULL, slot_us INTEGER NOT NULL, start_us INTEGER NOT NULL,
     interval_us INTEGER NOT NULL, finish_us INTEGER, outcome TEXT, deferrals INTEGER NOT NULL,
-    host TEXT NOT NULL, pid INTEGER NOT NULL
+    host TEXT NOT NULL, pid INTEGER NOT NULL, cost INTEGER NOT NULL DEFAULT 1
 );
 CREATE INDEX IF NOT EXISTS siq_ledger_by_start ON siq_ledger (prefix, queue, start_us);
 CREATE INDEX IF NOT EXISTS siq_ledger_by_task ON siq_ledger (prefix, queue, task_id);
@@ -65,9 +65,21 @@ CREATE TABLE IF NOT EXISTS siq_interval_sources (
 """
 _LEDGER_COLUMNS = (
     "queue", "epoch", "ticket", "task_id", "task_name", "slot_us", "start_us", "interval_us", "finish_us",
-    "outcome", "deferrals", "host", "pid",
+    "outcome", "deferrals", "host", "pid", "cost",
 )  # fmt: skip
 _FIELDS = ("epoch", "interval_us", "ticket", "current", "anchor_us", "last_start_us", "paused")
+
+
+def _add_ledger_cost(conn: sqlite3.Connection) -> None:
+    """A database made before the ledger recorded each start's cost gets the column (its
+    rows read as cost 1). Another process may add it first."""
+    if any(row[1] == "cost" for row in conn.execute("PRAGMA table_info(siq_ledger)")):
+        return
+    try:
+        conn.execute("ALTER TABLE siq_ledger ADD COLUMN cost INTEGER NOT NULL DEFAULT 1")
+    except sqlite3.OperationalError as exc:
+        if "duplicate column" not in str(exc):
+            raise
 
 
 class _SqliteTransaction(Transaction):
@@ -266,6 +278,7 @@ class SqliteBackend(ModelBackend):
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
+            _add_ledger_cost(conn)
             conn.execute("PRAGMA busy_timeout=0")  # BEGIN IMMEDIATE is retried by _begin
             conn.execute("PRAGMA wal_autocheckpoint=0")  # see _checkpoint
             self._local.conn, self._local.pid = conn, os.getpid()

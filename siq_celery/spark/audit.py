@@ -8,12 +8,15 @@
 Reads ledger files written by ``siq export`` (JSON Lines or Parquet, any path Spark can
 read: local, HDFS, S3 with the cluster's connector; globs work) and writes, per queue:
 
-* ``summary``: starts, achieved rate against 1/interval, gap and lateness percentiles,
-  violations (a start less than ``interval - tolerance`` after the one before it, on the
-  store's clock), order inversions (a start whose ticket is lower than one started
-  before it in the same epoch), duplicate starts of one task id, tickets never started
-  (within each epoch, numbers between the first and last started ticket with no start),
-  unfinished and failed starts, epochs and workers;
+* ``summary``: starts, slots (a start of cost c uses c), achieved rate in slots against
+  1/interval, gap and lateness percentiles, violations (a start less than ``interval -
+  tolerance`` after the one before it, on the store's clock; ``c x interval - tolerance``
+  after a start of cost c), order inversions (a start whose ticket is lower than one
+  started before it in the same epoch; ticket 0, a start with no place in this queue's
+  line, never is), duplicate starts of one task id, tickets never started (within each
+  epoch, numbers between the first and last ticket used with no start using them; a
+  start of cost c uses ``ticket .. ticket + c - 1``), unfinished and failed starts,
+  epochs and workers;
 * ``by_day`` and ``by_hour``: the same figures per UTC day and hour;
 * ``gaps``: the gap histogram (gap / interval, bins of 0.05); ``rate``: starts over time
   in about 60 buckets; ``workers``: starts per worker host and process;
@@ -42,6 +45,7 @@ from typing import Any
 
 from siq_celery.intervals import parse_duration
 from siq_celery.ledger import SCHEMA_VERSION
+from siq_celery.queue import MAX_COST
 from siq_celery.spark.pieces import ROWS_PER_PIECE, in_pieces, in_start_order, kept, piece_ends, piece_spans
 
 GAP_BIN = 0.05  # histogram bins, in intervals
@@ -87,7 +91,8 @@ def ledger_schema() -> Any:
         T.StructField("start_us", T.LongType()), T.StructField("interval_us", T.LongType()),
         T.StructField("finish_us", T.LongType()), T.StructField("outcome", T.StringType()),
         T.StructField("deferrals", T.IntegerType()), T.StructField("host", T.StringType()),
-        T.StructField("pid", T.IntegerType()), T.StructField("v", T.ShortType()),
+        T.StructField("pid", T.IntegerType()), T.StructField("cost", T.IntegerType()),
+        T.StructField("v", T.ShortType()),
     ])  # fmt: skip
 
 
@@ -160,12 +165,14 @@ def auditable(df: Any) -> Any:
 
 def narrow_starts(df: Any) -> Any:
     """One narrow row per auditable start, with what the order-dependent tables need:
-    lateness, 0/1 flags for unfinished and failed, and a 64-bit hash of the task id (for
+    lateness, the cost (1 where the ledger has none: schema version 1; held to 1 ..
+    MAX_COST), 0/1 flags for unfinished and failed, and a 64-bit hash of the task id (for
     duplicates, without carrying the ids themselves through the sort)."""
     from pyspark.sql import functions as F
 
+    cost = F.least(F.greatest(F.coalesce(F.col("cost"), F.lit(1)), F.lit(1)), F.lit(MAX_COST)).cast("int")
     return auditable(df).select(
-        "queue", "epoch", "ticket", "start_us", "interval_us",
+        "queue", "epoch", "ticket", "start_us", "interval_us", cost.alias("cost"),
         (F.col("start_us") - F.col("slot_us")).alias("lateness_us"),
         F.col("finish_us").isNull().cast("byte").alias("unfinished"),
         (F.col("outcome") == "FAILURE").cast("byte").alias("failure"),
@@ -239,6 +246,8 @@ def audit(
         rows.groupBy("queue", "hour_n")
         .agg(
             F.count("*").alias("starts"),
+            F.sum("cost").alias("slots"),
+            F.max(F.struct("start_us", "ticket", "cost"))["cost"].alias("last_cost"),
             F.min("start_us").alias("first_start_us"),
             F.max("start_us").alias("last_start_us"),
             F.sum("interval_us").alias("interval_sum"),
@@ -272,6 +281,8 @@ def audit(
     def figures(*keys: str) -> Any:
         table = hourly.groupBy(*keys).agg(
             F.sum("starts").alias("starts"),
+            F.sum("slots").alias("slots"),
+            F.max(F.struct("last_start_us", "last_cost"))["last_cost"].alias("last_cost"),
             F.min("first_start_us").alias("first_start_us"),
             F.max("last_start_us").alias("last_start_us"),
             (F.sum("interval_sum") / F.sum("interval_count")).alias("mean_interval_us"),
@@ -288,9 +299,11 @@ def audit(
         return with_rates(table.join(gaps, list(keys), "left").join(late, list(keys), "left"))
 
     def with_rates(table: Any) -> Any:
+        # In slots: a start of cost c takes c of them, and the last start's are not yet used up.
         span_s = (F.col("last_start_us") - F.col("first_start_us")) / 1e6
         return (
-            table.withColumn("achieved_rate", F.when(span_s > 0, (F.col("starts") - 1) / span_s))
+            table.withColumn("achieved_rate", F.when(span_s > 0, (F.col("slots") - F.col("last_cost")) / span_s))
+            .drop("last_cost")
             .withColumn("target_rate", 1e6 / F.col("mean_interval_us"))
             .withColumn("rate_pct", F.round(100 * F.col("achieved_rate") / F.col("target_rate"), 2))
         )
@@ -313,12 +326,23 @@ def audit(
         .transform(lambda few: kept(few, cached))  # only the duplicates: the summary reads them too
     )
     # Tickets never started, exactly and without a shuffle of every ticket: each group of
-    # 64 consecutive numbers becomes one 64-bit mask of the numbers seen.
+    # 64 consecutive numbers becomes one 64-bit mask of the numbers seen. A start of cost c
+    # used tickets ticket .. ticket + c - 1 (a mask for each block they touch); ticket 0 is
+    # no ticket (a start with no place in this queue's line).
+    used = ordered.filter(F.col("ticket").isNotNull() & (F.col("ticket") != 0)).select(
+        "queue", "epoch", F.col("ticket").alias("first"), (F.col("ticket") + F.col("cost") - 1).alias("last")
+    )
+    blocks = F.sequence(F.expr("(first - pmod(first, 64)) div 64"), F.expr("(last - pmod(last, 64)) div 64"))
+    bits = "shiftleft(shiftleft(1L, cast(b - a + 1 as int)) - 1, cast(a as int))"  # bits a .. b set
+    in_block = (
+        used.withColumn("block", F.explode(blocks))
+        .withColumn("a", F.greatest("first", F.col("block") * 64) - F.col("block") * 64)
+        .withColumn("b", F.least("last", F.col("block") * 64 + 63) - F.col("block") * 64)
+        .withColumn("mask", F.expr(f"CASE WHEN b - a = 63 THEN -1L ELSE {bits} END"))
+    )
     started_tickets = (
-        ordered.filter(F.col("ticket").isNotNull())
-        .groupBy("queue", "epoch", F.expr("(ticket - pmod(ticket, 64)) div 64").alias("block"))
-        .agg(F.bit_or(F.expr("shiftleft(1L, cast(pmod(ticket, 64) as int))")).alias("seen"),
-             F.min("ticket").alias("low"), F.max("ticket").alias("high"))
+        in_block.groupBy("queue", "epoch", "block")
+        .agg(F.bit_or("mask").alias("seen"), F.min("first").alias("low"), F.max("last").alias("high"))
         .groupBy("queue", "epoch")
         .agg((F.max("high") - F.min("low") + 1 - F.sum(F.bit_count("seen"))).alias("missing_tickets"))
     )  # fmt: skip
@@ -343,14 +367,14 @@ def audit(
     span = hourly.groupBy("queue").agg(F.min("first_start_us").alias("t0"), F.max("last_start_us").alias("t1"))
     bucket_us = F.greatest(F.ceil((F.col("t1") - F.col("t0") + 1) / RATE_BUCKETS), F.lit(1))
     rate = (
-        ordered.select("queue", "start_us", "interval_us")
+        ordered.select("queue", "start_us", "interval_us", "cost")
         .join(F.broadcast(span), "queue")
         .withColumn("bucket_us", bucket_us)
         .withColumn("bucket", F.floor((F.col("start_us") - F.col("t0")) / F.col("bucket_us")))
         .groupBy("queue", "bucket", "bucket_us", "t0")
-        .agg(F.count("*").alias("starts"), F.avg("interval_us").alias("mean_interval_us"))
+        .agg(F.count("*").alias("starts"), F.sum("cost").alias("slots"), F.avg("interval_us").alias("mean_interval_us"))
         .withColumn("bucket_start_us", F.col("t0") + F.col("bucket") * F.col("bucket_us"))
-        .withColumn("rate", F.col("starts") / (F.col("bucket_us") / 1e6))
+        .withColumn("rate", F.col("slots") / (F.col("bucket_us") / 1e6))
         .withColumn("target_rate", 1e6 / F.col("mean_interval_us"))
         .drop("t0")
     )
@@ -364,15 +388,19 @@ def audit(
     keys = ["queue", "epoch", "ticket", "start_us"]
     offending = kept(
         ordered.filter(F.col("violation") == 1).select(
-            *keys, (F.col("start_us") - F.col("gap_us")).alias("prev_start_us"), "gap_us", "interval_us"
+            *keys,
+            (F.col("start_us") - F.col("gap_us")).alias("prev_start_us"),
+            "gap_us",
+            "required_gap_us",
+            "interval_us",
         ),
         cached,
     )
     violations = (
         _small(offending)
         .join(ledger.select(*keys, "task_id", "host", "pid"), keys)
-        .select("queue", "epoch", "ticket", "task_id", "prev_start_us", "start_us", "gap_us", "interval_us", "host",
-                "pid")
+        .select("queue", "epoch", "ticket", "task_id", "prev_start_us", "start_us", "gap_us", "required_gap_us",
+                "interval_us", "host", "pid")
     )  # fmt: skip
     return {
         "summary": summary,

@@ -1,14 +1,16 @@
 """A queue's ledger in start order, computed in pieces that run in parallel.
 
-The audit needs, for each start, the start just before it in its queue (for the gap) and
-the highest ticket started before it in its epoch (for order inversions). A window over
+The audit needs, for each start, the start just before it in its queue (for the gap, and
+the gap it required: a start of cost c holds the next one c intervals away) and the
+highest ticket started before it in its epoch (for order inversions; ticket 0, a start
+with no place in this queue's line, takes no part). A window over
 the whole queue would sort every start of a queue in one Spark task: one busy queue, the
 usual fleet, would get one core on any cluster. Instead each queue's rows are cut by
 start time into *pieces* of about ``rows_per_piece`` rows, each piece is sorted and
 windowed on its own (in parallel), and only the first row of a piece needs what came
 before it. That comes from a small table with one row per (queue, epoch, piece),
-:func:`piece_ends`: the last start of the nearest earlier piece, and the highest ticket
-of every earlier piece of the epoch. It is an aggregate of the unsorted rows, made
+:func:`piece_ends`: the last start (and its last slot) of the nearest earlier piece, and
+the highest ticket of every earlier piece of the epoch. It is an aggregate of the unsorted rows, made
 before the sort, so the sort's own pass gives every row its final answers. Those are
 the answers of one window over the whole queue, row for row.
 """
@@ -49,34 +51,56 @@ def in_pieces(df: Any, spans: Any) -> Any:
     )
 
 
-def piece_ends(pieced: Any, cached: list[Any] | None = None) -> Any:
-    """The small table of :func:`in_pieces` rows (one row per queue, epoch and piece: the
-    last start and the highest ticket), cached and listed on ``cached``. An aggregate of
-    the unsorted rows: it needs no sort, so it is made before the sort, not from it."""
+def last_slot_us() -> Any:
+    """When a start's last slot falls: a start of ``cost`` c is recorded as if its last slot
+    were used (c - 1) intervals after it (model.commit_start); a missing cost is 1."""
     from pyspark.sql import functions as F
 
+    extra = F.greatest(F.coalesce(F.col("cost"), F.lit(1)) - 1, F.lit(0))
+    return F.col("start_us") + extra * F.coalesce(F.col("interval_us"), F.lit(0))
+
+
+def in_line() -> Any:
+    """The ticket, or null for ticket 0 (a start with no place in the queue's line: a
+    combined limit's queues other than the one holding its ticket)."""
+    from pyspark.sql import functions as F
+
+    return F.when(F.col("ticket") != 0, F.col("ticket"))
+
+
+def piece_ends(pieced: Any, cached: list[Any] | None = None) -> Any:
+    """The small table of :func:`in_pieces` rows (one row per queue, epoch and piece: the
+    last start, as ``piece_last`` (start_us, ticket, end_us: its last slot), and the
+    highest ticket), cached and listed on ``cached``. An aggregate of the unsorted rows: it
+    needs no sort, so it is made before the sort, not from it."""
+    from pyspark.sql import functions as F
+
+    last = F.struct(F.col("start_us"), F.col("ticket"), last_slot_us().alias("end_us"))
     return (
         pieced.groupBy("queue", "epoch", "piece")
-        .agg(F.max("start_us").alias("piece_last_us"), F.max("ticket").alias("piece_highest"))
+        .agg(F.max(last).alias("piece_last"), F.max(in_line()).alias("piece_highest"))
         .transform(lambda small: kept(small, cached))
     )
 
 
 def in_start_order(pieced: Any, ends: Any, tolerance_us: int) -> Any:
     """:func:`in_pieces` rows, each piece sorted and windowed on its own, with
-    ``prev_start_us``, ``gap_us``, ``violation`` (a gap below ``interval_us -
-    tolerance_us``), ``highest_before`` and ``inversion`` (0 or 1), as one window over each
-    whole queue gives them. ``ends``: :func:`piece_ends` of the same rows."""
+    ``prev_start_us``, ``gap_us``, ``required_gap_us`` (the interval, plus (c - 1) intervals
+    of the previous start's if its cost c was more than 1), ``violation`` (a gap below
+    ``required_gap_us - tolerance_us``), ``highest_before`` and ``inversion`` (0 or 1; never
+    for ticket 0), as one window over each whole queue gives them. ``ends``:
+    :func:`piece_ends` of the same rows."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     by_queue = Window.partitionBy("queue").orderBy("piece")
     carried = (
         ends.groupBy("queue", "piece")
-        .agg(F.max("piece_last_us").alias("piece_last_us"))
-        .withColumn("carry_start_us", F.lag("piece_last_us").over(by_queue))
-        .select("queue", "piece", "carry_start_us")
-    )
+        .agg(F.max("piece_last").alias("piece_last"))
+        .withColumn("carry", F.lag("piece_last").over(by_queue))
+        .select("queue", "piece", F.col("carry.start_us").alias("carry_start_us"),
+                F.col("carry.end_us").alias("carry_end_us"))
+    )  # fmt: skip
     earlier_in_epoch = Window.partitionBy("queue", "epoch").orderBy("piece").rowsBetween(Window.unboundedPreceding, -1)
     highest = ends.withColumn("carry_highest", F.max("piece_highest").over(earlier_in_epoch)).select(
         "queue", "epoch", "piece", "carry_highest"
@@ -87,21 +111,30 @@ def in_start_order(pieced: Any, ends: Any, tolerance_us: int) -> Any:
         .orderBy("start_us", "ticket")
         .rowsBetween(Window.unboundedPreceding, -1)
     )
+    first_in_piece = F.lag("start_us").over(in_piece).isNull()
     return (
         pieced.repartition("queue", "piece")
         .withColumn("prev_in_piece", F.lag("start_us").over(in_piece))
-        .withColumn("highest_in_piece", F.max("ticket").over(in_piece_epoch))
+        .withColumn("prev_end_in_piece", F.lag(last_slot_us()).over(in_piece))
+        .withColumn("highest_in_piece", F.max(in_line()).over(in_piece_epoch))
         .join(F.broadcast(carried), ["queue", "piece"])
         .join(F.broadcast(highest), ["queue", "epoch", "piece"])
-        .withColumn("prev_start_us", F.coalesce("prev_in_piece", "carry_start_us"))
+        .withColumn("prev_start_us", F.when(first_in_piece, F.col("carry_start_us")).otherwise(F.col("prev_in_piece")))
+        .withColumn("prev_end_us", F.when(first_in_piece, F.col("carry_end_us")).otherwise(F.col("prev_end_in_piece")))
         .withColumn("highest_before", F.greatest("highest_in_piece", "carry_highest"))
-        .drop("prev_in_piece", "carry_start_us", "highest_in_piece", "carry_highest")
+        .drop("prev_in_piece", "prev_end_in_piece", "carry_start_us", "carry_end_us", "highest_in_piece",
+              "carry_highest")
         .withColumn("gap_us", F.col("start_us") - F.col("prev_start_us"))
+        .withColumn("required_gap_us", F.col("prev_end_us") - F.col("prev_start_us") + F.col("interval_us"))
+        .drop("prev_end_us")
         .withColumn(
-            "violation", F.coalesce((F.col("gap_us") < F.col("interval_us") - tolerance_us).cast("int"), F.lit(0))
+            "violation",
+            F.coalesce((F.col("gap_us") < F.col("required_gap_us") - tolerance_us).cast("int"), F.lit(0)),
         )
-        .withColumn("inversion", F.coalesce((F.col("ticket") < F.col("highest_before")).cast("int"), F.lit(0)))
-    )
+        .withColumn(
+            "inversion", F.coalesce((in_line() < F.col("highest_before")).cast("int"), F.lit(0))
+        )
+    )  # fmt: skip
 
 
 def queue_in_start_order(

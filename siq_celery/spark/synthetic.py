@@ -48,7 +48,7 @@ def write_synthetic_ledger(
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from ..ledger import arrow_schema
+    from ..ledger import SCHEMA_VERSION, arrow_schema
 
     rng = np.random.default_rng(seed)
     faults = {"violations": violations, "inversions": inversions, "duplicates": duplicates, "missing": missing}
@@ -88,7 +88,8 @@ def write_synthetic_ledger(
                 "slot_us": slot, "start_us": start, "interval_us": np.full(count, interval, dtype=np.int64),
                 "finish_us": start + 5_000, "outcome": pa.array(np.full(count, "SUCCESS")),
                 "deferrals": np.zeros(count, dtype=np.int32), "host": pa.array(hosts),
-                "pid": (1000 + k % 8).astype(np.int32), "v": np.ones(count, dtype=np.int16),
+                "pid": (1000 + k % 8).astype(np.int32), "cost": np.ones(count, dtype=np.int32),
+                "v": np.full(count, SCHEMA_VERSION, dtype=np.int16),
             }  # fmt: skip
             writer.write_table(pa.table(columns, schema=arrow_schema()))
     return Injected(rows, violations, inversions, duplicates, missing)

@@ -31,8 +31,33 @@ def test_only_authorized_starts_are_recorded_with_every_field(store: Store) -> N
     assert row.as_dict() == {
         "queue": "q", "epoch": first.epoch, "ticket": 1, "task_id": "a", "task_name": "geo.lookup",
         "slot_us": t0 + I, "start_us": t0 + I + 7, "interval_us": I, "finish_us": None, "outcome": None,
-        "deferrals": 2, "host": "node1@host", "pid": 4242, "v": 1,
+        "deferrals": 2, "host": "node1@host", "pid": 4242, "cost": 1, "v": 2,
     }  # fmt: skip
+
+
+def test_a_weighted_start_records_its_cost_and_a_combined_one_its_place_in_each_queue(store: Store) -> None:
+    """The audit counts the tickets and slots a start used from the ledger: a start of cost
+    c records c (its tickets are ticket .. ticket + c - 1), in every queue of a combined limit,
+    where the queues that do not hold its place in line record ticket 0."""
+    from siq_celery import CombinedQueue, IntervalQueue
+
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    first = q.claim(3)
+    store.clock.now_us = t0 + I
+    assert q.start(first, task_id="a", record=rec("a"), cost=3).authorized
+    backend = store.backend()
+    fast = IntervalQueue("{geo}fast", interval="100ms", backend=backend)
+    slow = IntervalQueue("{geo}slow", interval="200ms", backend=backend)
+    fast.ensure()
+    slow.ensure()
+    both = CombinedQueue([fast, slow])
+    ticket = both.claim(2)
+    store.clock.now_us = t0 + 10 * I
+    assert all(d.authorized for d in both.start(ticket, task_id="b", record=rec("b"), cost=2))
+    assert [(r.ticket, r.cost) for r in q.ledger()] == [(1, 3)]
+    assert [(r.ticket, r.cost) for r in slow.ledger()] == [(1, 2)]
+    assert [(r.ticket, r.cost) for r in fast.ledger()] == [(0, 2)]
 
 
 def test_the_finish_completes_the_latest_start_of_its_task(store: Store) -> None:

@@ -37,7 +37,7 @@ def test_a_million_rows_with_injected_faults_are_counted_exactly(spark: Any, tmp
     html = (tmp_path / "audit" / "report.html").read_text()
     assert html.startswith("<!doctype html>") and html.count("<svg") == 6 and "synthetic:fast" in html
     on_disk = json.loads((tmp_path / "audit" / "report.json").read_text())
-    assert on_disk["rows"] == injected.rows and on_disk["schema_version"] == 1
+    assert on_disk["rows"] == injected.rows and on_disk["schema_version"] == 2
 
 
 def ledger_rows(count: int, interval_us: int = 20_000, t0: int = 1_790_000_000_000_000) -> list[LedgerRow]:
@@ -49,7 +49,8 @@ def ledger_rows(count: int, interval_us: int = 20_000, t0: int = 1_790_000_000_0
 
 
 def test_spark_submit_reads_json_lines_and_parquet_together(tmp_path: Path) -> None:
-    """The audit as a spark-submit application, on a ledger split over two formats."""
+    """The audit as a spark-submit application, on a ledger split over two formats (and two
+    schema versions)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -57,9 +58,9 @@ def test_spark_submit_reads_json_lines_and_parquet_together(tmp_path: Path) -> N
 
     rows = ledger_rows(200)
     rows[150].start_us = rows[149].start_us + 5_000  # one violation, in the Parquet half
-    with open(tmp_path / "part1.jsonl", "w") as f:
+    with open(tmp_path / "part1.jsonl", "w") as f:  # written by an older siq export: schema 1, no cost
         for row in rows[:100]:
-            f.write(json.dumps(row.as_dict()) + "\n")
+            f.write(json.dumps({k: v for k, v in row.as_dict().items() if k != "cost"} | {"v": 1}) + "\n")
     table = pa.table({c: [getattr(r, c) for r in rows[100:]] for c in COLUMNS}, schema=arrow_schema())
     pq.write_table(table, tmp_path / "part2.parquet")
     spark_submit = Path(sys.executable).parent / "spark-submit"
@@ -67,7 +68,7 @@ def test_spark_submit_reads_json_lines_and_parquet_together(tmp_path: Path) -> N
         [str(spark_submit), "--master", "local[2]", str(ROOT / "siq_celery" / "spark" / "audit.py"),
          str(tmp_path / "part1.jsonl"), str(tmp_path / "part2.parquet"), "--out", str(tmp_path / "audit")],
         capture_output=True, text=True, timeout=170, env={"PYSPARK_PYTHON": sys.executable, "PATH": "/usr/bin:/bin",
-                                                         "SPARK_LOCAL_IP": "127.0.0.1"},
+                                                         "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "api: 200 starts" in result.stdout and "1 violations" in result.stdout
@@ -78,7 +79,65 @@ def test_spark_submit_reads_json_lines_and_parquet_together(tmp_path: Path) -> N
 
 
 def test_a_newer_schema_is_refused(spark: Any, tmp_path: Path) -> None:
-    row = ledger_rows(1)[0].as_dict() | {"v": 2}
+    row = ledger_rows(1)[0].as_dict() | {"v": 3}
     (tmp_path / "future.jsonl").write_text(json.dumps(row) + "\n")
-    with pytest.raises(ValueError, match="schema version 2 is newer"):
+    with pytest.raises(ValueError, match="schema version 3 is newer"):
         run_audit(spark, [str(tmp_path / "future.jsonl")], str(tmp_path / "audit"), log=lambda _: None)
+
+
+def weighted_and_combined_rows(t0: int = 1_790_000_000_000_000) -> list[dict[str, Any]]:
+    """Ledger rows (as ``siq export`` writes them) of a weighted queue and of a queue shared
+    by a combined limit, every start on time: nothing to report but one real inversion."""
+    rows: list[dict[str, Any]] = []
+
+    def row(queue: str, ticket: int, start_us: int, interval_us: int, cost: int = 1) -> None:
+        n = len(rows)
+        rows.append({
+            "queue": queue, "epoch": "e1", "ticket": ticket, "task_id": f"t{n}", "task_name": "call",
+            "slot_us": start_us - 100, "start_us": start_us, "interval_us": interval_us, "finish_us": start_us + 50,
+            "outcome": "SUCCESS", "deferrals": 0, "host": "node1", "pid": 100, "cost": cost, "v": 2,
+        })  # fmt: skip
+
+    # "points": 10 ms a point, calls of cost 1, 3 and 10 (tickets t .. t + c - 1 each), every
+    # start exactly its predecessor's cost x interval after it.
+    ticket, start = 1, t0
+    for k in range(60):
+        cost = (1, 3, 10)[k % 3]
+        row("points", ticket, start, 10_000, cost)
+        ticket, start = ticket + cost, start + cost * 10_000
+    # "points-bad": a start 30 ms after one of cost 10 at 10 ms: 60 ms too early.
+    row("points-bad", 1, t0, 10_000, 10)
+    row("points-bad", 11, t0 + 30_000, 10_000, 10)
+    # "{geo}per-second" at 100 ms: tasks of its own (tickets) between the starts of a combined
+    # limit in which it is not the binding queue (ticket 0: no place in its line); tickets
+    # 7 and 8 start the wrong way round (one real inversion).
+    tickets = iter([1, 2, 3, 4, 5, 6, 8, 7, 9, 10])
+    for k in range(20):
+        row("{geo}per-second", 0 if k % 2 else next(tickets), t0 + k * 100_000, 100_000)
+    return rows
+
+
+def test_weighted_and_combined_starts_are_counted_by_the_tickets_and_slots_they_use(spark: Any, tmp_path: Path) -> None:
+    with open(tmp_path / "ledger.jsonl", "w") as f:
+        for r in weighted_and_combined_rows():
+            f.write(json.dumps(r) + "\n")
+    report = run_audit(spark, [str(tmp_path / "ledger.jsonl")], str(tmp_path / "audit"), log=lambda _: None)
+    got = {
+        q["queue"]: {
+            k: q[k] for k in ("starts", "rate_pct", "violations", "inversions", "missing_tickets", "min_gap_ms")
+        }
+        for q in report["summary"]
+    }
+    print(got)
+    assert got == {
+        "points": {"starts": 60, "rate_pct": 100.0, "violations": 0, "inversions": 0, "missing_tickets": 0,
+                   "min_gap_ms": 10.0},
+        "points-bad": {"starts": 2, "rate_pct": 333.33, "violations": 1, "inversions": 0, "missing_tickets": 0,
+                       "min_gap_ms": 30.0},
+        "{geo}per-second": {"starts": 20, "rate_pct": 100.0, "violations": 0, "inversions": 1, "missing_tickets": 0,
+                            "min_gap_ms": 100.0},
+    }  # fmt: skip
+    [hour] = [h for h in report["by_hour"] if h["queue"] == "points"]
+    assert (hour["rate_pct"], hour["violations"], hour["slots"]) == (100.0, 0, 20 * (1 + 3 + 10))
+    [bad] = spark.read.parquet(str(tmp_path / "audit" / "violations")).collect()
+    assert (bad["queue"], bad["gap_us"], bad["required_gap_us"]) == ("points-bad", 30_000, 100_000)

@@ -137,7 +137,8 @@ def test_faults_where_pieces_meet_are_found_as_one_window_finds_them(spark: Any,
 def test_tickets_never_started_are_counted_exactly_across_mask_blocks(spark: Any, tmp_path: Path) -> None:
     """Tickets are counted in blocks of 64 (one bit each): numbers on both sides of block
     edges, below zero, and started twice, each count once."""
-    tickets = [-65, -1, 0, 1, 63, 64, 64, 127, 128, 130]  # 64 twice: a ticket started twice
+    # 64 twice: a ticket started twice; 0 is no ticket (a start with no place in the line)
+    tickets = [-65, -1, 0, 1, 63, 64, 64, 127, 128, 130]
     rows = [
         LedgerRow("api", "e1", t, f"t{i}", "call", T0 + i * INTERVAL, T0 + i * INTERVAL, INTERVAL, None, None, 0,
                   "node0", 100)
@@ -146,6 +147,22 @@ def test_tickets_never_started_are_counted_exactly_across_mask_blocks(spark: Any
     write(rows, tmp_path / "ledger.parquet")
     report = run_audit(spark, [str(tmp_path / "ledger.parquet")], str(tmp_path / "audit"), log=lambda _: None)
     [summary] = report["summary"]
-    distinct = len(set(tickets))
+    distinct = len(set(tickets) - {0})
     assert summary["missing_tickets"] == (130 - (-65) + 1) - distinct
     assert summary["starts"] == len(tickets) and summary["unfinished"] == len(tickets)
+
+
+def test_tickets_of_weighted_starts_across_mask_blocks_are_all_used(spark: Any, tmp_path: Path) -> None:
+    """A start of cost c uses tickets ticket .. ticket + c - 1: ranges that cross block
+    edges, fill a whole block, and overlap, leave exactly the numbers no start used."""
+    starts = [(1, 62), (63, 3), (66, 64), (130, 200), (200, 5), (400, 1)]  # (ticket, cost)
+    rows = [
+        LedgerRow("api", "e1", t, f"t{i}", "call", T0 + i * 10**7, T0 + i * 10**7, INTERVAL, None, None, 0,
+                  "node0", 100, cost=c)
+        for i, (t, c) in enumerate(starts)
+    ]  # fmt: skip
+    write(rows, tmp_path / "ledger.parquet")
+    report = run_audit(spark, [str(tmp_path / "ledger.parquet")], str(tmp_path / "audit"), log=lambda _: None)
+    used = set().union(*(range(t, t + c) for t, c in starts))
+    [summary] = report["summary"]
+    assert summary["missing_tickets"] == (400 - 1 + 1) - len(used) == 70

@@ -134,10 +134,11 @@ local function siq_commit(key, s, ticket, cost, now)
 end
 
 -- A start in the ledger stream (e=s). Short field names: a stream keeps them per entry.
-local function siq_ledger_start(key, cap, s, ticket, task_id, slot, now, name, host, pid, deferrals)
+-- c: the start's cost (an entry written before it was recorded reads as 1).
+local function siq_ledger_start(key, cap, s, ticket, task_id, slot, now, name, host, pid, deferrals, cost)
   if cap > 0 then
     redis.call('XADD', key, 'MAXLEN', '~', cap, '*', 'e', 's', 'ep', s.epoch, 't', ticket, 'id', task_id,
-      'n', name, 'sl', slot, 'st', now, 'iv', s.interval_us, 'h', host, 'p', pid, 'd', deferrals)
+      'n', name, 'sl', slot, 'st', now, 'iv', s.interval_us, 'h', host, 'p', pid, 'd', deferrals, 'c', cost)
   end
 end
 

@@ -50,6 +50,6 @@ if verdict ~= 'authorized' then
 end
 local interval = s.interval_us  -- the interval this start was measured against
 siq_commit(KEYS[1], s, ticket, cost, now)
-siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11])
+siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11], cost)
 siq_touch(KEYS, s, tonumber(ARGV[13]), now)
 return {'authorized', ticket, now, 0, slot, interval}

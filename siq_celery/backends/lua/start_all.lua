@@ -67,6 +67,6 @@ local cap = tonumber(ARGV[3]) or 0
 for i = 1, n do
   local s = states[i]
   siq_commit(KEYS[4 * i - 3], s, tickets[i], cost, now)
-  siq_ledger_start(KEYS[4 * i - 1], cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+  siq_ledger_start(KEYS[4 * i - 1], cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7], cost)
 end
 return replies
