@@ -350,10 +350,11 @@ for _command in QUEUE_COMMANDS:
     siq.add_command(_command)
 
 
-@siq.command("demo", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@siq.command("demo", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                       "help_option_names": []})  # fmt: skip
 @click.pass_context
 def demo_command(ctx: click.Context) -> None:
-    """Run the demo (see `siq demo -- --help`)."""
+    """Run the demo: real workers share one interval (see `siq demo --help`)."""
     from .demo import main as demo_main
 
     sys.exit(demo_main(list(ctx.args)))

