@@ -77,4 +77,9 @@ def test_fleet_limits_example() -> None:
     lines = run_example("examples/fleet_limits/run.py")
     assert [line.split(":")[0] for line in lines] == ["per-key", "weighted", "two limits", "back-off", "OK"], lines
     assert "lists 100" in lines[0] and "no retry used" in lines[3]
+    # What OK checks is what the limits guarantee: authorized starts on the store's clock,
+    # never closer than the interval. Bodies, on the host clock, are labelled as such.
+    assert " ms between authorized starts (store clock; " in lines[0], lines[0]
+    smallest = float(lines[0].split("smallest gap within a shop ")[1].split(" ms ")[0])
+    assert smallest >= 200 and "between bodies, host clock" in lines[0], lines[0]
     assert lines[-1] == "OK: every limit held"

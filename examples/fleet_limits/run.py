@@ -43,7 +43,14 @@ class Api(BaseHTTPRequestHandler):
 
 
 def gaps_ms(times: list[float]) -> list[float]:
+    """Gaps between bodies, on this host's clock (seconds in, ms out)."""
     return [(b - a) * 1000 for a, b in itertools.pairwise(sorted(times))]
+
+
+def store_gaps_ms(rows: list[dict[str, Any]]) -> list[float]:
+    """Gaps between authorized starts, on the store's clock (exact microseconds): what
+    the limits guarantee."""
+    return [(b - a) / 1000 for a, b in itertools.pairwise(sorted(r["authorized_us"] for r in rows))]
 
 
 def main() -> int:
@@ -78,43 +85,49 @@ def main() -> int:
                 time.sleep(0.05)
 
         sync_orders.apply_many([((), {"shop": f"shop-{n % 100}"}) for n in range(300)])
-        by_shop: dict[str, list[float]] = defaultdict(list)
+        by_shop: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for row in started("sync_orders", 300):
-            by_shop[row["shop"]].append(row["t"])
-        smallest = min(min(gaps_ms(times)) for times in by_shop.values())
+            by_shop[row["shop"]].append(row)
+        smallest = min(min(store_gaps_ms(rows)) for rows in by_shop.values())
+        bodies = min(min(gaps_ms([r["t"] for r in rows])) for rows in by_shop.values())
         status = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks", "siq", "status", "shop:*"],
                                 cwd=HERE, env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
         print(
             f"per-key:     300 calls over {len(by_shop)} shops at 200 ms each: smallest gap within a shop "
-            f"{smallest:.1f} ms; `celery -A tasks siq status 'shop:*'` lists {len(status.splitlines()) - 1}"
+            f"{smallest:.3f} ms between authorized starts (store clock; {bodies:.1f} ms between bodies, host "
+            f"clock); `celery -A tasks siq status 'shop:*'` lists {len(status.splitlines()) - 1}"
         )
 
         for n, points in enumerate([3, 1, 3, 1]):
             search.delay(n, points=points)
-        rows = sorted(started("search", 4), key=lambda r: r["t"])
-        after = [f"{(b['t'] - a['t']) * 1000:.0f} ms after cost {a['points']}" for a, b in itertools.pairwise(rows)]
-        print(f"weighted:    50 ms a point: {', '.join(after)}")
+        rows = sorted(started("search", 4), key=lambda r: r["authorized_us"])
+        spaced = [(b["authorized_us"] - a["authorized_us"]) / 1000 for a, b in itertools.pairwise(rows)]
+        weighted_ok = all(gap >= 50 * a["points"] for gap, a in zip(spaced, rows, strict=False))
+        after = [f"{gap:.0f} ms after cost {a['points']}" for gap, a in zip(spaced, rows, strict=False)]
+        print(f"weighted:    50 ms a point: {', '.join(after)} (store clock)")
 
         for n in range(12):
             geocode.delay(n)
         rows = started("geocode", 12)
-        times, authorized = sorted(r["t"] for r in rows), [r["authorized"] for r in rows]
-        most = max(sum(1 for t in authorized if a <= t < a + 2.0) for a in authorized)
+        authorized = [r["authorized_us"] for r in rows]
+        most = max(sum(1 for t in authorized if a <= t < a + 2_000_000) for a in authorized)
         print(
-            f"two limits:  100 ms and 5 per 2 s: smallest gap {min(gaps_ms(times)):.0f} ms, "
-            f"at most {most} starts in any 2 s"
+            f"two limits:  100 ms and 5 per 2 s: smallest gap {min(store_gaps_ms(rows)):.0f} ms, "
+            f"at most {most} starts in any 2 s (store clock)"
         )
 
         url = f"http://127.0.0.1:{api.server_address[1]}/"
         for n in range(10):
             call_api.delay(n, url)
-        times = sorted(r["t"] for r in started("call_api", 10))
+        longest = max(store_gaps_ms(started("call_api", 10)))
         print(
-            f"back-off:    a 429 with Retry-After: 1 on the 5th call: longest gap {max(gaps_ms(times)):.0f} ms, "
+            f"back-off:    a 429 with Retry-After: 1 on the 5th call: longest gap {longest:.0f} ms (store clock), "
             f"{Api.calls} calls for 10 tasks, no retry used"
         )
 
-        ok = smallest >= 180 and most <= 5 and max(gaps_ms(times)) >= 990 and Api.calls == 11
+        # The limits hold between authorized starts on the store's clock, exactly; bodies,
+        # timed on this host, start a round trip later, so their gaps vary by that much.
+        ok = smallest >= 200 and weighted_ok and most <= 5 and longest >= 1000 and Api.calls == 11
         print("OK: every limit held" if ok else "FAILED: a limit did not hold")
         return 0 if ok else 1
 
