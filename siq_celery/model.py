@@ -9,11 +9,12 @@ Rules (docs/design.md, "The model"):
 * a ticket ``t > current`` is due at ``anchor + (t - current) * interval``; a ticket
   ``t <= current`` (it turned up after a higher one started) takes the next free slot;
 * no start is authorized before ``last_start + interval`` (the rate cap);
-* an authorized start moves ``current``, and the anchor to the start itself. (A lagging
-  anchor would gain nothing for the next ticket, which the cap holds to last start +
-  interval anyway, and it would shrink the margin that keeps later tickets from
-  overtaking a late head: with the anchor at the start, ticket ``current + 2`` is due a
-  full interval after the head's slot.)
+* an authorized start moves ``current``, and the anchor up to the start itself (to its
+  last slot, with a cost), never back: a line whose head is due later (an outage's settle,
+  a resume's grace, a kept first slot) stays there. (A lagging anchor would gain nothing
+  for the next ticket, which the cap holds to last start + interval anyway, and it would
+  shrink the margin that keeps later tickets from overtaking a late head: with the anchor
+  at the start, ticket ``current + 2`` is due a full interval after the head's slot.)
 * a claim on a queue whose whole line is overdue re-bases the anchor so the new ticket is
   due at the first free slot (a burst after an idle period keeps ticket order).
 """
