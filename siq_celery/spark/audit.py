@@ -22,13 +22,18 @@ read: local, HDFS, S3 with the cluster's connector; globs work) and writes, per 
   in about 60 buckets; ``workers``: starts per worker host and process;
 * ``violations`` and ``duplicates``: the offending rows themselves.
 
-Each is a Parquet table under DIR; ``report.json`` holds all but the last two, and
+Each is a Parquet table under DIR, in full; ``report.json`` holds all but the last two, and
 ``report.html`` shows them with charts, self-contained (no scripts, no network).
 
 Work spreads within a queue (:mod:`siq_celery.spark.pieces`): the start order is computed
 once, in pieces of each queue sorted in parallel, written under DIR/_ordered and read
 back by the tables that need it (removed at the end); the others read only the ledger
-columns they need. Nothing that grows with the ledger is collected to the driver.
+columns they need. What is collected to the driver, for report.json and report.html, is
+bounded whatever the ledger's length: per queue, the summary, at most 61 gap bins, about
+60 rate buckets, its worker processes, its days, and its latest ``REPORT_HOURS`` (168: a
+week) hours of ``by_hour``; and at most ``REPORT_ROWS_MAX`` (10,000) rows of any one
+table (``report.json`` says what was left out, under ``left_out``). Days and worker
+processes grow with the time a ledger covers; the full tables stay in Parquet.
 """
 
 from __future__ import annotations
@@ -445,6 +450,10 @@ def _percentiles(hist: Any, keys: list[str], value: str, wanted: dict[str, float
 
 #: Tables small enough for report.json and report.html (the others can be as big as the ledger).
 REPORTED = ("summary", "by_day", "by_hour", "gaps", "rate", "workers")
+#: The latest hours of each queue in report.json and report.html (``by_hour`` in Parquet has all).
+REPORT_HOURS = 168
+#: Rows of any one table collected into report.json and report.html, at most.
+REPORT_ROWS_MAX = 10_000
 
 
 def run_audit(
@@ -485,14 +494,15 @@ def run_audit(
         for name, table in tables.items():
             table.write.mode("overwrite").parquet(f"{out}/{name}")
             if name in REPORTED:
-                written = spark.read.parquet(f"{out}/{name}")
-                report[name] = [_plain(r.asDict()) for r in written.orderBy(*_order(name)).collect()]
+                report[name], left_out = _reported(spark.read.parquet(f"{out}/{name}"), name)
+                if left_out:
+                    report.setdefault("left_out", {})[name] = left_out
             done(name)
     finally:
         for small in cached:
             small.unpersist()
         _remove(spark, work)
-    report["rows"] = sum(q["starts"] for q in report["summary"])
+    report["rows"] = int(spark.read.parquet(f"{out}/summary").agg({"starts": "sum"}).first()[0] or 0)
     report["unaudited_rows"] = unaudited
     report["seconds"] = round(time.monotonic() - started, 1)
     report["rows_per_second"] = round(report["rows"] / max(report["seconds"], 0.1))
@@ -501,6 +511,21 @@ def run_audit(
 
     _write_text(spark, f"{out}/report.html", render(report))
     return report
+
+
+def _reported(table: Any, name: str) -> tuple[list[dict[str, Any]], int]:
+    """The rows of a written table that go into report.json (``by_hour``: each queue's
+    latest :data:`REPORT_HOURS`; any table: at most :data:`REPORT_ROWS_MAX`), and how many
+    rows were left out."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    total = table.count()
+    if name == "by_hour":
+        latest = Window.partitionBy("queue").orderBy(F.col("hour").desc())
+        table = table.withColumn("_n", F.row_number().over(latest)).filter(F.col("_n") <= REPORT_HOURS).drop("_n")
+    rows = table.orderBy(*_order(name)).limit(REPORT_ROWS_MAX).collect()
+    return [_plain(r.asDict()) for r in rows], total - len(rows)
 
 
 def _order(name: str) -> tuple[str, ...]:
@@ -579,6 +604,9 @@ def main(argv: Sequence[str] | None = None, default_master: str | None = None) -
         spark.stop()
     if report["unaudited_rows"]:
         print(f"{report['unaudited_rows']:,} rows without a queue or a start were not audited")
+    if report.get("left_out"):
+        left_out = ", ".join(f"{n:,} rows of {name}" for name, n in report["left_out"].items())
+        print(f"report.json and report.html left out {left_out} (all in the tables under {args.out.rstrip('/')})")
     for q in report["summary"]:
         print(
             f"{q['queue']}: {q['starts']:,} starts, {q['rate_pct']}% of the rate, {q['violations']} violations, "

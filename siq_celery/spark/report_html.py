@@ -83,7 +83,7 @@ def render(report: dict[str, Any]) -> str:
             + _bars(
                 [r["rate"] for r in rate],
                 (_when(rate[0]["bucket_start_us"]) if rate else "", _when(rate[-1]["bucket_start_us"]) if rate else ""),
-                "starts per second over time (dashed: 1/interval)",
+                "slots used per second over time (a start of cost c uses c; dashed: 1/interval)",
                 target,
             )
             + _bars([float(v) for v in hosts.values()], ("", ""), "starts per worker host: " + ", ".join(
@@ -98,9 +98,13 @@ def render(report: dict[str, Any]) -> str:
         "figure{margin:1em 0}figcaption{font-weight:600}</style></head><body>"
         f"<h1>siq audit</h1><p>{_fmt(report['rows'])} ledger rows from {html.escape(', '.join(report['inputs']))}; "
         f"a violation is a start less than interval - {report['tolerance_us'] / 1000:g} ms after the one before it "
-        f"(store clock). Generated {html.escape(report['generated_at'])}"
+        f"(c x interval after a start of cost c; store clock). Generated {html.escape(report['generated_at'])}"
         + (f" in {report['seconds']:g} s ({_fmt(report['rows_per_second'])} rows/s)" if "seconds" in report else "")
         + ".</p>"
+        + "".join(
+            f"<p>{html.escape(name)}: {_fmt(n)} rows not shown here (see the Parquet table)</p>"
+            for name, n in report.get("left_out", {}).items()
+        )
         + _table(report["summary"], (("queue", "queue"), *_SUMMARY_COLUMNS))
         + "".join(sections)
         + "</body></html>"

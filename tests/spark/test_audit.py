@@ -141,3 +141,31 @@ def test_weighted_and_combined_starts_are_counted_by_the_tickets_and_slots_they_
     assert (hour["rate_pct"], hour["violations"], hour["slots"]) == (100.0, 0, 20 * (1 + 3 + 10))
     [bad] = spark.read.parquet(str(tmp_path / "audit" / "violations")).collect()
     assert (bad["queue"], bad["gap_us"], bad["required_gap_us"]) == ("points-bad", 30_000, 100_000)
+
+
+def test_what_the_report_collects_stays_bounded_however_many_hours_the_ledger_covers(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """by_hour grows with the hours a ledger covers: report.json keeps each queue's latest
+    REPORT_HOURS, and any table at most REPORT_ROWS_MAX rows; the Parquet tables keep all."""
+    from siq_celery.spark import audit
+
+    monkeypatch.setattr(audit, "REPORT_HOURS", 3)
+    monkeypatch.setattr(audit, "REPORT_ROWS_MAX", 4)
+    hour = 3_600_000_000
+    rows = [r for n in range(5) for r in ledger_rows(2, t0=1_790_000_000 * 1_000_000 + n * hour)]
+    for n, r in enumerate(rows):
+        r.queue = ("a", "b", "c", "d", "e")[n // 2] if n % 2 else "api"  # 6 queues in all
+    write_jsonl(rows, tmp_path / "ledger.jsonl")
+    report = run_audit(spark, [str(tmp_path / "ledger.jsonl")], str(tmp_path / "audit"), log=lambda _: None)
+    hours = [h["hour"] for h in report["by_hour"] if h["queue"] == "api"]
+    print(report.get("left_out"), hours)
+    assert len(hours) == 3 and hours == sorted(hours) and hours[-1].endswith(":00")
+    assert spark.read.parquet(str(tmp_path / "audit" / "by_hour")).filter("queue = 'api'").count() == 5
+    assert len(report["summary"]) == 4 and report["left_out"]["summary"] == 2 and report["rows"] == 10
+
+
+def write_jsonl(rows: list[LedgerRow], path: Path) -> None:
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row.as_dict()) + "\n")
