@@ -29,6 +29,7 @@ from .errors import (
     ConfigurationError,
     CorruptStateError,
     IntervalMismatchError,
+    LostDeliveriesError,
     QueueExistsError,
     QueueNotFoundError,
     SiqError,
@@ -339,10 +340,15 @@ class IntervalQueue:
             raise ConfigurationError(f"queue {self.name!r}: a back-off is at most a day, not {seconds!r}")
         return self.backend.backoff(self.name, hold, keep_first)
 
-    def finish(self, task_id: str, outcome: str = "SUCCESS") -> None:
-        """Record that ``task_id`` finished (a redelivered copy is then not started) and
-        complete its ledger row."""
-        self.backend.finish(self.name, task_id, outcome)
+    def finish(self, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
+        """Record that ``task_id`` finished (a redelivered copy is then not started, unless
+        not ``remember``: a run that ended in a retry) and complete its ledger row."""
+        self.backend.finish(self.name, task_id, outcome, remember=remember)
+
+    @property
+    def max_lost_deliveries(self) -> int:
+        """Starts of one task id without a finish after which it is refused (the store's setting)."""
+        return self.backend.max_lost_deliveries
 
     def ledger(self, since: float | None = None, until: float | None = None) -> Iterator[LedgerRow]:
         """This queue's ledger rows (starts in ``[since, until)``, Unix seconds), streamed."""
@@ -370,8 +376,10 @@ class IntervalQueue:
         unreachable, or its state corrupt, nothing starts: it logs why and retries with
         backoff (fail closed).
         With ``max_sleep`` (seconds), a longer wait raises DeferralNeeded instead; with
-        ``defer_paused``, so does a paused queue. ``record`` goes to the ledger with the
-        authorized start. ``cost``: the slots this start takes (claimed together).
+        ``defer_paused``, so does a paused queue. A ``task_id`` that finished raises
+        DuplicateTaskError; one whose last starts never finished, LostDeliveriesError.
+        ``record`` goes to the ledger with the authorized start. ``cost``: the slots this
+        start takes (claimed together).
         """
         return wait_in_line(
             self, None if ticket is None else [ticket], task_id=task_id, timeout=timeout, max_sleep=max_sleep,
@@ -462,6 +470,8 @@ class Line(Protocol):
 
     name: str
 
+    @property
+    def max_lost_deliveries(self) -> int: ...
     def claim_tickets(self, cost: int) -> list[Ticket]: ...
     def ask(
         self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int
@@ -514,6 +524,8 @@ def wait_in_line(
             return line.settle(combined(decisions), tickets, round_trip), tickets
         if Verdict.DUPLICATE in verdicts:
             raise DuplicateTaskError(f"queue {line.name!r}: task {task_id!r} already finished")
+        if Verdict.LOST in verdicts:
+            raise LostDeliveriesError.of(f"task {task_id}", line.max_lost_deliveries)
         if Verdict.RECLAIM in verdicts:
             stale = [t for t, d in zip(tickets, decisions, strict=True) if d.verdict is Verdict.RECLAIM]
             logger.info("queue %r: ticket %s was not issued in the queue's current life (a reset, a lost store, "
