@@ -8,7 +8,9 @@ park it beyond the horizon (:func:`defer`): a deferral never counts against
 ``max_retries`` and never shows as a failure. A message without a valid ticket (sent by
 name, from another language, tampered) claims one here. A redelivered copy of a task
 that already finished is skipped and logged; a copy whose worker died mid-run runs
-again, as a new start. :func:`record_finish` (``after_return``) remembers the finish;
+again, as a new start, until ``siq_max_lost_deliveries`` copies in a row died with their
+worker: then it fails with LostDeliveriesError (a poison message). :func:`record_finish`
+(``after_return``) remembers the finish, :func:`record_retry` ends a run that retries;
 :func:`back_off` holds the queue for a service that said "retry after".
 """
 
@@ -24,7 +26,7 @@ from celery.exceptions import Ignore
 
 from .combined import CombinedQueue
 from .config import siq_state
-from .errors import CorruptStateError, QueueNotFoundError, StoreUnavailableError
+from .errors import CorruptStateError, LostDeliveriesError, QueueNotFoundError, StoreUnavailableError
 from .intervals import parse_duration
 from .ledger import StartRecord
 from .messages import DEFERRALS, HEADER_NAMES, KEEP_TICKET, deferrals, ticket_from_headers, ticket_headers
@@ -71,6 +73,12 @@ def authorize(task: IntervalTask, task_id: str, args: Any, kwargs: Any) -> Decis
     except DuplicateTaskError:
         logger.info("%s[%s] already finished: a redelivered copy, not run again", task.name, task_id)
         raise Ignore() from None
+    except LostDeliveriesError:
+        # A poison message: raised here, inside Celery's trace, it makes the task FAILURE
+        # (stored, acknowledged, errbacks called), and after_return remembers the finish.
+        error = LostDeliveriesError.of(f"{task.name}[{task_id}]", line.max_lost_deliveries)
+        logger.error("%s", error)
+        raise error from None
 
 
 def defer(task: IntervalTask, ticket: Ticket, decision: Decision, own_wait: float | None = None) -> NoReturn:
@@ -139,6 +147,20 @@ def record_finish(task: IntervalTask, status: str, task_id: str, args: Any, kwar
         logger.warning("%s[%s]: could not record the finish (a redelivered copy may run again): %s",
                        task.name, task_id, exc)  # fmt: skip
     release_now_and_then(task.app, queue, task.name)
+
+
+def record_retry(task: IntervalTask) -> None:
+    """``self.retry()``: this run ends here, and the retry is a new start with a new
+    ticket. Its ledger row says so, and its start is no longer one without a finish (a
+    task that retries is not a poison message)."""
+    request = task.request
+    if getattr(request, "siq_decision", None) is None:  # not started through the gate
+        return
+    _, line = task.siq_line(request.args, request.kwargs)
+    try:
+        line.finish(request.id, "RETRY", remember=False)
+    except (StoreUnavailableError, CorruptStateError) as exc:
+        logger.warning("%s[%s]: could not record the retry: %s", task.name, request.id, exc)
 
 
 def back_off(task: IntervalTask, seconds: float | str) -> NoReturn:
