@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from celery.exceptions import Ignore
 
@@ -32,16 +32,14 @@ from .ledger import StartRecord
 from .messages import DEFERRALS, HEADER_NAMES, KEEP_TICKET, deferrals, ticket_from_headers, ticket_headers
 from .parking import park, parked_message, release_now_and_then
 from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue
+from .task_api import IntervalTaskLike
 from .types import Decision, QueueState, Ticket, Verdict
 from .worker_hooks import WORKER_SENDS_TASK_EVENTS
-
-if TYPE_CHECKING:
-    from .task import IntervalTask
 
 logger = logging.getLogger("siq_celery")
 
 
-def authorize(task: IntervalTask, task_id: str, args: Any, kwargs: Any) -> Decision:
+def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> Decision:
     """Wait for the start of this delivery and return the store's authorization (kept on
     the request as ``siq_decision``); or defer it, or skip a finished task's copy (both end
     the delivery with ``Ignore``)."""
@@ -81,7 +79,7 @@ def authorize(task: IntervalTask, task_id: str, args: Any, kwargs: Any) -> Decis
         raise error from None
 
 
-def defer(task: IntervalTask, ticket: Ticket, decision: Decision, own_wait: float | None = None) -> NoReturn:
+def defer(task: IntervalTaskLike, ticket: Ticket, decision: Decision, own_wait: float | None = None) -> NoReturn:
     """Re-publish this very task (same id, ticket, retry count) later, or park it in the
     store if its slot is beyond the horizon; end this delivery. (With several limits,
     only if its own queue's slot is that far: a release follows that queue's line.)"""
@@ -112,7 +110,7 @@ def defer(task: IntervalTask, ticket: Ticket, decision: Decision, own_wait: floa
     raise Ignore()
 
 
-def park_this_run(task: IntervalTask, queue: IntervalQueue, ticket: Ticket, signature: Any) -> bool:
+def park_this_run(task: IntervalTaskLike, queue: IntervalQueue, ticket: Ticket, signature: Any) -> bool:
     """Park the running task (as ``signature`` would re-publish it) in ``queue`` under
     ``ticket``; False if the store refused (the line moved on): re-publish it instead."""
     request = task.request
@@ -120,7 +118,7 @@ def park_this_run(task: IntervalTask, queue: IntervalQueue, ticket: Ticket, sign
     return park(queue, [(ticket, request.id, message)])
 
 
-def send_deferred_event(task: IntervalTask, ticket: Ticket, decision: Decision, countdown: float) -> None:
+def send_deferred_event(task: IntervalTaskLike, ticket: Ticket, decision: Decision, countdown: float) -> None:
     """A ``task-deferred`` event for monitors: Flower shows the task in state
     DEFERRED (never FAILURE) until it succeeds, and the ETA of its next delivery;
     ``celery events --dump`` and event consumers also get queue, ticket and slot."""
@@ -137,7 +135,7 @@ def send_deferred_event(task: IntervalTask, ticket: Ticket, decision: Decision, 
         logger.warning("%s[%s]: could not send the task-deferred event: %s", task.name, task.request.id, exc)
 
 
-def record_finish(task: IntervalTask, status: str, task_id: str, args: Any, kwargs: Any) -> None:
+def record_finish(task: IntervalTaskLike, status: str, task_id: str, args: Any, kwargs: Any) -> None:
     """After SUCCESS or FAILURE (not RETRY, not our Ignore): the task is done, so a
     redelivered copy of it must not run again; parked tasks due by now are released."""
     queue, line = task.siq_line(args, kwargs)
@@ -149,7 +147,7 @@ def record_finish(task: IntervalTask, status: str, task_id: str, args: Any, kwar
     release_now_and_then(task.app, queue, task.name)
 
 
-def record_retry(task: IntervalTask) -> None:
+def record_retry(task: IntervalTaskLike) -> None:
     """``self.retry()``: this run ends here, and the retry is a new start with a new
     ticket. Its ledger row says so, and its start is no longer one without a finish (a
     task that retries is not a poison message)."""
@@ -163,7 +161,7 @@ def record_retry(task: IntervalTask) -> None:
         logger.warning("%s[%s]: could not record the retry: %s", task.name, request.id, exc)
 
 
-def back_off(task: IntervalTask, seconds: float | str) -> NoReturn:
+def back_off(task: IntervalTaskLike, seconds: float | str) -> NoReturn:
     """:meth:`IntervalTask.siq_backoff`: hold every queue of the task, re-publish it with
     its old ticket just after the hold, end this run."""
     request = task.request

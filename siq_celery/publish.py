@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import signals
 from kombu.utils.uuid import uuid
@@ -30,10 +30,8 @@ from .errors import ConfigurationError, CorruptStateError, StoreUnavailableError
 from .messages import DEFERRALS, HEADER_NAMES, ticket_headers
 from .parking import park, parked_message, release_now_and_then
 from .queue import IntervalQueue, PendingTicket
+from .task_api import IntervalTaskLike
 from .types import Ticket
-
-if TYPE_CHECKING:
-    from .task import IntervalTask
 
 logger = logging.getLogger("siq_celery")
 
@@ -49,7 +47,7 @@ _CLAIMS_IN_FLIGHT: dict[str, tuple[PendingTicket, IntervalQueue, SiqSettings]] =
 
 
 def publish(
-    task: IntervalTask, send: Send, args: Any, kwargs: Any, task_id: str | None, producer: Any, link: Any,
+    task: IntervalTaskLike, send: Send, args: Any, kwargs: Any, task_id: str | None, producer: Any, link: Any,
     link_error: Any, shadow: str | None, options: dict[str, Any],
 ) -> Any:  # fmt: skip
     """``apply_async`` of an interval task: a ticket in the headers, an ETA near its slot
@@ -90,7 +88,7 @@ def publish(
             unread[0].discard()
 
 
-def claim_into(task: IntervalTask, queue: IntervalQueue, options: dict[str, Any], cost: int) -> Ticket | None:
+def claim_into(task: IntervalTaskLike, queue: IntervalQueue, options: dict[str, Any], cost: int) -> Ticket | None:
     """Claim now; put the ticket, and an ETA near its slot, into ``options`` (None: it is
     published without a ticket)."""
     try:
@@ -118,7 +116,7 @@ class Progress:
 
 
 def publish_many(
-    task: IntervalTask, send: Send, calls: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],
+    task: IntervalTaskLike, send: Send, calls: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],
     chunk_size: int, options: dict[str, Any], progress: Progress | None = None,
 ) -> list[Any]:  # fmt: skip
     """``apply_many``: tickets claimed ``chunk_size`` at a time per queue, each call with
