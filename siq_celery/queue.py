@@ -174,12 +174,10 @@ class IntervalQueue:
         An existing queue keeps its stored interval: a different ``interval`` here raises
         IntervalMismatchError (nothing is changed) because the stored one may have been set
         on purpose by an operator; use :meth:`set_interval` to change it, or
-        ``reset=True`` to start the queue afresh with this interval.
+        ``reset=True`` to start the queue afresh with this interval. An ``interval`` given
+        here acts on the store; this object keeps its own (:meth:`_adopt`).
         """
-        interval_us = parse_interval(interval) if interval is not None else self.interval_us
-        if interval_us is None:
-            raise ConfigurationError(f"queue {self.name!r}: ensure() needs an interval")
-        self.interval_us = interval_us
+        interval_us = self._adopt(interval, "ensure")
         if reset:
             return self.backend.reset(self.name, interval_us, new_epoch(), who())
         state, created = self.backend.ensure(self.name, interval_us, new_epoch())
@@ -194,6 +192,18 @@ class IntervalQueue:
                     f"`celery siq set-interval {self.name} {format_interval(interval_us)}`"
                 )
         return state
+
+    def _adopt(self, interval: IntervalLike | None, caller: str) -> int:
+        """The interval an ``ensure`` or ``declare`` call acts with: the one given, else this
+        object's. An object built without an interval takes the first one it is given (its
+        claims then create a lost state with it); one with its own keeps it, since the app
+        caches one object per declaration and a worker's renewals declare its interval."""
+        interval_us = parse_interval(interval) if interval is not None else self.interval_us
+        if interval_us is None:
+            raise ConfigurationError(f"queue {self.name!r}: {caller}() needs an interval")
+        if self.interval_us is None:
+            self.interval_us = interval_us
+        return interval_us
 
     def status(self) -> QueueStatus:
         """Ticket, current, backlog, interval, paused, epoch, last and next start."""
@@ -234,11 +244,9 @@ class IntervalQueue:
         (a deploy that changed ``interval=``): what a worker does at start, and ``siq
         sync`` for scripts. ``node`` registers it as a live worker's for ``ttl`` seconds
         (the queue never runs faster than its slowest live declaration); ``announce=False``
-        only renews it."""
-        interval_us = parse_interval(interval) if interval is not None else self.interval_us
-        if interval_us is None:
-            raise ConfigurationError(f"queue {self.name!r}: declare() needs an interval")
-        self.interval_us = interval_us
+        only renews it. An ``interval`` given here acts on the store; this object keeps its
+        own (:meth:`_adopt`)."""
+        interval_us = self._adopt(interval, "declare")
         return self.backend.declare(
             self.name, interval_us, new_epoch(), node=node, ttl_us=round(ttl * 1e6), origin=origin or who(node),
             announce=announce,
