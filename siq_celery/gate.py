@@ -34,7 +34,7 @@ from .parking import park, parked_message, release_now_and_then
 from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue
 from .task_api import IntervalTaskLike
 from .types import Decision, QueueState, Ticket, Verdict
-from .worker_hooks import WORKER_SENDS_TASK_EVENTS
+from .worker_hooks import WORKER
 
 logger = logging.getLogger("siq_celery")
 
@@ -122,7 +122,7 @@ def send_deferred_event(task: IntervalTaskLike, ticket: Ticket, decision: Decisi
     """A ``task-deferred`` event for monitors: Flower shows the task in state
     DEFERRED (never FAILURE) until it succeeds, and the ETA of its next delivery;
     ``celery events --dump`` and event consumers also get queue, ticket and slot."""
-    if not WORKER_SENDS_TASK_EVENTS[0] or not task.send_events:
+    if not WORKER.sends_task_events or not task.send_events:
         return
     try:
         task.send_event(
