@@ -15,6 +15,11 @@
   task is back in time to keep its place).
 * ``siq_finished_retention`` (86400 s): finished task ids are remembered this long, so a
   redelivered copy is skipped.
+* ``siq_max_lost_deliveries`` (3): a task whose worker process died during this many
+  runs in a row (it kills the process: out of memory, a crash in a C extension) is not
+  started again when the broker hands it back: it fails with LostDeliveriesError and
+  one log line (a poison message; RabbitMQ's delivery limit, SQS's dead-letter queue).
+  Any finish, a retry's too, starts the count again. 0: no limit; at most 100.
 * ``siq_horizon`` (600 s): no task waits by countdown longer than this; tasks whose slot is
   further out are parked in the store (keep it well below the broker's
   ``visibility_timeout`` and RabbitMQ's ``consumer_timeout``).
@@ -60,6 +65,8 @@ from .queue import IntervalQueue
 
 REDIS_BROKER_SCHEMES = {"redis", "rediss", "unix"}
 DEFAULT_HORIZON_S = 600.0
+DEFAULT_MAX_LOST_DELIVERIES = 3
+MAX_LOST_DELIVERIES = 100
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,7 @@ class SiqSettings:
     key_cache_size: int = 10_000
     metrics_port: int | None = None
     metrics_queues: tuple[str, ...] | None = None
+    max_lost_deliveries: int = DEFAULT_MAX_LOST_DELIVERIES
 
     @property
     def horizon_us(self) -> int:
@@ -107,6 +115,9 @@ class SiqSettings:
             key_cache_size=max(_count(conf, "siq_key_cache_size", 10_000), 100),
             metrics_port=_port(conf, "siq_metrics_port"),
             metrics_queues=_patterns(conf, "siq_metrics_queues"),
+            max_lost_deliveries=_count(
+                conf, "siq_max_lost_deliveries", DEFAULT_MAX_LOST_DELIVERIES, maximum=MAX_LOST_DELIVERIES
+            ),
         )
 
 
@@ -153,12 +164,14 @@ def _patterns(conf: Any, key: str) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-def _count(conf: Any, key: str, default: int) -> int:
+def _count(conf: Any, key: str, default: int, maximum: int | None = None) -> int:
     value = conf.get(key)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigurationError(f"app.conf.{key} = {value!r}: expected a whole number >= 0")
+    if maximum is not None and value > maximum:
+        raise ConfigurationError(f"app.conf.{key} = {value!r}: expected a whole number from 0 to {maximum}")
     return value
 
 
@@ -194,6 +207,7 @@ class SiqState:
                 key_prefix=s.key_prefix,
                 finished_retention_us=round(s.finished_retention * 1e6),
                 ledger_max=s.ledger_max,
+                max_lost_deliveries=s.max_lost_deliveries,
             )
         return self._backend
 

@@ -62,3 +62,18 @@ class CorruptStateError(SiqError):
 
 class StoreUnavailableError(SiqError, ConnectionError):
     """The state store could not be reached. Nothing starts unauthorized (fail closed)."""
+
+
+class LostDeliveriesError(SiqError):
+    """A task whose deliveries were lost with their worker process ``limit`` times in a
+    row (it kills the process running it: out of memory, a crash in a C extension,
+    ``os._exit``) is refused instead of being started again; its state becomes FAILURE
+    with this error. (One argument, the message, so a result backend can rebuild it.)"""
+
+    @classmethod
+    def of(cls, task: str, limit: int) -> LostDeliveriesError:
+        return cls(
+            f"{task}: refused, not run again: its worker process died during each of its last {limit} "
+            f"runs (siq_max_lost_deliveries={limit}); find what kills it (memory, a crash in a C "
+            f"extension), then publish it again"
+        )

@@ -101,10 +101,15 @@ class QueueKeys:
         return f"{self.base}:refused"
 
     @property
+    def unfinished(self) -> str:
+        """Per task id, its authorized starts without a finish (siq_unfinished in the Lua prelude)."""
+        return f"{self.base}:unfinished"
+
+    @property
     def all(self) -> tuple[str, ...]:
         return (
             self.state, self.finished, self.ledger, self.parked, self.parked_messages, self.releasing, self.intervals,
-            self.refused,
+            self.refused, self.unfinished,
         )  # fmt: skip
 
     @classmethod

@@ -15,7 +15,9 @@ Rules (docs/design.md, "The model"):
   overtaking a late head: with the anchor at the start, ticket ``current + 2`` is due a
   full interval after the head's slot.)
 * a claim on a queue whose whole line is overdue re-bases the anchor so the new ticket is
-  due at the first free slot (a burst after an idle period keeps ticket order).
+  due at the first free slot (a burst after an idle period keeps ticket order);
+* a task id whose last ``max_lost`` authorized starts never finished (each time its
+  worker process died) is refused, LOST, without taking a slot (:func:`too_many_lost`).
 """
 
 from __future__ import annotations
@@ -95,31 +97,44 @@ def shift_after_outage(state: QueueState, now_us: int, overdue_us: int = 0) -> b
     return True
 
 
+def too_many_lost(unfinished: int, max_lost: int) -> bool:
+    """Whether a task id is refused as a poison message: ``unfinished`` counts its
+    authorized starts since its last finish of any kind (success, failure, a retry's, a
+    back-off's), each one a delivery lost with its worker process (or a copy still
+    running); at ``max_lost`` of them it is not started again (0: no limit). The count is
+    kept as long as finished records are, and goes with the queue's state."""
+    return 0 < max_lost <= unfinished
+
+
 def start(
-    state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1
-) -> Decision:
+    state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1,
+    lost: bool = False,
+) -> Decision:  # fmt: skip
     """Decide whether ``ticket`` may start at ``now_us`` (mutates ``state`` if authorized).
 
     A start of ``cost`` c holds tickets ``ticket .. ticket + c - 1`` (claimed together) and
     takes c slots: the next start may come c intervals after it. It is recorded as if its
     last slot had been used at ``now + (c - 1) * interval`` (anchor and last start), so
-    every other rule stays as it is."""
-    if ticket == FREE and not finished:  # only a combined start may have no place in a line
+    every other rule stays as it is. ``lost``: :func:`too_many_lost` holds for its task id."""
+    if ticket == FREE and not finished and not lost:  # only a combined start may have no place in a line
         return Decision(Verdict.RECLAIM, ticket, now_us)
-    decision = decide(state, ticket, epoch, now_us, finished=finished, cost=cost)
+    decision = decide(state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost)
     if decision.authorized:
         commit_start(state, ticket, now_us, cost)
     return decision
 
 
 def decide(
-    state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1
-) -> Decision:
+    state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1,
+    lost: bool = False,
+) -> Decision:  # fmt: skip
     """What :func:`start` would answer, without recording a start (it may still shift a
     long-overdue line: that is the state's own repair, due whatever the answer).
     Ticket :data:`FREE` has no place in the line: it takes the next free slot."""
     if finished:
         return Decision(Verdict.DUPLICATE, ticket, now_us)
+    if lost:
+        return Decision(Verdict.LOST, ticket, now_us)
     if ticket == FREE:
         if state.paused:
             return Decision(Verdict.PAUSED, ticket, now_us, interval_us=state.interval_us)
@@ -155,17 +170,17 @@ def commit_start(state: QueueState, ticket: int, now_us: int, cost: int = 1) -> 
 
 def start_all(
     states: list[QueueState], tickets: list[int], epochs: list[str], now_us: int, *, finished: bool = False,
-    cost: int = 1,
+    cost: int = 1, lost: bool = False,
 ) -> list[Decision]:  # fmt: skip
     """One start that must pass several queues at once (a per-second and a per-day limit):
     authorized in all of them, or recorded in none. Queues that would authorize while
     another says wait answer WAIT with ``wait_us`` 0, so nothing is held in one queue
     while the start waits for another. The start has a place in one queue's line (its
     ticket); in the others its ticket is :data:`FREE`."""
-    if all(t == FREE for t in tickets) and not finished:  # a start needs a place in some line
+    if all(t == FREE for t in tickets) and not finished and not lost:  # a start needs a place in some line
         return [Decision(Verdict.RECLAIM, t, now_us) for t in tickets]
     decisions = [
-        decide(state, ticket, epoch, now_us, finished=finished, cost=cost)
+        decide(state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost)
         for state, ticket, epoch in zip(states, tickets, epochs, strict=True)
     ]
     if all(d.authorized for d in decisions):

@@ -23,8 +23,8 @@ from celery import Task
 
 from .combined import CombinedQueue
 from .config import siq_state
-from .errors import ConfigurationError, SiqError
-from .gate import authorize, back_off, paused_countdown, record_finish
+from .errors import ConfigurationError, LostDeliveriesError, SiqError
+from .gate import authorize, back_off, paused_countdown, record_finish, record_retry
 from .intervals import IntervalLike, parse_interval
 from .messages import DEFERRALS, KEEP_TICKET
 from .publish import publish, publish_many
@@ -74,6 +74,8 @@ class IntervalTask(Task):  # type: ignore[misc]
         for attribute, setting in cls.DURABLE_DEFAULTS:
             if getattr(cls, attribute, None) is None and not _app_sets(app, setting):
                 setattr(cls, attribute, True)
+        if LostDeliveriesError not in cls.throws:  # the gate logs it in one line: no traceback
+            cls.throws = (*cls.throws, LostDeliveriesError)
         return super().bind(app)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -186,6 +188,10 @@ class IntervalTask(Task):  # type: ignore[misc]
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         self.request.siq_decision = authorize(self, task_id, args, kwargs)
         super().before_start(task_id, args, kwargs)
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        record_retry(self)  # before the retry is published: its start must not see this run as lost
+        return super().retry(*args, **kwargs)
 
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         # Called for SUCCESS and FAILURE only (not RETRY, not our Ignore).

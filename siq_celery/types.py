@@ -179,6 +179,7 @@ class Verdict(enum.Enum):
     PAUSED = "paused"  #: the queue is paused: ask again later
     RECLAIM = "reclaim"  #: the ticket is not of this state's life (epoch changed): claim anew
     DUPLICATE = "duplicate"  #: this task id already finished: do not run it again
+    LOST = "lost"  #: this task id's last starts never finished (their worker died): refuse it
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from celery import signals
@@ -37,14 +38,23 @@ def has_interval_tasks(app: Any) -> bool:
     return any(is_interval_task(t) for t in list(app.tasks.values()))
 
 
-#: Whether this worker sends task events (``-E``, ``worker_send_task_events``), noted at
-#: worker start; prefork pool processes inherit it. (Events enabled later by remote
-#: control, as Flower can, reach only the main process: start workers with ``-E``.)
-WORKER_SENDS_TASK_EVENTS = [False]
+@dataclass
+class WorkerNotes:
+    """What this worker process notes about itself; prefork pool processes inherit it."""
+
+    #: Whether the worker sends task events (``-E``, ``worker_send_task_events``), noted at
+    #: worker start. (Events enabled later by remote control, as Flower can, reach only
+    #: the main process: start workers with ``-E``.)
+    sends_task_events: bool = False
+    #: Deferrals since the last full garbage collection (:func:`_collect_after_deferrals`).
+    deferrals_since_collect: int = 0
+
+
+WORKER = WorkerNotes()
 
 
 def _note_task_events(sender: Any = None, **_: Any) -> None:
-    WORKER_SENDS_TASK_EVENTS[0] = bool(getattr(sender, "task_events", False))
+    WORKER.sends_task_events = bool(getattr(sender, "task_events", False))
 
 
 def _announce_declarations(sender: Any = None, **_: Any) -> None:
@@ -165,7 +175,6 @@ def _warn_if_broker_forgets_before_horizon(app: Any, horizon: float) -> None:
 
 #: Full garbage collections in a worker process: one per this many deferrals.
 COLLECT_EVERY_DEFERRALS = 20
-_deferrals_since_collect = [0]
 
 
 def _collect_after_deferrals(sender: Any = None, state: str | None = None, **_: Any) -> None:
@@ -175,9 +184,9 @@ def _collect_after_deferrals(sender: Any = None, state: str | None = None, **_: 
     100 MB. A collection every 20 deferrals keeps it within a few MB."""
     if state != "IGNORED" or not is_interval_task(sender):
         return
-    _deferrals_since_collect[0] += 1
-    if _deferrals_since_collect[0] >= COLLECT_EVERY_DEFERRALS:
-        _deferrals_since_collect[0] = 0
+    WORKER.deferrals_since_collect += 1
+    if WORKER.deferrals_since_collect >= COLLECT_EVERY_DEFERRALS:
+        WORKER.deferrals_since_collect = 0
         gc.collect()
 
 

@@ -87,7 +87,9 @@ class Backend(ABC):
     SQLite and memory). Finished-task records (used to skip a redelivered copy of a task
     that already finished) are kept ``finished_retention_us`` and at most
     ``finished_max`` per queue. The ledger (:mod:`siq_celery.ledger`) keeps about the
-    last ``ledger_max`` starts per queue (0: no ledger).
+    last ``ledger_max`` starts per queue (0: no ledger). ``max_lost_deliveries`` (0: no
+    limit): a task id whose last that many authorized starts never finished is refused
+    (:func:`siq_celery.model.too_many_lost`); its count is kept like a finished record.
     """
 
     #: URL schemes this backend is registered for.
@@ -101,8 +103,10 @@ class Backend(ABC):
         finished_retention_us: int = DEFAULT_FINISHED_RETENTION_US,
         finished_max: int = DEFAULT_FINISHED_MAX,
         ledger_max: int = DEFAULT_LEDGER_MAX,
+        max_lost_deliveries: int = 0,
     ) -> None:
         self.clock = clock
+        self.max_lost_deliveries = max(int(max_lost_deliveries), 0)
         self.key_prefix = validate_key_prefix(key_prefix)
         self.finished_retention_us = finished_retention_us
         self.finished_max = finished_max
@@ -169,7 +173,9 @@ class Backend(ABC):
         """Decide (and, if authorized, record) the start of ``ticket``. A missing state is
         created with ``new_epoch`` (so the answer is RECLAIM). With ``record``, an
         authorized start is written to the ledger in the same atomic step. ``cost``: the
-        slots this start takes (see :func:`siq_celery.model.start`)."""
+        slots this start takes (see :func:`siq_celery.model.start`). With a ``task_id``,
+        an authorized start counts one more start of it without a finish, and a task id
+        with ``max_lost_deliveries`` of them is answered LOST."""
 
     def start_all(
         self,
@@ -198,7 +204,9 @@ class Backend(ABC):
     @abstractmethod
     def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
         """Record that ``task_id`` finished, so a redelivered copy is not run again (unless
-        not ``remember``), and complete its ledger record with the finish time and ``outcome``."""
+        not ``remember``: a run that ended otherwise, a retry's or a back-off's), complete
+        its ledger record with the finish time and ``outcome``, and clear its count of
+        starts without a finish."""
 
     @abstractmethod
     def ledger(self, queue: str, since_us: int | None = None, until_us: int | None = None) -> Iterator[LedgerRow]:
@@ -366,6 +374,19 @@ class Transaction(ABC):
     def finished_count(self) -> int: ...
 
     @abstractmethod
+    def unfinished_starts(self, task_id: str) -> int:
+        """Authorized starts of ``task_id`` since its last finish (0 once its last one is
+        older than the finished records' retention)."""
+
+    @abstractmethod
+    def count_unfinished(self, task_id: str) -> None:
+        """One more authorized start of ``task_id`` without a finish; older counts past
+        the retention, or beyond the most records kept, are dropped."""
+
+    @abstractmethod
+    def clear_unfinished(self, task_id: str) -> None: ...
+
+    @abstractmethod
     def record_start(self, row: LedgerRow) -> None: ...
 
     @abstractmethod
@@ -468,7 +489,10 @@ class ModelBackend(Backend):
         with self.transaction(queue) as tx:
             state = self._created(tx, queue, interval_us, new_epoch)
             finished = task_id is not None and tx.is_finished(task_id)
-            decision = model.start(state, ticket, epoch, tx.now_us, finished=finished, cost=cost)
+            lost = self._lost(tx, task_id)
+            decision = model.start(state, ticket, epoch, tx.now_us, finished=finished, cost=cost, lost=lost)
+            if task_id is not None and self.max_lost_deliveries and decision.authorized:
+                tx.count_unfinished(task_id)
             if decision.verdict in REFUSALS:
                 tx.count_refusal(decision.verdict.value)
             if record is not None and self.ledger_max and decision.authorized:
@@ -496,9 +520,12 @@ class ModelBackend(Backend):
         with self.transactions(queues) as txs:
             states = [self._created(tx, q, i, new_epoch) for tx, q, i in zip(txs, queues, interval_us, strict=True)]
             finished = task_id is not None and txs[0].is_finished(task_id)
+            lost = self._lost(txs[0], task_id)
             decisions = model.start_all(
-                states, list(tickets), list(epochs), txs[0].now_us, finished=finished, cost=cost
+                states, list(tickets), list(epochs), txs[0].now_us, finished=finished, cost=cost, lost=lost
             )
+            if task_id is not None and self.max_lost_deliveries and decisions[0].authorized:
+                txs[0].count_unfinished(task_id)
             for tx, d in zip(txs, decisions, strict=True):
                 if d.verdict in REFUSALS:
                     tx.count_refusal(d.verdict.value)
@@ -512,12 +539,18 @@ class ModelBackend(Backend):
                     )  # fmt: skip
             return decisions
 
+    def _lost(self, tx: Transaction, task_id: str | None) -> bool:
+        if task_id is None or not self.max_lost_deliveries:
+            return False
+        return model.too_many_lost(tx.unfinished_starts(task_id), self.max_lost_deliveries)
+
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
         with self.transaction(queue) as tx:
             return None if tx.state is None else model.restamp(tx.state, epoch, started_us, tx.now_us)
 
     def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
         with self.transaction(queue) as tx:
+            tx.clear_unfinished(task_id)
             if remember:
                 tx.add_finished(task_id)
             if self.ledger_max:

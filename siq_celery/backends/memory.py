@@ -23,6 +23,8 @@ class _Store:
     lock: threading.RLock = field(default_factory=threading.RLock)
     states: dict[str, QueueState] = field(default_factory=dict)
     finished: dict[str, OrderedDict[str, int]] = field(default_factory=dict)
+    #: per queue: task id -> (starts without a finish, time of the last), oldest first
+    unfinished: dict[str, OrderedDict[str, tuple[int, int]]] = field(default_factory=dict)
     ledgers: dict[str, deque[LedgerRow]] = field(default_factory=dict)
     #: per queue: task id -> (parked task, lease deadline or None)
     parked: dict[str, dict[str, tuple[ParkedTask, int | None]]] = field(default_factory=dict)
@@ -59,6 +61,24 @@ class _MemoryTransaction(Transaction):
 
     def finished_count(self) -> int:
         return len(self._store.finished.get(self._queue, {}))
+
+    def unfinished_starts(self, task_id: str) -> int:
+        counts = self._store.unfinished.get(self._queue)
+        starts, last_us = counts.get(task_id, (0, 0)) if counts is not None else (0, 0)
+        return starts if last_us >= self.now_us - self._backend.finished_retention_us else 0
+
+    def count_unfinished(self, task_id: str) -> None:
+        counts = self._store.unfinished.setdefault(self._queue, OrderedDict())
+        counts[task_id] = (self.unfinished_starts(task_id) + 1, self.now_us)
+        counts.move_to_end(task_id)
+        oldest_kept = self.now_us - self._backend.finished_retention_us
+        while counts and (len(counts) > self._backend.finished_max or next(iter(counts.values()))[1] < oldest_kept):
+            counts.popitem(last=False)
+
+    def clear_unfinished(self, task_id: str) -> None:
+        counts = self._store.unfinished.get(self._queue)
+        if counts is not None:
+            counts.pop(task_id, None)
 
     def record_start(self, row: LedgerRow) -> None:
         ledger = self._store.ledgers.get(self._queue)
@@ -126,6 +146,7 @@ class _MemoryTransaction(Transaction):
         self._store.refusals.pop(self._queue, None)
         had_parked = bool(self._store.parked.pop(self._queue, None))
         had_state = self._store.states.pop(self._queue, None) is not None
+        self._store.unfinished.pop(self._queue, None)
         had_records = bool(self._store.finished.pop(self._queue, None))
         had_ledger = bool(self._store.ledgers.pop(self._queue, None))
         return had_state or had_records or had_ledger or had_parked

@@ -325,6 +325,7 @@ class RedisBackend(Backend):
         cost: int = 1,
     ) -> Decision:
         k = self.keys(queue)
+        lost = self._lost_args(task_id)
         if record is not None and self.ledger_max:
             ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
@@ -334,7 +335,7 @@ class RedisBackend(Backend):
             "start",
             queue,
             k.all,
-            [ticket, epoch, task_id or "", interval_us, new_epoch, *ledger, cost, self.idle_expiry_us(queue)],
+            [ticket, epoch, task_id or "", interval_us, new_epoch, *ledger, cost, self.idle_expiry_us(queue), *lost],
         )
         return Decision(Verdict(verdict.decode()), int(number), int(now), int(wait), int(slot), int(interval))
 
@@ -354,6 +355,8 @@ class RedisBackend(Backend):
             key for q in queues for key in (self.keys(q).state, self.keys(q).finished, self.keys(q).ledger,
                                             self.keys(q).refused)
         ]  # fmt: skip
+        keys.append(self.keys(queues[0]).unfinished)
+        lost = self._lost_args(task_id)
         if record is not None and self.ledger_max:
             ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
@@ -366,11 +369,17 @@ class RedisBackend(Backend):
                 f"start them together: name them with a shared hash tag, like '{{geo}}per-second' and "
                 f"'{{geo}}per-day'"
             )
-        replies = self._run("start_all", queues[0], keys, [task_id or "", *ledger, cost, new_epoch, *per_queue])
+        replies = self._run("start_all", queues[0], keys, [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost])
         return [
             Decision(Verdict(v.decode()), int(n), int(now), int(wait), int(slot), int(interval))
             for v, n, now, wait, slot, interval in replies
         ]
+
+    def _lost_args(self, task_id: str | None) -> list[int]:
+        """The limit on starts without a finish (none without a task id of the caller's),
+        their retention and the most kept: the scripts' last three arguments."""
+        limit = self.max_lost_deliveries if task_id is not None else 0
+        return [limit, self.finished_retention_us, self.finished_max]
 
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
         now = int(self._run("restamp", queue, [self.keys(queue).state], [epoch, started_us]))
@@ -379,7 +388,8 @@ class RedisBackend(Backend):
     def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
         k = self.keys(queue)
         self._run(
-            "finish", queue, [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals],
+            "finish", queue,
+            [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.unfinished],
             [task_id, self.finished_retention_us, self.finished_max, 2 * self.ledger_max, outcome, int(remember),
              self.idle_expiry_us(queue)],
         )  # fmt: skip

@@ -42,6 +42,11 @@ CREATE TABLE IF NOT EXISTS siq_finished (
     finished_us INTEGER NOT NULL, PRIMARY KEY (prefix, queue, task_id)
 );
 CREATE INDEX IF NOT EXISTS siq_finished_by_time ON siq_finished (prefix, queue, finished_us);
+CREATE TABLE IF NOT EXISTS siq_unfinished (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, task_id TEXT NOT NULL, starts INTEGER NOT NULL,
+    last_start_us INTEGER NOT NULL, PRIMARY KEY (prefix, queue, task_id)
+);
+CREATE INDEX IF NOT EXISTS siq_unfinished_by_time ON siq_unfinished (prefix, queue, last_start_us);
 CREATE TABLE IF NOT EXISTS siq_ledger (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, epoch TEXT NOT NULL, ticket INTEGER NOT NULL,
     task_id TEXT, task_name TEXT NOT NULL, slot_us INTEGER NOT NULL, start_us INTEGER NOT NULL,
@@ -126,6 +131,34 @@ class _SqliteTransaction(Transaction):
         counts = {verdict: int(n) for verdict, n in rows.fetchall()}
         return counts.get("duplicate", 0), counts.get("reclaim", 0)
 
+    def unfinished_starts(self, task_id: str) -> int:
+        row = self._c.execute(
+            "SELECT starts FROM siq_unfinished WHERE prefix=? AND queue=? AND task_id=? AND last_start_us >= ?",
+            (*self._key, task_id, self.now_us - self._b.finished_retention_us),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def count_unfinished(self, task_id: str) -> None:
+        c = self._c
+        c.execute(
+            "INSERT OR REPLACE INTO siq_unfinished VALUES (?, ?, ?, ?, ?)",
+            (*self._key, task_id, self.unfinished_starts(task_id) + 1, self.now_us),
+        )
+        c.execute(
+            "DELETE FROM siq_unfinished WHERE prefix=? AND queue=? AND last_start_us < ?",
+            (*self._key, self.now_us - self._b.finished_retention_us),
+        )
+        (n,) = c.execute("SELECT COUNT(*) FROM siq_unfinished WHERE prefix=? AND queue=?", self._key).fetchone()
+        if n > self._b.finished_max:
+            c.execute(
+                "DELETE FROM siq_unfinished WHERE rowid IN (SELECT rowid FROM siq_unfinished "
+                "WHERE prefix=? AND queue=? ORDER BY last_start_us LIMIT ?)",
+                (*self._key, n - self._b.finished_max),
+            )
+
+    def clear_unfinished(self, task_id: str) -> None:
+        self._c.execute("DELETE FROM siq_unfinished WHERE prefix=? AND queue=? AND task_id=?", (*self._key, task_id))
+
     def record_start(self, row: LedgerRow) -> None:
         values = [getattr(row, name) for name in _LEDGER_COLUMNS]
         self._c.execute(
@@ -203,6 +236,7 @@ class _SqliteTransaction(Transaction):
         removed = self._c.execute("DELETE FROM siq_parked WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_finished WHERE prefix=? AND queue=?", self._key).rowcount
+        self._c.execute("DELETE FROM siq_unfinished WHERE prefix=? AND queue=?", self._key)
         removed += self._c.execute("DELETE FROM siq_ledger WHERE prefix=? AND queue=?", self._key).rowcount
         return removed > 0
 

@@ -116,6 +116,13 @@ def make_app(env: Mapping[str, str]) -> Celery:
         note(self, n, real_time())
         return n
 
+    @app.task(shared=False, name="geo.crash", base=IntervalTask, interval=interval, interval_queue="geo", bind=True)
+    def crash(self: Any, n: int) -> None:
+        """A poison message: its body kills the pool process running it (as running out of
+        memory or a segfault in a C extension would), every time it is delivered."""
+        note(self, n, real_time())
+        os._exit(1)
+
     @app.task(shared=False, name="geo.total", base=IntervalTask, interval=interval, interval_queue="geo", bind=True)
     def total(self: Any, numbers: list[int]) -> int:
         """A chord's callback: an interval task too, recorded with n = the sum."""

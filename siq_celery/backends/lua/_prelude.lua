@@ -141,6 +141,24 @@ local function siq_ledger_start(key, cap, s, ticket, task_id, slot, now, name, h
   end
 end
 
+-- Starts without a finish, per task id (model.py: too_many_lost): a sorted set of task
+-- ids, each scored with the time of its last authorized start (microseconds, rounded
+-- down to the millisecond) plus the count (at most 999): one score both orders them by
+-- age (trimmed like the finished records) and carries the count. A finish removes it.
+local function siq_unfinished(key, task_id, now, retention)
+  local score = tonumber(redis.call('ZSCORE', key, task_id))
+  if not score or math.floor(score / 1000) * 1000 < now - retention then return 0 end
+  return score % 1000
+end
+
+local function siq_count_unfinished(key, task_id, now, retention, most)
+  local n = math.min(siq_unfinished(key, task_id, now, retention) + 1, 999)
+  redis.call('ZADD', key, math.floor(now / 1000) * 1000 + n, task_id)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', math.floor((now - retention) / 1000) * 1000 - 1)
+  local kept = redis.call('ZCARD', key)
+  if kept > most then redis.call('ZREMRANGEBYRANK', key, 0, kept - most - 1) end
+end
+
 -- Where the interval comes from (model.py: declare, override, effective_interval): a hash
 -- with declared_us, declared_by, declared_at_us, override_us, override_by, override_at_us,
 -- and per live worker node 'n:<node>' (its declared interval) and 'e:<node>' (when its

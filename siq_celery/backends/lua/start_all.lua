@@ -5,6 +5,7 @@
 -- KEYS[4i-3..4i]  queue i's state hash, finished-task set, ledger stream and counts of
 --                 refused starts (all keys in one hash slot on Redis Cluster: name the
 --                 queues {group}rest)
+-- KEYS[#KEYS]  the first queue's starts without a finish per task id (see siq_unfinished)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  task id, or '' (checked against the first queue's finished tasks)
 -- ARGV[3]  ledger cap; 0 = write no ledger entry
@@ -12,11 +13,15 @@
 -- ARGV[8]  cost: slots the start takes in every queue
 -- ARGV[9]  epoch for a state created here
 -- ARGV[10..]  per queue i, three values: ticket, the ticket's epoch, interval in
---             microseconds for a state created here (0 = do not create)
+--             microseconds for a state created here (0 = do not create); then three more:
+--             starts without a finish after which task ARGV[2] is refused ('lost', 0: no
+--             limit), the retention (microseconds) and the most records kept of those counts
 -- Returns one {verdict, ticket, now_us, wait_us, slot_us, interval_us} per queue.
 local now = siq_now(ARGV[1])
 local cost = tonumber(ARGV[8]) or 1
-local n = #KEYS / 4
+local n = (#KEYS - 1) / 4
+local lost_args = 10 + 3 * n
+local max_lost = ARGV[2] ~= '' and tonumber(ARGV[lost_args]) or 0  -- model.too_many_lost
 local states, tickets, replies = {}, {}, {}
 for i = 1, n do
   local key = KEYS[4 * i - 3]
@@ -35,6 +40,10 @@ if ARGV[2] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[2]) then
     replies[i] = {'duplicate', tickets[i], now, 0, 0, 0}
     redis.call('HINCRBY', KEYS[4 * i], 'duplicate', 1)
   end
+  return replies
+end
+if max_lost > 0 and siq_unfinished(KEYS[#KEYS], ARGV[2], now, tonumber(ARGV[lost_args + 1])) >= max_lost then
+  for i = 1, n do replies[i] = {'lost', tickets[i], now, 0, 0, 0} end
   return replies
 end
 local placed = false  -- a start needs a place in some line: not every ticket FREE (0)
@@ -64,6 +73,9 @@ if not all then
   return replies
 end
 local cap = tonumber(ARGV[3]) or 0
+if max_lost > 0 then
+  siq_count_unfinished(KEYS[#KEYS], ARGV[2], now, tonumber(ARGV[lost_args + 1]), tonumber(ARGV[lost_args + 2]))
+end
 for i = 1, n do
   local s = states[i]
   siq_commit(KEYS[4 * i - 3], s, tickets[i], cost, now)
