@@ -25,7 +25,7 @@ from typing import Any
 import click
 
 from .backends import Backend, backend_from_url
-from .errors import CorruptStateError, QueueNotFoundError, SiqError
+from .errors import CorruptStateError, QueueNotFoundError, SiqError, redacted
 from .export import FORMATS, format_for, ledger_rows, parse_time, write_parked, write_rows
 from .intervals import format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
@@ -56,7 +56,7 @@ def one_line_errors() -> Iterator[None]:
     try:
         yield
     except SiqError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(redacted(exc)) from None
 
 
 def _when(us: int, now_us: int) -> str:

@@ -109,3 +109,34 @@ def test_backoff_holds_the_queue_and_refuses_bad_durations(url: str) -> None:
         assert code in (1, 2) and "Error" in out  # 2: click reads "-1s" as an option
     code, out = run(url, "backoff", "nosuch", "1s")
     assert code == 1 and "no state" in out
+
+
+def test_celery_siq_never_prints_the_brokers_password() -> None:
+    from types import SimpleNamespace
+
+    from celery import Celery
+
+    from siq_celery.celery_cli import siq as celery_siq
+
+    app = Celery("pw", broker="amqp://alice:s3cretpw@127.0.0.1:5672//", set_as_current=False)
+    result = CliRunner().invoke(celery_siq, ["status"], obj=SimpleNamespace(app=app))
+    assert result.exit_code == 1 and "is not Redis" in result.output, result.output
+    assert "s3cretpw" not in result.output and "alice:***@" in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "amqp://alice:s3cretpw@127.0.0.1:5672//",
+        "redis://:s3cretpw@h:6379/0",
+        "rediss://bob:s3cretpw:x@h:6380/1",
+        "redis+sentinel://u:s3cretpw@h1:26379,h2:26379/mymaster?sentinel_password=s3cretpw",
+        "redis://h:6379/0?password=s3cretpw&socket_timeout=2",
+        "failed: 'redis://u:s3cretpw@h/0' and amqp://a:s3cretpw@b//",
+    ],
+)
+def test_every_url_in_a_message_loses_its_password(text: str) -> None:
+    from siq_celery.errors import redacted
+
+    assert "s3cretpw" not in redacted(text) and "***" in redacted(text)
+    assert redacted("redis://h:6379/0 is down") == "redis://h:6379/0 is down"

@@ -259,3 +259,14 @@ def test_interval_tasks_are_durable_unless_the_task_or_the_app_says_otherwise() 
     def object_says() -> None: ...
 
     assert (object_says.acks_late, object_says.reject_on_worker_lost) == (True, False)
+
+
+def test_an_amqp_brokers_password_never_reaches_the_error_of_a_publish() -> None:
+    app = make_app(broker="amqp://alice:s3cretpw@127.0.0.1:5672//")
+
+    @app.task(base=IntervalTask, shared=False, interval="1s")
+    def lookup() -> None: ...
+
+    with pytest.raises(ConfigurationError) as info:
+        lookup.delay()
+    assert "s3cretpw" not in str(info.value) and "amqp://alice:***@127.0.0.1:5672//" in str(info.value)

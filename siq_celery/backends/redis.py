@@ -22,6 +22,7 @@ from ..errors import (
     QueueNotFoundError,
     SiqError,
     StoreUnavailableError,
+    redacted,
 )
 from ..keys import QueueKeys
 from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
@@ -115,13 +116,13 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
     if scheme.endswith("+sentinel"):
         path = [p for p in parts.path.split("/") if p]
         if not path:
-            raise ConfigurationError(f"sentinel URL {url!r} needs the service name: .../mymaster[/db]")
+            raise ConfigurationError(f"sentinel URL {redacted(url)!r} needs the service name: .../mymaster[/db]")
         if len(path) > 1 and not path[1].isdigit():
             raise ConfigurationError(f"sentinel URL's database {path[1]!r} is not a number")
         db = int(path[1]) if len(path) > 1 else 0
         sentinel = Sentinel(hosts, sentinel_kwargs={"password": query.get("sentinel_password")})
         return sentinel.master_for(path[0], db=db, username=username, password=password, ssl=tls, **options)
-    raise ConfigurationError(f"not a Redis URL: {url!r}")
+    raise ConfigurationError(f"not a Redis URL: {redacted(url)!r}")
 
 
 def _claim_result(reply: Sequence[Any]) -> ClaimResult:
@@ -160,7 +161,9 @@ def _connection_query(query: Mapping[str, str], url: str) -> dict[str, Any]:
             try:
                 options[name] = float(query[name])
             except ValueError:
-                raise ConfigurationError(f"{name}={query[name]!r} in {url!r} is not a number of seconds") from None
+                raise ConfigurationError(
+                    f"{name}={query[name]!r} in {redacted(url)!r} is not a number of seconds"
+                ) from None
     return options
 
 
@@ -169,7 +172,7 @@ def _hosts(netloc: str, url: str) -> list[tuple[str, int]]:
     for item in netloc.split(","):
         host, _, port = item.rpartition(":")
         if not host or not port.isdigit():
-            raise ConfigurationError(f"cannot read host:port {item!r} in {url!r}")
+            raise ConfigurationError(f"cannot read host:port {item!r} in {redacted(url)!r}")
         hosts.append((host.strip("[]"), int(port)))
     return hosts
 

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
-from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError
+from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError, redacted
 from ..ledger import LedgerRow
 from ..types import ClaimResult, IntervalSources, ParkedTask
 from .base import ModelBackend, Transaction, match_names, sources_from_json, sources_to_json, state_from_fields
@@ -248,11 +248,11 @@ class SqliteBackend(ModelBackend):
         parts = urlsplit(url)
         if parts.netloc:
             raise ConfigurationError(
-                f"sqlite URL {url!r} has a host part; write sqlite:///relative.db or sqlite:////abs/path.db"
+                f"sqlite URL {redacted(url)!r} has a host part; write sqlite:///relative.db or sqlite:////abs/path.db"
             )
         path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
         if "\x00" in path:
-            raise ConfigurationError(f"sqlite URL {url!r} has a NUL character in its path")
+            raise ConfigurationError(f"sqlite URL {redacted(url)!r} has a NUL character in its path")
         return cls(path, **options)
 
     def _connection(self) -> sqlite3.Connection:
