@@ -140,3 +140,33 @@ def test_every_url_in_a_message_loses_its_password(text: str) -> None:
 
     assert "s3cretpw" not in redacted(text) and "***" in redacted(text)
     assert redacted("redis://h:6379/0 is down") == "redis://h:6379/0 is down"
+
+
+def test_a_database_the_server_lacks_is_a_one_line_configuration_error(redis_server: object) -> None:
+    from siq_celery import ConfigurationError
+
+    url = f"redis://127.0.0.1:{redis_server.port}/99"  # type: ignore[attr-defined]
+    code, out = run(url, "status")
+    assert code == 1 and out.count("\n") == 1 and "no database" in out and "Traceback" not in out, out
+    with pytest.raises(ConfigurationError, match="no database"):
+        IntervalQueue("q", url=url, interval="1s").ensure()
+
+
+def test_a_wrong_password_says_authentication_failed_and_not_the_password(redis_url: str) -> None:
+    import redis
+
+    from siq_celery import StoreUnavailableError
+
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "siqpw", "reset", "on", ">right-one", "~*", "+@all")
+    try:
+        url = redis_url.replace("redis://", "redis://siqpw:wr0ngpw@")
+        code, out = run(url, "status")
+        assert code == 1 and "authentication failed" in out and "cannot reach" not in out, out
+        assert "wr0ngpw" not in out and out.count("\n") == 1
+        with pytest.raises(StoreUnavailableError, match="authentication failed"):
+            IntervalQueue("q", url=url, interval="1s").ensure()
+    finally:
+        admin.execute_command("ACL", "DELUSER", "siqpw")
+        admin.close()
+

@@ -66,6 +66,44 @@ SCRIPTS = (
 )  # fmt: skip
 
 
+#: Errors of the conversation with the server rather than of one operation.
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, RedisClusterException)
+_AUTHENTICATION = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
+#: Whatever redis-py raises (its Cluster errors are not RedisErrors).
+_REDIS_ERRORS = (redis.RedisError, RedisClusterException)
+
+
+def store_error(exc: Exception, queue: str | None = None) -> Exception:
+    """The :class:`SiqError` for what redis-py raised while talking to the store: a
+    refused login, a database the server does not have, a user the ACL does not allow, no
+    answer, or options the client refused. Any other server reply (an operation's own
+    error) is returned as it is."""
+    where = f"queue {queue!r}: " if queue else ""
+    text = str(exc).split(" script:")[0]
+    if isinstance(exc, _AUTHENTICATION):  # a ConnectionError to redis-py: checked first
+        return StoreUnavailableError(
+            f"{where}the Redis state store refused the login: authentication failed ({text}); check the "
+            f"user name and password in the store URL"
+        )
+    if isinstance(exc, _UNREACHABLE):
+        return StoreUnavailableError(f"{where}cannot reach the Redis state store: {exc}")
+    if isinstance(exc, redis.ResponseError):
+        if "DB index is out of range" in text or "invalid DB index" in text:
+            return ConfigurationError(
+                f"{where}the Redis server has no database with the number in the store URL ({text}): use one "
+                f"it has, /0 to /15 unless its 'databases' setting allows more"
+            )
+        if "NOPERM" in text or "no permissions" in text:
+            return ConfigurationError(
+                f"{where}the Redis user may not run what siq_celery needs ({text}); "
+                f"grant: ACL SETUSER <user> {' '.join(ACL_RULES)}"
+            )
+        return exc
+    if isinstance(exc, _REDIS_ERRORS):  # e.g. an ssl_* option redis-py refuses when it connects
+        return ConfigurationError(f"{where}the Redis client refused the store URL: {exc}")
+    return exc
+
+
 def load_script_source(name: str) -> str:
     """The shared prelude followed by the script ``name`` (both shipped in the wheel)."""
     lua = resources.files("siq_celery.backends") / "lua"
@@ -203,8 +241,8 @@ class RedisBackend(Backend):
             assert self._connect is not None
             try:
                 self._client = self._connect()
-            except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+            except (*_AUTHENTICATION, *_UNREACHABLE) as exc:
+                raise store_error(exc) from None
             except (ValueError, redis.RedisError) as exc:  # the URL itself (redis-py reads it here)
                 raise ConfigurationError(f"the Redis state store URL is not usable: {exc}") from None
         return self._client
@@ -224,11 +262,10 @@ class RedisBackend(Backend):
         try:
             return self._script(name)(keys=list(keys), args=[self._now_arg(), *args])
         except redis.ResponseError as exc:
-            raise self._translate(exc, queue, keys[0]) from None
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
-        except redis.RedisError as exc:  # e.g. an ssl_* option redis-py refuses when it connects
-            raise ConfigurationError(f"queue {queue!r}: the Redis client refused the store URL: {exc}") from None
+            error = self._translate(exc, queue, keys[0])
+            raise (store_error(exc, queue) if error is exc else error) from None
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc, queue) from None
 
     @staticmethod
     def _translate(exc: Exception, queue: str, key: str) -> Exception:
@@ -285,8 +322,8 @@ class RedisBackend(Backend):
         pool = self.client.connection_pool
         try:
             conn = _connection_from(pool)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc, queue) from None
         try:
             conn.send_command(
                 "EVALSHA", script.sha, len(keys), *keys, self._now_arg(), count, interval_us, epoch,
@@ -403,8 +440,8 @@ class RedisBackend(Backend):
         while True:
             try:
                 entries = self.client.xrange(key, min=first, max="+", count=batch)
-            except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-                raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+            except _REDIS_ERRORS as exc:
+                raise store_error(exc, queue) from None
             for _, fields in entries:
                 yield _ledger_entry(queue, fields)
             if len(entries) < batch:
@@ -483,8 +520,8 @@ class RedisBackend(Backend):
                     if value is not None:
                         ticket, _, message = value.decode().partition("|")
                         tasks.append(ParkedTask(int(ticket), task_id, message))
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc, queue) from None
         return sorted(tasks, key=lambda t: t.ticket)
 
     def unpark(self, queue: str, task_ids: Sequence[str]) -> None:
@@ -547,8 +584,8 @@ class RedisBackend(Backend):
                 pipe.xrange(self.keys(queue).ledger, min=f"{max(low or 0, 0) // 1000}-0", max="+", count=batch)
             try:
                 replies = pipe.execute()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+            except _REDIS_ERRORS as exc:
+                raise store_error(exc) from None
             for queue, entries in zip(chunk, replies, strict=True):
                 if len(entries) == batch:  # more than one batch behind: read the rest in turn
                     out[queue] = list(self.ledger(queue, since_us=since[queue]))
@@ -570,8 +607,8 @@ class RedisBackend(Backend):
                 for match in matches
                 for key in self.client.scan_iter(match=match, count=1000)
             }
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc) from None
         return match_names([n for n in names if n], pattern)
 
     def parked_queues(self) -> list[str]:
@@ -582,24 +619,24 @@ class RedisBackend(Backend):
                     name = QueueKeys.queue_from_state_key(key.decode(), suffix)
                     if name:
                         names.add(name)
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc) from None
         return sorted(names)
 
     def delete(self, queue: str) -> bool:
         k = self.keys(queue)
         try:
             return bool(self.client.delete(*k.all))
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc, queue) from None
 
     def now_us(self) -> int:
         if self.clock:
             return self.clock()
         try:
             seconds, micros = self.client.time()
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc) from None
         return int(seconds) * 1_000_000 + int(micros)
 
     def warm(self) -> None:
@@ -607,8 +644,8 @@ class RedisBackend(Backend):
             for name in SCRIPTS:
                 script = self._script(name)
                 script.sha = self.client.script_load(script.script)
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc) from None
 
     def close(self) -> None:
         if self._client is not None:
