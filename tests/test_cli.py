@@ -170,3 +170,44 @@ def test_a_wrong_password_says_authentication_failed_and_not_the_password(redis_
         admin.execute_command("ACL", "DELUSER", "siqpw")
         admin.close()
 
+
+@pytest.mark.parametrize(
+    "args",
+    [["status", "--bogus"], ["nosuch"], ["set-interval"], ["--bogus", "status"], ["backoff", "q"]],
+)
+def test_usage_errors_are_one_line_on_stderr(args: list[str], tmp_path: object) -> None:
+    result = CliRunner().invoke(siq, ["--url", f"sqlite:///{tmp_path}/siq.db", *args])
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "--help" in result.stderr
+
+
+def test_celery_siq_usage_errors_are_one_line_too() -> None:
+    from types import SimpleNamespace
+
+    from celery import Celery
+
+    from siq_celery.celery_cli import siq as celery_siq
+
+    app = Celery("usage", broker="memory://", set_as_current=False)
+    app.conf.siq_url = "memory://"
+    for args in (["nosuch"], ["set-interval"], ["status", "--bogus"]):
+        result = CliRunner().invoke(celery_siq, args, obj=SimpleNamespace(app=app))
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+        assert result.stderr.startswith("Error: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["set-interval", "geo", "-5s"], "must be positive"),
+        (["set-interval", "geo", "1/0s"], "period must be positive"),
+        (["backoff", "geo", "-1s"], "negative"),
+        (["backoff", "geo", "fast"], "'30s'"),
+    ],
+)
+def test_negative_and_zero_values_get_the_values_own_error(url: str, args: list[str], message: str) -> None:
+    IntervalQueue("geo", url=url, interval="200ms").ensure()
+    code, out = run(url, *args)
+    assert code != 0 and message in out and "No such option" not in out, out
+    assert "/s" not in out or args[0] != "backoff", out  # a back-off is a duration, never a rate
