@@ -270,3 +270,19 @@ def test_an_amqp_brokers_password_never_reaches_the_error_of_a_publish() -> None
     with pytest.raises(ConfigurationError) as info:
         lookup.delay()
     assert "s3cretpw" not in str(info.value) and "amqp://alice:***@127.0.0.1:5672//" in str(info.value)
+
+
+def test_an_empty_interval_queue_is_refused_not_taken_for_the_task_name() -> None:
+    app = make_app(siq_url="memory://")
+    with pytest.raises(InvalidQueueNameError, match="empty"):
+
+        @app.task(base=IntervalTask, shared=False, interval="1s", interval_queue="", name="pkg.empty")
+        def lookup() -> None: ...
+
+        lookup.delay()  # (a lazily created task class is refused here, at its first publish)
+    with pytest.raises(InvalidQueueNameError, match="empty"):
+
+        @app.task(base=IntervalTask, shared=False, interval="1s", interval_queue=["ok", ""], name="pkg.empty2")
+        def lookup2() -> None: ...
+
+        lookup2.delay()
