@@ -112,9 +112,21 @@ NEGATIVE_VALUES = {"ignore_unknown_options": True}
 
 
 def _when(us: int, now_us: int) -> str:
+    """A store time for people: UTC, and how far from now."""
     stamp = datetime.fromtimestamp(us / 1e6, tz=UTC).strftime("%H:%M:%S.%f")[:-3]
     delta = (us - now_us) / 1e6
-    return f"{stamp} ({'+' if delta >= 0 else ''}{delta:.3f}s)"
+    return f"{stamp} UTC ({'+' if delta >= 0 else ''}{delta:.3f}s)"
+
+
+def _last_start(st: QueueStatus) -> str:
+    """When the last start was authorized (what the ledger records), not the last slot a
+    weighted start uses; '-' before the first."""
+    return _when(st.state.started_us, st.now_us) if st.state.started_us else "-"
+
+
+def _next_start(st: QueueStatus) -> str:
+    """'now' when a start could be authorized at once (an idle queue), else when."""
+    return "now" if st.next_start_us <= st.now_us else _when(st.next_start_us, st.now_us)
 
 
 def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
@@ -126,8 +138,7 @@ def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
         s = st.state
         rows.append([
             st.queue, format_interval(s.interval_us), _declared(st), _override(st), str(s.ticket), str(s.current),
-            str(s.backlog), str(st.parked), "yes" if s.paused else "no", _when(s.last_start_us, st.now_us),
-            _when(st.next_start_us, st.now_us),
+            str(s.backlog), str(st.parked), "yes" if s.paused else "no", _last_start(st), _next_start(st),
         ])  # fmt: skip
     return rows
 
@@ -210,7 +221,7 @@ def backoff_command(store: StoreOptions, queue: str, duration: str) -> None:
     with one_line_errors():
         state = store.queue(queue).backoff(duration)
         now_us = store.backend.now_us()
-    click.echo(f"{queue}: held, no start before {_when(state.last_start_us + state.interval_us, now_us)} UTC")
+    click.echo(f"{queue}: held, no start before {_when(state.last_start_us + state.interval_us, now_us)}")
 
 
 @click.command("resume", cls=SiqCommand)

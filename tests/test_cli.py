@@ -211,3 +211,25 @@ def test_negative_and_zero_values_get_the_values_own_error(url: str, args: list[
     code, out = run(url, *args)
     assert code != 0 and message in out and "No such option" not in out, out
     assert "/s" not in out or args[0] != "backoff", out  # a back-off is a duration, never a rate
+
+
+def test_status_shows_the_real_last_start_now_for_a_free_slot_and_utc(url: str) -> None:
+    from siq_celery.ledger import StartRecord
+
+    q = IntervalQueue("w", url=url, interval="10ms")
+    q.ensure()
+    code, out = run(url, "status", "w")
+    row = out.strip().splitlines()[1]
+    assert code == 0 and row.split()[9] == "-", out  # never started
+    time.sleep(0.02)
+    assert q.start(q.claim_costs([10])[0], cost=10, record=StartRecord("search", "t1", "h", 1)).authorized
+    started = next(iter(q.ledger())).start_us / 1e6
+    shown = json.loads(run(url, "status", "w", "--json")[1])[0]
+    assert shown["last_start"] == started and shown["held_until"] is None
+    code, out = run(url, "status", "w")
+    stamp = time.strftime("%H:%M:%S", time.gmtime(started)) + f".{int(started * 1000) % 1000:03d} UTC"
+    assert stamp in out.strip().splitlines()[1], (stamp, out)
+    time.sleep(0.12)  # past the 10 slots: the queue is free
+    code, out = run(url, "status", "w")
+    assert out.strip().splitlines()[1].rstrip().endswith(" now"), out
+    assert "UTC" in out, out

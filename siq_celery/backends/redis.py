@@ -295,9 +295,10 @@ class RedisBackend(Backend):
     @staticmethod
     def _state(reply: Sequence[Any]) -> tuple[QueueState, int]:
         epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-        numbers = [int(v) for v in reply[1:8]]
-        interval, ticket, current, anchor, last_start, paused, now = numbers
-        return QueueState(epoch, interval, ticket, current, anchor, last_start, bool(paused)), now
+        numbers = [int(v) for v in reply[1:10]]
+        interval, ticket, current, anchor, last_start, paused, now, started, held = numbers
+        state = QueueState(epoch, interval, ticket, current, anchor, last_start, bool(paused), started, held)
+        return state, now
 
     # -- operations -----------------------------------------------------------------
 
@@ -540,8 +541,8 @@ class RedisBackend(Backend):
         if not reply:
             return None
         state, now = self._state(reply)
-        finished, parked, duplicates, reclaims = (int(v) for v in reply[8:12])
-        return QueueStatus(queue, state, now, finished, parked, _sources(reply[12:]), duplicates, reclaims)
+        finished, parked, duplicates, reclaims = (int(v) for v in reply[10:14])
+        return QueueStatus(queue, state, now, finished, parked, _sources(reply[14:]), duplicates, reclaims)
 
     #: Commands sent in one pipeline by the exporter's reads of many queues.
     PIPELINE_CHUNK = 500
