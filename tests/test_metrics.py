@@ -94,3 +94,17 @@ def test_a_queue_that_expires_drops_out_and_once_prints_one_scrape() -> None:
     assert 'siq_queue_interval_seconds{queue="api"} 0.1' in result.output and "shop:2" not in result.output
     bad = CliRunner().invoke(siq, ["--url", "memory://expiring-metrics", "exporter", "--max-queues", "0"])
     assert bad.exit_code == 2 and "--max-queues" in bad.output
+
+
+def test_a_weighted_start_is_not_a_hold_and_a_back_off_is() -> None:
+    from siq_celery import IntervalQueue
+    from siq_celery.backends.memory import MemoryBackend
+
+    now = [1_700_000_000_000_000]
+    q = IntervalQueue("search", interval="100ms", backend=MemoryBackend(clock=lambda: now[0]))
+    q.ensure()
+    now[0] += I
+    assert q.start(q.claim_costs([10])[0], cost=10).authorized  # the next start waits 10 intervals
+    assert held_until(q.status()) == 0
+    q.backoff(30)
+    assert held_until(q.status()) == now[0] + 30_000_000
