@@ -56,7 +56,7 @@ from urllib.parse import urlsplit
 
 from .backends import Backend, backend_from_url
 from .combined import CombinedQueue
-from .errors import ConfigurationError
+from .errors import ConfigurationError, redacted_url
 from .intervals import IntervalLike, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
 from .ledger import DEFAULT_LEDGER_MAX
@@ -125,8 +125,9 @@ def _url_from_broker(broker: object) -> str:
     first = str(broker or "").split(";")[0].strip()
     if urlsplit(first).scheme in REDIS_BROKER_SCHEMES:
         return first
+    broker = redacted_url(first) if first else "not set"  # never the broker's password
     raise ConfigurationError(
-        f"siq_celery needs a state store: the broker ({first or 'not set'}) is not Redis, so set "
+        f"siq_celery needs a state store: the broker ({broker}) is not Redis, so set "
         f"app.conf.siq_url = 'redis://host:6379/1' (or 'sqlite:///path.db' on one host)"
     )
 

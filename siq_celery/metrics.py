@@ -208,7 +208,7 @@ class StoreCollector:
             yield gauge("siq_queue_next_slot_seconds", "Seconds until the next start could be authorized",
                         ((st.queue, max(0, st.next_start_us - st.now_us) / US) for st in sts))  # fmt: skip
             yield gauge("siq_queue_backed_off_until_timestamp_seconds",
-                        "Unix time the queue is held until by a back-off or a resume (0: not held)",
+                        "Unix time the queue is held until by a back-off (0: not held)",
                         ((st.queue, held_until(st) / US) for st in sts))  # fmt: skip
             yield gauge("siq_queue_drain_seconds", "Estimated seconds until the backlog has started",
                         ((st.queue, drain_seconds(st)) for st in sts))  # fmt: skip
@@ -245,11 +245,9 @@ class StoreCollector:
 
 
 def held_until(st: QueueStatus) -> int:
-    """The store time a back-off or a resume's grace holds the queue until, or 0. Only a
-    hold puts the next slot more than one interval after now: a start in the past is
-    followed by a slot at most one interval later."""
-    s = st.state
-    return st.next_start_us if not s.paused and st.next_start_us > st.now_us + s.interval_us else 0
+    """The store time a back-off holds the queue until, or 0 (a weighted start's slots are
+    not a hold): :attr:`QueueStatus.held_until_us`."""
+    return st.held_until_us
 
 
 def drain_seconds(st: QueueStatus) -> float:

@@ -164,6 +164,7 @@ def commit_start(state: QueueState, ticket: int, now_us: int, cost: int = 1) -> 
     where it is: a late ticket that starts before it never pulls it forward."""
     if ticket != FREE:
         state.current = max(state.current, ticket + cost - 1)
+    state.started_us = now_us  # what the status shows; the cap counts from the last slot used
     state.last_start_us = now_us + (cost - 1) * state.interval_us
     state.anchor_us = max(state.anchor_us, state.last_start_us)
 
@@ -197,6 +198,7 @@ def backoff(state: QueueState, now_us: int, hold_us: int, keep_first: bool = Fal
     ``keep_first``: the first slot after the hold is kept for the task that backed off
     (it comes back with its own, passed-over ticket), and the line follows one slot on."""
     until = now_us + hold_us - state.interval_us
+    state.held_until_us = max(state.held_until_us, now_us + hold_us)
     state.last_start_us = max(state.last_start_us, until)
     state.anchor_us = max(state.anchor_us, until + (state.interval_us if keep_first else 0))
 
@@ -303,7 +305,13 @@ def reset(state: QueueState, now_us: int, epoch: str, interval_us: int | None = 
     lets a finished task run again)."""
     fresh = new_state(now_us, interval_us or state.interval_us, epoch)
     # Ticket 1 of the new life is due at once, subject to the kept rate cap.
-    return replace(fresh, last_start_us=state.last_start_us, anchor_us=now_us - fresh.interval_us)
+    return replace(
+        fresh,
+        last_start_us=state.last_start_us,
+        anchor_us=now_us - fresh.interval_us,
+        started_us=state.started_us,
+        held_until_us=state.held_until_us,
+    )
 
 
 def restamp(state: QueueState, epoch: str, started_us: int, now_us: int) -> int | None:
@@ -316,7 +324,7 @@ def restamp(state: QueueState, epoch: str, started_us: int, now_us: int) -> int 
     """
     if state.epoch != epoch or state.last_start_us != started_us or now_us < started_us:
         return None
-    state.last_start_us = now_us
+    state.last_start_us = state.started_us = now_us
     state.anchor_us = max(state.anchor_us, now_us)
     return now_us
 

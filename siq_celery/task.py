@@ -23,9 +23,10 @@ from celery import Task
 
 from .combined import CombinedQueue
 from .config import siq_state
-from .errors import ConfigurationError, LostDeliveriesError, SiqError
+from .errors import ConfigurationError, InvalidQueueNameError, LostDeliveriesError, SiqError
 from .gate import authorize, back_off, paused_countdown, record_finish, record_retry
 from .intervals import IntervalLike, parse_interval
+from .keys import validate_queue_name
 from .messages import DEFERRALS, KEEP_TICKET
 from .publish import publish, publish_many
 from .queue import IntervalQueue, validate_cost
@@ -94,6 +95,13 @@ class IntervalTask(Task):  # type: ignore[misc]
                     parse_interval(value)
                 except SiqError as exc:
                     raise ConfigurationError(f"task {name}: interval {value!r}: {exc}") from None
+        names = list(declared) if isinstance(declared, (Mapping, list, tuple)) else [declared]
+        for queue in names:
+            if isinstance(queue, str):  # "" is refused, not taken for "the task's name"
+                try:
+                    validate_queue_name(queue)
+                except SiqError as exc:
+                    raise InvalidQueueNameError(f"task {name}: interval_queue={queue!r}: {exc}") from None
 
     def siq_declared_queues(self) -> list[IntervalQueue]:
         """The queues whose interval this task's code declares, each with that interval
@@ -114,7 +122,7 @@ class IntervalTask(Task):  # type: ignore[misc]
         if callable(name):
             return siq_state(self.app).queue(_per_call(self, "interval_queue", name, args, kwargs), self.interval,
                                              per_key=True)  # fmt: skip
-        return siq_state(self.app).queue(name or self.name, self.interval)
+        return siq_state(self.app).queue(self.name if name is None else name, self.interval)
 
     def siq_limits(self, args: Any = None, kwargs: Any = None) -> CombinedQueue | None:
         """The combined limit of a task with several interval queues, else None."""

@@ -18,7 +18,11 @@ class QueueState:
 
     ``anchor_us`` is the slot at which ticket ``current`` was due; ticket ``t > current``
     is due at ``anchor_us + (t - current) * interval_us``. ``last_start_us`` is the store
-    time of the last authorized start: no start is authorized before it plus the interval.
+    time of the last slot used: no start is authorized before it plus the interval (a start
+    of cost c counts as using its last slot c - 1 intervals after it began; a back-off moves
+    it on). ``started_us`` is when the last start was authorized (0: none yet), and
+    ``held_until_us`` when the last back-off ends: what people are shown, never part of a
+    decision.
     """
 
     epoch: str
@@ -28,6 +32,8 @@ class QueueState:
     anchor_us: int
     last_start_us: int
     paused: bool
+    started_us: int = 0
+    held_until_us: int = 0
 
     @property
     def backlog(self) -> int:
@@ -102,9 +108,17 @@ class QueueStatus:
 
     @property
     def next_start_us(self) -> int:
-        """Earliest store time at which the next ticket could start."""
+        """Earliest store time at which the next ticket could start (now, if it could
+        start at once)."""
         s = self.state
-        return max(s.anchor_us + s.interval_us, s.last_start_us + s.interval_us)
+        return max(s.anchor_us + s.interval_us, s.last_start_us + s.interval_us, self.now_us)
+
+    @property
+    def held_until_us(self) -> int:
+        """When the back-off holding the queue ends, or 0 if none holds it now. The slots a
+        weighted start takes are not a hold, nor is a pause."""
+        s = self.state
+        return s.held_until_us if not s.paused and s.held_until_us > self.now_us else 0
 
     def as_dict(self) -> dict[str, object]:
         s, src = self.state, self.sources
@@ -116,8 +130,9 @@ class QueueStatus:
             "backlog": s.backlog,
             "paused": s.paused,
             "epoch": s.epoch,
-            "last_start": s.last_start_us / US,
+            "last_start": s.started_us / US if s.started_us else None,
             "next_start": self.next_start_us / US,
+            "held_until": self.held_until_us / US if self.held_until_us else None,
             "now": self.now_us / US,
             "finished_recorded": self.finished,
             "parked": self.parked,

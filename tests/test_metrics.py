@@ -41,16 +41,22 @@ def test_deferrals_add_up_and_late_starts_land_in_their_bucket() -> None:
     assert tally.lateness_buckets[-1] == 1  # 20 s late: past the last bucket
 
 
-def status(now: int, *, last: int, anchor: int, ticket: int = 0, current: int = 0, paused: bool = False) -> QueueStatus:
-    return QueueStatus("q", QueueState("e1", I, ticket, current, anchor, last, paused), now, 0, 0, IntervalSources())
+def status(
+    now: int, *, last: int, anchor: int, ticket: int = 0, current: int = 0, paused: bool = False, held: int = 0
+) -> QueueStatus:
+    state = QueueState("e1", I, ticket, current, anchor, last, paused, held_until_us=held)
+    return QueueStatus("q", state, now, 0, 0, IntervalSources())
 
 
-def test_a_hold_is_a_next_slot_further_than_one_interval() -> None:
+def test_a_hold_is_a_back_off_not_a_weighted_starts_slots() -> None:
     running = status(10 * I, last=10 * I - 10, anchor=9 * I)
     assert held_until(running) == 0
-    backed_off = status(10 * I, last=10 * I + 30 * I, anchor=9 * I)  # a back-off moves the last start ahead
+    backed_off = status(10 * I, last=10 * I + 30 * I, anchor=9 * I, held=41 * I)  # a back-off moves the last start
     assert held_until(backed_off) == 41 * I
-    assert held_until(status(10 * I, last=40 * I, anchor=0, paused=True)) == 0
+    weighted = status(10 * I, last=10 * I + 9 * I, anchor=19 * I)  # a start of cost 10 just now
+    assert held_until(weighted) == 0
+    assert held_until(status(10 * I, last=40 * I, anchor=0, paused=True, held=41 * I)) == 0
+    assert held_until(status(42 * I, last=40 * I, anchor=0, held=41 * I)) == 0  # over
 
 
 def test_drain_time_is_the_wait_for_the_first_and_an_interval_for_each_other() -> None:
@@ -88,3 +94,17 @@ def test_a_queue_that_expires_drops_out_and_once_prints_one_scrape() -> None:
     assert 'siq_queue_interval_seconds{queue="api"} 0.1' in result.output and "shop:2" not in result.output
     bad = CliRunner().invoke(siq, ["--url", "memory://expiring-metrics", "exporter", "--max-queues", "0"])
     assert bad.exit_code == 2 and "--max-queues" in bad.output
+
+
+def test_a_weighted_start_is_not_a_hold_and_a_back_off_is() -> None:
+    from siq_celery import IntervalQueue
+    from siq_celery.backends.memory import MemoryBackend
+
+    now = [1_700_000_000_000_000]
+    q = IntervalQueue("search", interval="100ms", backend=MemoryBackend(clock=lambda: now[0]))
+    q.ensure()
+    now[0] += I
+    assert q.start(q.claim_costs([10])[0], cost=10).authorized  # the next start waits 10 intervals
+    assert held_until(q.status()) == 0
+    q.backoff(30)
+    assert held_until(q.status()) == now[0] + 30_000_000

@@ -280,3 +280,30 @@ def test_ensure_and_declare_with_another_interval_leave_the_cached_queue_as_decl
     standalone = IntervalQueue("fresh", backend=job.siq_queue().backend)
     standalone.ensure("1s")  # an object without an interval of its own takes the one it was given
     assert standalone.interval_us == 1_000_000
+
+
+def test_an_amqp_brokers_password_never_reaches_the_error_of_a_publish() -> None:
+    app = make_app(broker="amqp://alice:s3cretpw@127.0.0.1:5672//")
+
+    @app.task(base=IntervalTask, shared=False, interval="1s")
+    def lookup() -> None: ...
+
+    with pytest.raises(ConfigurationError) as info:
+        lookup.delay()
+    assert "s3cretpw" not in str(info.value) and "amqp://alice:***@127.0.0.1:5672//" in str(info.value)
+
+
+def test_an_empty_interval_queue_is_refused_not_taken_for_the_task_name() -> None:
+    app = make_app(siq_url="memory://")
+    with pytest.raises(InvalidQueueNameError, match="empty"):
+
+        @app.task(base=IntervalTask, shared=False, interval="1s", interval_queue="", name="pkg.empty")
+        def lookup() -> None: ...
+
+        lookup.delay()  # (a lazily created task class is refused here, at its first publish)
+    with pytest.raises(InvalidQueueNameError, match="empty"):
+
+        @app.task(base=IntervalTask, shared=False, interval="1s", interval_queue=["ok", ""], name="pkg.empty2")
+        def lookup2() -> None: ...
+
+        lookup2.delay()

@@ -22,6 +22,7 @@ from ..errors import (
     QueueNotFoundError,
     SiqError,
     StoreUnavailableError,
+    redacted,
 )
 from ..keys import QueueKeys
 from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
@@ -63,6 +64,44 @@ SCRIPTS = (
     "claim", "start", "restamp", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status",
     "park", "release", "unpark", "backoff", "start_all", "declare",
 )  # fmt: skip
+
+
+#: Errors of the conversation with the server rather than of one operation.
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, RedisClusterException)
+_AUTHENTICATION = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
+#: Whatever redis-py raises (its Cluster errors are not RedisErrors).
+_REDIS_ERRORS = (redis.RedisError, RedisClusterException)
+
+
+def store_error(exc: Exception, queue: str | None = None) -> Exception:
+    """The :class:`SiqError` for what redis-py raised while talking to the store: a
+    refused login, a database the server does not have, a user the ACL does not allow, no
+    answer, or options the client refused. Any other server reply (an operation's own
+    error) is returned as it is."""
+    where = f"queue {queue!r}: " if queue else ""
+    text = str(exc).split(" script:")[0]
+    if isinstance(exc, _AUTHENTICATION):  # a ConnectionError to redis-py: checked first
+        return StoreUnavailableError(
+            f"{where}the Redis state store refused the login: authentication failed ({text}); check the "
+            f"user name and password in the store URL"
+        )
+    if isinstance(exc, _UNREACHABLE):
+        return StoreUnavailableError(f"{where}cannot reach the Redis state store: {exc}")
+    if isinstance(exc, redis.ResponseError):
+        if "DB index is out of range" in text or "invalid DB index" in text:
+            return ConfigurationError(
+                f"{where}the Redis server has no database with the number in the store URL ({text}): use one "
+                f"it has, /0 to /15 unless its 'databases' setting allows more"
+            )
+        if "NOPERM" in text or "no permissions" in text:
+            return ConfigurationError(
+                f"{where}the Redis user may not run what siq_celery needs ({text}); "
+                f"grant: ACL SETUSER <user> {' '.join(ACL_RULES)}"
+            )
+        return exc
+    if isinstance(exc, _REDIS_ERRORS):  # e.g. an ssl_* option redis-py refuses when it connects
+        return ConfigurationError(f"{where}the Redis client refused the store URL: {exc}")
+    return exc
 
 
 def load_script_source(name: str) -> str:
@@ -115,13 +154,13 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
     if scheme.endswith("+sentinel"):
         path = [p for p in parts.path.split("/") if p]
         if not path:
-            raise ConfigurationError(f"sentinel URL {url!r} needs the service name: .../mymaster[/db]")
+            raise ConfigurationError(f"sentinel URL {redacted(url)!r} needs the service name: .../mymaster[/db]")
         if len(path) > 1 and not path[1].isdigit():
             raise ConfigurationError(f"sentinel URL's database {path[1]!r} is not a number")
         db = int(path[1]) if len(path) > 1 else 0
         sentinel = Sentinel(hosts, sentinel_kwargs={"password": query.get("sentinel_password")})
         return sentinel.master_for(path[0], db=db, username=username, password=password, ssl=tls, **options)
-    raise ConfigurationError(f"not a Redis URL: {url!r}")
+    raise ConfigurationError(f"not a Redis URL: {redacted(url)!r}")
 
 
 def _claim_result(reply: Sequence[Any]) -> ClaimResult:
@@ -160,7 +199,9 @@ def _connection_query(query: Mapping[str, str], url: str) -> dict[str, Any]:
             try:
                 options[name] = float(query[name])
             except ValueError:
-                raise ConfigurationError(f"{name}={query[name]!r} in {url!r} is not a number of seconds") from None
+                raise ConfigurationError(
+                    f"{name}={query[name]!r} in {redacted(url)!r} is not a number of seconds"
+                ) from None
     return options
 
 
@@ -169,7 +210,7 @@ def _hosts(netloc: str, url: str) -> list[tuple[str, int]]:
     for item in netloc.split(","):
         host, _, port = item.rpartition(":")
         if not host or not port.isdigit():
-            raise ConfigurationError(f"cannot read host:port {item!r} in {url!r}")
+            raise ConfigurationError(f"cannot read host:port {item!r} in {redacted(url)!r}")
         hosts.append((host.strip("[]"), int(port)))
     return hosts
 
@@ -200,8 +241,8 @@ class RedisBackend(Backend):
             assert self._connect is not None
             try:
                 self._client = self._connect()
-            except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+            except (*_AUTHENTICATION, *_UNREACHABLE) as exc:
+                raise store_error(exc) from None
             except (ValueError, redis.RedisError) as exc:  # the URL itself (redis-py reads it here)
                 raise ConfigurationError(f"the Redis state store URL is not usable: {exc}") from None
         return self._client
@@ -221,11 +262,10 @@ class RedisBackend(Backend):
         try:
             return self._script(name)(keys=list(keys), args=[self._now_arg(), *args])
         except redis.ResponseError as exc:
-            raise self._translate(exc, queue, keys[0]) from None
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
-        except redis.RedisError as exc:  # e.g. an ssl_* option redis-py refuses when it connects
-            raise ConfigurationError(f"queue {queue!r}: the Redis client refused the store URL: {exc}") from None
+            error = self._translate(exc, queue, keys[0])
+            raise (store_error(exc, queue) if error is exc else error) from None
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc, queue) from None
 
     @staticmethod
     def _translate(exc: Exception, queue: str, key: str) -> Exception:
@@ -255,9 +295,10 @@ class RedisBackend(Backend):
     @staticmethod
     def _state(reply: Sequence[Any]) -> tuple[QueueState, int]:
         epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-        numbers = [int(v) for v in reply[1:8]]
-        interval, ticket, current, anchor, last_start, paused, now = numbers
-        return QueueState(epoch, interval, ticket, current, anchor, last_start, bool(paused)), now
+        numbers = [int(v) for v in reply[1:10]]
+        interval, ticket, current, anchor, last_start, paused, now, started, held = numbers
+        state = QueueState(epoch, interval, ticket, current, anchor, last_start, bool(paused), started, held)
+        return state, now
 
     # -- operations -----------------------------------------------------------------
 
@@ -282,8 +323,8 @@ class RedisBackend(Backend):
         pool = self.client.connection_pool
         try:
             conn = _connection_from(pool)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc, queue) from None
         try:
             conn.send_command(
                 "EVALSHA", script.sha, len(keys), *keys, self._now_arg(), count, interval_us, epoch,
@@ -410,8 +451,8 @@ class RedisBackend(Backend):
         while True:
             try:
                 entries = self.client.xrange(key, min=first, max="+", count=batch)
-            except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-                raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+            except _REDIS_ERRORS as exc:
+                raise store_error(exc, queue) from None
             for _, fields in entries:
                 yield _ledger_entry(queue, fields)
             if len(entries) < batch:
@@ -490,8 +531,8 @@ class RedisBackend(Backend):
                     if value is not None:
                         ticket, _, message = value.decode().partition("|")
                         tasks.append(ParkedTask(int(ticket), task_id, message))
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc, queue) from None
         return sorted(tasks, key=lambda t: t.ticket)
 
     def unpark(self, queue: str, task_ids: Sequence[str]) -> None:
@@ -510,8 +551,8 @@ class RedisBackend(Backend):
         if not reply:
             return None
         state, now = self._state(reply)
-        finished, parked, duplicates, reclaims = (int(v) for v in reply[8:12])
-        return QueueStatus(queue, state, now, finished, parked, _sources(reply[12:]), duplicates, reclaims)
+        finished, parked, duplicates, reclaims = (int(v) for v in reply[10:14])
+        return QueueStatus(queue, state, now, finished, parked, _sources(reply[14:]), duplicates, reclaims)
 
     #: Commands sent in one pipeline by the exporter's reads of many queues.
     PIPELINE_CHUNK = 500
@@ -554,8 +595,8 @@ class RedisBackend(Backend):
                 pipe.xrange(self.keys(queue).ledger, min=f"{max(low or 0, 0) // 1000}-0", max="+", count=batch)
             try:
                 replies = pipe.execute()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+            except _REDIS_ERRORS as exc:
+                raise store_error(exc) from None
             for queue, entries in zip(chunk, replies, strict=True):
                 if len(entries) == batch:  # more than one batch behind: read the rest in turn
                     out[queue] = list(self.ledger(queue, since_us=since[queue]))
@@ -577,8 +618,8 @@ class RedisBackend(Backend):
                 for match in matches
                 for key in self.client.scan_iter(match=match, count=1000)
             }
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc) from None
         return match_names([n for n in names if n], pattern)
 
     def parked_queues(self) -> list[str]:
@@ -589,24 +630,24 @@ class RedisBackend(Backend):
                     name = QueueKeys.queue_from_state_key(key.decode(), suffix)
                     if name:
                         names.add(name)
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc) from None
         return sorted(names)
 
     def delete(self, queue: str) -> bool:
         k = self.keys(queue)
         try:
             return bool(self.client.delete(*k.all))
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc, queue) from None
 
     def now_us(self) -> int:
         if self.clock:
             return self.clock()
         try:
             seconds, micros = self.client.time()
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc) from None
         return int(seconds) * 1_000_000 + int(micros)
 
     def warm(self) -> None:
@@ -614,8 +655,8 @@ class RedisBackend(Backend):
             for name in SCRIPTS:
                 script = self._script(name)
                 script.sha = self.client.script_load(script.script)
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc) from None
 
     def close(self) -> None:
         if self._client is not None:

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
-from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError
+from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError, redacted
 from ..ledger import LedgerRow
 from ..types import ClaimResult, IntervalSources, ParkedTask
 from .base import ModelBackend, Transaction, match_names, sources_from_json, sources_to_json, state_from_fields
@@ -64,6 +64,12 @@ CREATE TABLE IF NOT EXISTS siq_refusals (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, verdict TEXT NOT NULL, n INTEGER NOT NULL,
     PRIMARY KEY (prefix, queue, verdict)
 );
+-- When the last start was authorized and the last back-off ends (shown by the status):
+-- a table of their own, so that processes of an earlier version go on writing siq_queues.
+CREATE TABLE IF NOT EXISTS siq_queue_times (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, started_us INTEGER NOT NULL, held_until_us INTEGER NOT NULL,
+    PRIMARY KEY (prefix, queue)
+);
 CREATE TABLE IF NOT EXISTS siq_interval_sources (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, sources TEXT NOT NULL, PRIMARY KEY (prefix, queue)
 );
@@ -81,15 +87,21 @@ class _SqliteTransaction(Transaction):
         self._key = (backend.key_prefix, queue)
         self.now_us = backend.now_us()
         row = conn.execute(
-            f"SELECT {', '.join(_FIELDS)} FROM siq_queues WHERE prefix=? AND queue=?", self._key
+            f"SELECT {', '.join('q.' + f for f in _FIELDS)}, t.started_us, t.held_until_us FROM siq_queues q "
+            f"LEFT JOIN siq_queue_times t USING (prefix, queue) WHERE q.prefix=? AND q.queue=?",
+            self._key,
         ).fetchone()
         self.state = None
+        self._times = (0, 0)
         if row is not None:
             try:
                 self.state = state_from_fields(queue, self._where(), dict(zip(_FIELDS, row, strict=False)))
             except CorruptStateError:
                 if not replace_corrupt:
                     raise
+            else:
+                self._times = (int(row[-2] or 0), int(row[-1] or 0))
+                self.state.started_us, self.state.held_until_us = self._times
 
     def _where(self) -> str:
         return f"{self._b.path}: siq_queues[prefix={self._b.key_prefix!r}, queue={self._queue!r}]"
@@ -233,6 +245,7 @@ class _SqliteTransaction(Transaction):
     def delete(self) -> bool:
         self._c.execute("DELETE FROM siq_interval_sources WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_refusals WHERE prefix=? AND queue=?", self._key)
+        self._c.execute("DELETE FROM siq_queue_times WHERE prefix=? AND queue=?", self._key)
         removed = self._c.execute("DELETE FROM siq_parked WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_finished WHERE prefix=? AND queue=?", self._key).rowcount
@@ -248,6 +261,11 @@ class _SqliteTransaction(Transaction):
             "INSERT OR REPLACE INTO siq_queues VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (*self._key, s.epoch, s.interval_us, s.ticket, s.current, s.anchor_us, s.last_start_us, int(s.paused)),
         )
+        if (s.started_us, s.held_until_us) != self._times:
+            self._c.execute(
+                "INSERT OR REPLACE INTO siq_queue_times VALUES (?, ?, ?, ?)",
+                (*self._key, s.started_us, s.held_until_us),
+            )
 
 
 LOCK_RETRY_S = 0.0001
@@ -282,11 +300,11 @@ class SqliteBackend(ModelBackend):
         parts = urlsplit(url)
         if parts.netloc:
             raise ConfigurationError(
-                f"sqlite URL {url!r} has a host part; write sqlite:///relative.db or sqlite:////abs/path.db"
+                f"sqlite URL {redacted(url)!r} has a host part; write sqlite:///relative.db or sqlite:////abs/path.db"
             )
         path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
         if "\x00" in path:
-            raise ConfigurationError(f"sqlite URL {url!r} has a NUL character in its path")
+            raise ConfigurationError(f"sqlite URL {redacted(url)!r} has a NUL character in its path")
         return cls(path, **options)
 
     def _connection(self) -> sqlite3.Connection:

@@ -4,7 +4,9 @@
 -- Times are integer microseconds since the Unix epoch (they fit a Lua double exactly).
 -- Numbers reach Redis through redis.call, which formats them with %.17g; never build a
 -- number into a string with tostring() or '..' (Lua's own format keeps 14 digits).
--- State hash fields: epoch, interval_us, ticket, current, anchor_us, last_start_us, paused.
+-- State hash fields: epoch, interval_us, ticket, current, anchor_us, last_start_us, paused;
+-- and two that only the status shows (no decision reads them; absent means 0): started_us,
+-- when the last start was authorized, and held_until_us, when the last back-off ends.
 
 local function siq_now(arg)
   if arg ~= nil and arg ~= '' then
@@ -20,7 +22,7 @@ local SIQ_NUMBERS = {'interval_us', 'ticket', 'current', 'anchor_us', 'last_star
 -- when a field holds something siq_celery did not write.
 local function siq_load(key)
   local raw = redis.call('HMGET', key, 'epoch', 'interval_us', 'ticket', 'current',
-                         'anchor_us', 'last_start_us', 'paused')
+                         'anchor_us', 'last_start_us', 'paused', 'started_us', 'held_until_us')
   local present = false
   for i = 1, 7 do
     if raw[i] then present = true end
@@ -39,6 +41,8 @@ local function siq_load(key)
   end
   if s.interval_us <= 0 then return nil, 'SIQCORRUPT interval_us ' .. raw[2] end
   if s.paused ~= 0 and s.paused ~= 1 then return nil, 'SIQCORRUPT paused ' .. raw[7] end
+  s.started_us = tonumber(raw[8]) or 0
+  s.held_until_us = tonumber(raw[9]) or 0
   return s, nil
 end
 
@@ -46,19 +50,20 @@ end
 -- know when the last start was, and that is the price of never bursting after a loss.
 local function siq_new(now, interval, epoch)
   return {epoch = epoch, interval_us = interval, ticket = 0, current = 0,
-          anchor_us = now, last_start_us = now, paused = 0}
+          anchor_us = now, last_start_us = now, paused = 0, started_us = 0, held_until_us = 0}
 end
 
 local function siq_save(key, s)
   redis.call('HSET', key, 'epoch', s.epoch, 'interval_us', s.interval_us, 'ticket', s.ticket,
              'current', s.current, 'anchor_us', s.anchor_us, 'last_start_us', s.last_start_us,
-             'paused', s.paused)
+             'paused', s.paused, 'started_us', s.started_us, 'held_until_us', s.held_until_us)
 end
 
--- The flat reply shared by the control scripts: state fields, then the store time.
+-- The flat reply shared by the control scripts: state fields, the store time, then the
+-- times only the status shows.
 local function siq_reply(s, now)
   return {s.epoch, s.interval_us, s.ticket, s.current, s.anchor_us, s.last_start_us,
-          s.paused, now}
+          s.paused, now, s.started_us, s.held_until_us}
 end
 
 -- After an outage (no start, head overdue by more than max(10 intervals, 1 s), or than
@@ -128,6 +133,7 @@ end
 -- used c - 1 intervals from now.
 local function siq_commit(key, s, ticket, cost, now)
   if ticket > 0 and ticket + cost - 1 > s.current then s.current = ticket + cost - 1 end
+  s.started_us = now  -- what the status shows; the cap counts from the last slot used
   s.last_start_us = now + (cost - 1) * s.interval_us
   s.anchor_us = math.max(s.anchor_us, s.last_start_us)
   siq_save(key, s)

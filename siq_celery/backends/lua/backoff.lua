@@ -14,6 +14,7 @@ local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then return redis.error_reply('SIQNOTFOUND') end
 local until_us = now + tonumber(ARGV[2]) - s.interval_us
+s.held_until_us = math.max(s.held_until_us, now + tonumber(ARGV[2]))
 s.last_start_us = math.max(s.last_start_us, until_us)
 local keep = 0
 if ARGV[3] == '1' then keep = s.interval_us end

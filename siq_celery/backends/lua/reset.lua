@@ -13,9 +13,9 @@
 local now = siq_now(ARGV[1])
 local interval = tonumber(ARGV[2])
 local s = siq_load(KEYS[1])  -- corrupt state is replaced, not reported
-local last_start = now
+local last_start, started, held = now, 0, 0
 if s then
-  last_start = s.last_start_us
+  last_start, started, held = s.last_start_us, s.started_us, s.held_until_us
   if interval <= 0 then interval = s.interval_us end
 elseif interval <= 0 then
   return redis.error_reply('SIQNOTFOUND')  -- missing (or corrupt) state and no interval given
@@ -23,6 +23,7 @@ end
 redis.call('DEL', KEYS[1])
 s = siq_new(now, interval, ARGV[3])
 s.last_start_us = last_start
+s.started_us, s.held_until_us = started, held  -- kept, as the last start is
 s.anchor_us = now - interval  -- ticket 1 of the new life is due at once
 local parked = {}
 for _, key in ipairs({KEYS[2], KEYS[4]}) do

@@ -5,8 +5,9 @@
 -- KEYS[5]  the queue's interval sources hash
 -- KEYS[6]  the queue's counts of refused starts
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
--- Returns siq_reply followed by the finished and parked counts, the duplicates refused and
--- the reclaims, then siq_sources_reply;
+-- Returns siq_reply (with when the last start was authorized and when the last back-off
+-- ends) followed by the finished and parked counts, the duplicates refused and the
+-- reclaims, then siq_sources_reply;
 -- or an empty array if no state.
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
