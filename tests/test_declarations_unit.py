@@ -137,3 +137,16 @@ def test_a_producer_with_another_declaration_says_so_once_and_writes_nothing(
     assert caplog.text.count("queue 'api' runs at 100ms") == 1 and "this process declares 5ms" in caplog.text
     status = backend.status("api")
     assert status is not None and status.state.interval_us == 100_000 and status.sources.declared_us == 100_000
+
+
+def test_release_every_must_be_well_below_a_third_of_the_declaration_ttl(tmp_path: Any) -> None:
+    """Renewals run on the upkeep rounds: with release_every=60 and the default TTL of 30 s,
+    live declarations would lapse between renewals and the effective interval flip."""
+    with pytest.raises(
+        ConfigurationError,
+        match=r"siq_release_every = 60 is not well below siq_declaration_ttl / 3 "
+        r"\(10s\).* at most 5 \(siq_declaration_ttl / 6\), or siq_declaration_ttl to at least 360",
+    ):
+        siq_state(make_app(tmp_path, siq_release_every=60)).settings  # noqa: B018
+    assert siq_state(make_app(tmp_path, siq_release_every=5)).settings.release_every == 5
+    assert siq_state(make_app(tmp_path, siq_release_every=0.5, siq_declaration_ttl=3)).settings.release_every == 0.5
