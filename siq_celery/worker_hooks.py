@@ -7,7 +7,8 @@
 * ``worker_ready`` with ``siq_metrics_port`` set: serve Prometheus metrics from the main
   process (metrics.py), read from the store like ``siq exporter``.
 * ``worker_shutdown``: stop the upkeep thread and the metrics server, and withdraw the
-  node's declarations.
+  node's declarations; ``worker_process_shutdown``: a pool process withdraws the per-key
+  declarations it made.
 * ``task_postrun``: collect the garbage Celery's ``Ignore`` leaves after deferrals.
 
 It knows interval tasks by their ``siq_queue`` method, so it imports neither the task
@@ -47,6 +48,11 @@ def _note_task_events(sender: Any = None, **_: Any) -> None:
     WORKER_SENDS_TASK_EVENTS[0] = bool(getattr(sender, "task_events", False))
 
 
+#: The per-key declarations of the apps this worker runs: its pool processes (forked after
+#: worker_init) withdraw theirs as they stop.
+PER_KEY_DECLARATIONS: list[PerKeyDeclarations] = []
+
+
 def _announce_declarations(sender: Any = None, **_: Any) -> None:
     """Before the node takes a task: its code's intervals become the declarations (a
     deploy that changed ``interval=`` takes effect here, logged)."""
@@ -57,14 +63,25 @@ def _announce_declarations(sender: Any = None, **_: Any) -> None:
     declarations = NodeDeclarations(app, str(getattr(sender, "hostname", "") or ""))
     state.node_declarations = declarations
     state.per_key_declarations = PerKeyDeclarations(state.settings.declaration_ttl)
+    PER_KEY_DECLARATIONS.append(state.per_key_declarations)
     declarations.announce()
 
 
 def _withdraw_declarations(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    declarations = getattr(siq_state(app), "node_declarations", None) if app is not None else None
-    if declarations is not None:
-        declarations.withdraw()
+    if app is None:
+        return
+    state = siq_state(app)
+    if state.node_declarations is not None:
+        state.node_declarations.withdraw()
+    if state.per_key_declarations is not None:  # threads and solo pools use keys in this process
+        state.per_key_declarations.withdraw()
+
+
+def _withdraw_per_key_declarations(**_: Any) -> None:
+    """A pool process stops: the per-key declarations it made stop counting now."""
+    for per_key in PER_KEY_DECLARATIONS:
+        per_key.withdraw()
 
 
 def warm_interval_queues(app: Any) -> None:
@@ -194,3 +211,4 @@ signals.worker_shutting_down.connect(_stop_upkeep, weak=False)
 signals.worker_shutdown.connect(_stop_upkeep, weak=False)
 signals.worker_shutdown.connect(_stop_metrics, weak=False)
 signals.worker_shutdown.connect(_withdraw_declarations, weak=False)
+signals.worker_process_shutdown.connect(_withdraw_per_key_declarations, weak=False)
