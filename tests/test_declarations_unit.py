@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import threading
 import time
 from typing import Any
@@ -14,11 +15,13 @@ import pytest
 from celery import Celery, signals
 
 from siq_celery import ConfigurationError, IntervalTask, worker_hooks
+from siq_celery.backends.sqlite import SqliteBackend
 from siq_celery.config import siq_state
 from siq_celery.declarations import NodeDeclarations, PerKeyDeclarations, app_declarations, describe, sync_app
 from siq_celery.errors import StoreUnavailableError
 from siq_celery.queue import IntervalQueue
 from siq_celery.types import Declared
+from siq_celery.upkeep import WorkerUpkeep
 
 
 def make_app(tmp_path: Any, **conf: Any) -> Celery:
@@ -234,6 +237,38 @@ def test_withdrawing_stops_at_the_first_timeout_of_an_unreachable_store(
     monkeypatch.setattr(siq_state(app).backend, "declare", frozen)
     node.withdraw()  # worker_shutdown: a frozen store costs one timeout, not one per queue
     assert calls == ["a1"]
+
+
+def test_the_upkeep_logs_an_outage_once_and_its_end_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = api_app(tmp_path, "down")
+    state = siq_state(app)
+    backend = state.backend
+    assert isinstance(backend, SqliteBackend)
+    down, real = [True], backend._connection
+
+    def connection() -> sqlite3.Connection:
+        if down[0]:
+            raise sqlite3.OperationalError("unable to open database file")
+        return real()
+
+    monkeypatch.setattr(backend, "_connection", connection)
+    state.node_declarations = NodeDeclarations(app, "w1@host")
+    upkeep = WorkerUpkeep(app, 0.05)
+    with caplog.at_level(logging.INFO, "siq_celery"):
+        upkeep.start()
+        time.sleep(0.6)  # about 12 rounds with nothing parked
+        outage = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        down[0] = False
+        time.sleep(0.3)
+        upkeep.stop()
+        upkeep.join(2)
+    after = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING][len(outage) :]
+    print("\n".join(["during:", *outage, "after:", *after]))
+    assert len(outage) == 1 and "the state store is unreachable" in outage[0] and "unable to open" in outage[0]
+    assert "''s" not in caplog.text
+    assert sum("the state store is reachable again after" in line for line in after) == 1
 
 
 def test_a_per_key_declaration_that_fails_is_a_warning_at_most_once_a_minute(
