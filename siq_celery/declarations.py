@@ -120,6 +120,9 @@ class NodeDeclarations:
         self.ttl = siq_state(app).settings.declaration_ttl
         self.origin = who(node)
         self._announced: set[str] = set()
+        #: The effective interval each queue had at this node's last declaration: a start may
+        #: have followed an expiry since (model.follow_expiry), and the renewal says so.
+        self._effective: dict[str, int] = {}
         self._next_renewal = 0.0
         self._closed = False
         self._lock = threading.Lock()
@@ -194,6 +197,7 @@ class NodeDeclarations:
                            queue.name, exc)  # fmt: skip
             return
         self._announced.add(queue.name)
+        self._effective[queue.name] = done.interval_us
         line = describe(queue.name, done, self.origin)
         if line:
             logger.warning("siq_celery: %s", line)
@@ -230,9 +234,11 @@ class NodeDeclarations:
                 except SiqError as exc:
                     logger.warning("siq_celery: could not renew the declaration of queue %r: %s", queue.name, exc)
                     continue
-                if done.old_interval_us != done.interval_us:
+                before = self._effective.get(queue.name, done.old_interval_us)
+                self._effective[queue.name] = done.interval_us
+                if before != done.interval_us:
                     logger.warning("siq_celery: queue %r: effective %s -> %s (a worker's declaration expired or "
-                                   "was withdrawn)", queue.name, format_interval(done.old_interval_us),
+                                   "was withdrawn, or an operator changed it)", queue.name, format_interval(before),
                                    format_interval(done.interval_us))  # fmt: skip
 
     def withdraw(self) -> None:

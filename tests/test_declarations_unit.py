@@ -15,11 +15,13 @@ import pytest
 from celery import Celery, signals
 
 from siq_celery import ConfigurationError, IntervalTask, worker_hooks
+from siq_celery.backends import backend_from_url
 from siq_celery.backends.sqlite import SqliteBackend
 from siq_celery.config import siq_state
 from siq_celery.declarations import NodeDeclarations, PerKeyDeclarations, app_declarations, describe, sync_app
 from siq_celery.errors import StoreUnavailableError
 from siq_celery.queue import IntervalQueue
+from siq_celery.testing import PinnedClock
 from siq_celery.types import Declared
 from siq_celery.upkeep import WorkerUpkeep
 
@@ -329,3 +331,24 @@ def test_a_pool_process_that_stops_withdraws_its_per_key_declarations(tmp_path: 
     finally:
         signals.worker_shutdown.send(sender=worker)
         worker_hooks.PER_KEY_DECLARATIONS.clear()
+
+
+def test_a_renewal_says_when_the_effective_interval_followed_an_expiry(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = api_app(tmp_path)  # 'api' at 100 ms
+    clock = PinnedClock()
+    state = siq_state(app)
+    state._backend = backend_from_url(f"sqlite:///{tmp_path}/s.db", clock=clock)
+    IntervalQueue("api", backend=state.backend, interval="300ms").declare(node="old@host", ttl=30)  # then killed
+    now = [1000.0]
+    monkeypatch.setattr("siq_celery.declarations.time.monotonic", lambda: now[0])
+    node = NodeDeclarations(app, "w1@host")
+    node.announce()
+    clock.advance(30.0)
+    assert state.backend.status("api").state.interval_us == 100_000  # type: ignore[union-attr]
+    now[0] += 10.0
+    with caplog.at_level(logging.WARNING, "siq_celery"):
+        node.renew_if_due()
+    assert "queue 'api': effective 300ms -> 100ms (a worker's declaration expired" in caplog.text
+    node.withdraw()
