@@ -9,7 +9,12 @@
 * ``worker_shutdown``: stop the upkeep thread and the metrics server, and withdraw the
   node's declarations; ``worker_process_shutdown``: a pool process withdraws the per-key
   declarations it made.
-* ``task_postrun``: collect the garbage Celery's ``Ignore`` leaves after deferrals.
+* ``task_postrun``: collect the garbage Celery's ``Ignore`` leaves after deferrals
+  (deferral_gc.py).
+
+It connects the signals; the jobs are in their modules (declarations.py, upkeep.py,
+metrics.py, broker_check.py for the warning about the broker's redelivery time,
+deferral_gc.py).
 
 It knows interval tasks by their ``siq_queue`` method, so it imports neither the task
 class nor parking.
@@ -17,14 +22,15 @@ class nor parking.
 
 from __future__ import annotations
 
-import gc
 import logging
 from typing import Any
 
 from celery import signals
 
+from .broker_check import warn_if_broker_forgets_before_horizon
 from .config import siq_state
 from .declarations import NodeDeclarations, PerKeyDeclarations, app_declarations
+from .deferral_gc import DeferralCollector
 from .upkeep import WorkerUpkeep
 
 logger = logging.getLogger("siq_celery")
@@ -117,7 +123,7 @@ def _start_upkeep(sender: Any = None, **_: Any) -> None:
     if app is None or not has_interval_tasks(app):
         return
     settings = siq_state(app).settings
-    _warn_if_broker_forgets_before_horizon(app, settings.horizon)
+    warn_if_broker_forgets_before_horizon(app, settings.horizon)
     upkeep = WorkerUpkeep(app, settings.release_every)
     upkeep.start()
     _UPKEEP.append(upkeep)
@@ -158,44 +164,8 @@ def _stop_metrics(**_: Any) -> None:
         _METRICS_SERVERS.pop().shutdown()
 
 
-#: RabbitMQ's default consumer_timeout (30 min): a delivery unacknowledged longer closes the channel.
-RABBITMQ_CONSUMER_TIMEOUT_S = 1800.0
-REDIS_VISIBILITY_TIMEOUT_S = 3600.0  # kombu's default for the Redis (and SQS) transports
-
-
-def _warn_if_broker_forgets_before_horizon(app: Any, horizon: float) -> None:
-    transport = str(app.conf.broker_url or "").split("://")[0].split("+")[0]
-    options = app.conf.broker_transport_options or {}
-    if transport in ("redis", "rediss", "sqs", "sentinel"):
-        limit, name = float(options.get("visibility_timeout", REDIS_VISIBILITY_TIMEOUT_S)), "visibility_timeout"
-    elif transport in ("amqp", "amqps", "pyamqp"):
-        limit, name = RABBITMQ_CONSUMER_TIMEOUT_S, "RabbitMQ's default consumer_timeout"
-    else:
-        return
-    if horizon >= limit * 0.9:
-        logger.warning(
-            "siq_celery: siq_horizon (%.0fs) is not well below the broker's %s (%.0fs): a task waiting by "
-            "countdown that long may be redelivered or its channel closed; lower siq_horizon",
-            horizon, name, limit,
-        )  # fmt: skip
-
-
-#: Full garbage collections in a worker process: one per this many deferrals.
-COLLECT_EVERY_DEFERRALS = 20
-_deferrals_since_collect = [0]
-
-
-def _collect_after_deferrals(sender: Any = None, state: str | None = None, **_: Any) -> None:
-    """Celery ends an ignored task with an ExceptionInfo whose copied traceback (billiard
-    keeps every frame's code positions, some 200 KB) is cyclic garbage that Python's
-    oldest generation rarely collects: measured, 5,000 deferrals grew each pool process by
-    100 MB. A collection every 20 deferrals keeps it within a few MB."""
-    if state != "IGNORED" or not is_interval_task(sender):
-        return
-    _deferrals_since_collect[0] += 1
-    if _deferrals_since_collect[0] >= COLLECT_EVERY_DEFERRALS:
-        _deferrals_since_collect[0] = 0
-        gc.collect()
+#: The garbage collection after deferrals (deferral_gc.py), one per process.
+_collect_after_deferrals = DeferralCollector()
 
 
 signals.worker_init.connect(_note_task_events, weak=False)
