@@ -33,6 +33,7 @@
 * ``siq_declaration_ttl`` (30 s): a worker's declaration of its tasks' intervals counts
   this long unless renewed (every third of it); a worker that dies without withdrawing
   its declarations stops holding its queues to its interval after at most this long.
+  ``siq_release_every`` must be at most a sixth of it (the renewals run on those rounds).
 * ``siq_key_cache_size`` (10000): queues a process keeps ready (client objects, parsed
   declarations), least recently used forgotten first: a worker that sees 100,000 keys
   of a per-key queue holds this many, not all of them.
@@ -67,6 +68,8 @@ REDIS_BROKER_SCHEMES = {"redis", "rediss", "unix"}
 DEFAULT_HORIZON_S = 600.0
 DEFAULT_MAX_LOST_DELIVERIES = 3
 MAX_LOST_DELIVERIES = 100
+#: siq_release_every may be at most siq_declaration_ttl / this (SiqSettings.__post_init__).
+RENEWALS_PER_TTL = 6
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,22 @@ class SiqSettings:
     @property
     def horizon_us(self) -> int:
         return round(self.horizon * 1e6)
+
+    def __post_init__(self) -> None:
+        # A worker renews its declarations on its upkeep rounds (every siq_release_every), the
+        # first round after a third of the TTL: up to TTL/3 + release_every apart. At most a
+        # sixth of the TTL leaves room for one failed renewal to be retried before the
+        # declaration lapses; more, and live declarations lapse between renewals (the
+        # effective interval flips each round).
+        most = self.declaration_ttl / RENEWALS_PER_TTL
+        if self.release_every > most:
+            raise ConfigurationError(
+                f"app.conf.siq_release_every = {self.release_every:g} is not well below siq_declaration_ttl / 3 "
+                f"({self.declaration_ttl / 3:g}s): workers renew their declarations on those rounds, so live "
+                f"declarations would lapse between renewals and the effective interval flip. Set "
+                f"siq_release_every to at most {most:g} (siq_declaration_ttl / {RENEWALS_PER_TTL}), or "
+                f"siq_declaration_ttl to at least {self.release_every * RENEWALS_PER_TTL:g}"
+            )
 
     @classmethod
     def from_app(cls, app: Any) -> SiqSettings:

@@ -46,9 +46,11 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
     request = task.request
     cost = task.siq_cost(args, kwargs)
     queue, line = task.siq_line(args, kwargs)
-    per_key = siq_state(task.app).per_key_declarations
-    if per_key is not None and task.siq_per_key:
-        per_key.on_use(queue, request.hostname or "")
+    state = siq_state(task.app)
+    if state.node_declarations is not None and not request.is_eager:
+        state.node_declarations.wait_announced()  # a deploy's interval applies before the first task
+    if state.per_key_declarations is not None and task.siq_per_key:
+        state.per_key_declarations.on_use(queue, request.hostname or "", task.name)
     ticket, problem = ticket_from_headers(request.headers, queue.name)
     if problem:
         logger.warning("%s[%s]: %s; claiming a fresh ticket", task.name, task_id, problem)

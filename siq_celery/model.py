@@ -232,6 +232,22 @@ def effective_interval(sources: IntervalSources, now_us: int) -> int:
     return max((n.interval_us for n in sources.live(now_us)), default=sources.declared_us)
 
 
+def follow_expiry(state: QueueState, sources: IntervalSources, now_us: int) -> IntervalSources | None:
+    """The effective interval follows the expiry of node declarations: when a stored node
+    declaration has expired (a node that died, or missed its renewals), the interval is
+    recomputed from the live ones and the expired ones are dropped; the new sources, or
+    None when nothing expired (mutates ``state``). Every operation that decides by the
+    interval runs it first, so a killed node's declaration stops counting exactly its TTL
+    after its last renewal, on the store's clock, whether or not a live node declares in
+    between. (The Lua scripts keep the earliest expiry in the state instead of reading the
+    sources each time: ``siq_follow_expiry``.)"""
+    if all(n.expires_us > now_us for n in sources.nodes):
+        return None
+    live = replace(sources, nodes=sources.live(now_us))
+    state.interval_us = effective_interval(live, now_us) or state.interval_us
+    return live
+
+
 def declare(
     state: QueueState,
     sources: IntervalSources,

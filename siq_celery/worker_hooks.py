@@ -7,8 +7,14 @@
 * ``worker_ready`` with ``siq_metrics_port`` set: serve Prometheus metrics from the main
   process (metrics.py), read from the store like ``siq exporter``.
 * ``worker_shutdown``: stop the upkeep thread and the metrics server, and withdraw the
-  node's declarations.
-* ``task_postrun``: collect the garbage Celery's ``Ignore`` leaves after deferrals.
+  node's declarations; ``worker_process_shutdown``: a pool process withdraws the per-key
+  declarations it made.
+* ``task_postrun``: collect the garbage Celery's ``Ignore`` leaves after deferrals
+  (deferral_gc.py).
+
+It connects the signals; the jobs are in their modules (declarations.py, upkeep.py,
+metrics.py, broker_check.py for the warning about the broker's redelivery time,
+deferral_gc.py).
 
 It knows interval tasks by their ``siq_queue`` method, so it imports neither the task
 class nor parking.
@@ -16,15 +22,16 @@ class nor parking.
 
 from __future__ import annotations
 
-import gc
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from celery import signals
 
+from .broker_check import warn_if_broker_forgets_before_horizon
 from .config import siq_state
 from .declarations import NodeDeclarations, PerKeyDeclarations, app_declarations
+from .deferral_gc import DeferralCollector
 from .upkeep import WorkerUpkeep
 
 logger = logging.getLogger("siq_celery")
@@ -46,8 +53,6 @@ class WorkerNotes:
     #: worker start. (Events enabled later by remote control, as Flower can, reach only
     #: the main process: start workers with ``-E``.)
     sends_task_events: bool = False
-    #: Deferrals since the last full garbage collection (:func:`_collect_after_deferrals`).
-    deferrals_since_collect: int = 0
 
 
 WORKER = WorkerNotes()
@@ -55,6 +60,11 @@ WORKER = WorkerNotes()
 
 def _note_task_events(sender: Any = None, **_: Any) -> None:
     WORKER.sends_task_events = bool(getattr(sender, "task_events", False))
+
+
+#: The per-key declarations of the apps this worker runs: its pool processes (forked after
+#: worker_init) withdraw theirs as they stop.
+PER_KEY_DECLARATIONS: list[PerKeyDeclarations] = []
 
 
 def _announce_declarations(sender: Any = None, **_: Any) -> None:
@@ -67,14 +77,25 @@ def _announce_declarations(sender: Any = None, **_: Any) -> None:
     declarations = NodeDeclarations(app, str(getattr(sender, "hostname", "") or ""))
     state.node_declarations = declarations
     state.per_key_declarations = PerKeyDeclarations(state.settings.declaration_ttl)
+    PER_KEY_DECLARATIONS.append(state.per_key_declarations)
     declarations.announce()
 
 
 def _withdraw_declarations(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    declarations = getattr(siq_state(app), "node_declarations", None) if app is not None else None
-    if declarations is not None:
-        declarations.withdraw()
+    if app is None:
+        return
+    state = siq_state(app)
+    if state.node_declarations is not None:
+        state.node_declarations.withdraw()
+    if state.per_key_declarations is not None:  # threads and solo pools use keys in this process
+        state.per_key_declarations.withdraw()
+
+
+def _withdraw_per_key_declarations(**_: Any) -> None:
+    """A pool process stops: the per-key declarations it made stop counting now."""
+    for per_key in PER_KEY_DECLARATIONS:
+        per_key.withdraw()
 
 
 def warm_interval_queues(app: Any) -> None:
@@ -110,7 +131,7 @@ def _start_upkeep(sender: Any = None, **_: Any) -> None:
     if app is None or not has_interval_tasks(app):
         return
     settings = siq_state(app).settings
-    _warn_if_broker_forgets_before_horizon(app, settings.horizon)
+    warn_if_broker_forgets_before_horizon(app, settings.horizon)
     upkeep = WorkerUpkeep(app, settings.release_every)
     upkeep.start()
     _UPKEEP.append(upkeep)
@@ -151,43 +172,8 @@ def _stop_metrics(**_: Any) -> None:
         _METRICS_SERVERS.pop().shutdown()
 
 
-#: RabbitMQ's default consumer_timeout (30 min): a delivery unacknowledged longer closes the channel.
-RABBITMQ_CONSUMER_TIMEOUT_S = 1800.0
-REDIS_VISIBILITY_TIMEOUT_S = 3600.0  # kombu's default for the Redis (and SQS) transports
-
-
-def _warn_if_broker_forgets_before_horizon(app: Any, horizon: float) -> None:
-    transport = str(app.conf.broker_url or "").split("://")[0].split("+")[0]
-    options = app.conf.broker_transport_options or {}
-    if transport in ("redis", "rediss", "sqs", "sentinel"):
-        limit, name = float(options.get("visibility_timeout", REDIS_VISIBILITY_TIMEOUT_S)), "visibility_timeout"
-    elif transport in ("amqp", "amqps", "pyamqp"):
-        limit, name = RABBITMQ_CONSUMER_TIMEOUT_S, "RabbitMQ's default consumer_timeout"
-    else:
-        return
-    if horizon >= limit * 0.9:
-        logger.warning(
-            "siq_celery: siq_horizon (%.0fs) is not well below the broker's %s (%.0fs): a task waiting by "
-            "countdown that long may be redelivered or its channel closed; lower siq_horizon",
-            horizon, name, limit,
-        )  # fmt: skip
-
-
-#: Full garbage collections in a worker process: one per this many deferrals.
-COLLECT_EVERY_DEFERRALS = 20
-
-
-def _collect_after_deferrals(sender: Any = None, state: str | None = None, **_: Any) -> None:
-    """Celery ends an ignored task with an ExceptionInfo whose copied traceback (billiard
-    keeps every frame's code positions, some 200 KB) is cyclic garbage that Python's
-    oldest generation rarely collects: measured, 5,000 deferrals grew each pool process by
-    100 MB. A collection every 20 deferrals keeps it within a few MB."""
-    if state != "IGNORED" or not is_interval_task(sender):
-        return
-    WORKER.deferrals_since_collect += 1
-    if WORKER.deferrals_since_collect >= COLLECT_EVERY_DEFERRALS:
-        WORKER.deferrals_since_collect = 0
-        gc.collect()
+#: The garbage collection after deferrals (deferral_gc.py), one per process.
+_collect_after_deferrals = DeferralCollector()
 
 
 signals.worker_init.connect(_note_task_events, weak=False)
@@ -203,3 +189,4 @@ signals.worker_shutting_down.connect(_stop_upkeep, weak=False)
 signals.worker_shutdown.connect(_stop_upkeep, weak=False)
 signals.worker_shutdown.connect(_stop_metrics, weak=False)
 signals.worker_shutdown.connect(_withdraw_declarations, weak=False)
+signals.worker_process_shutdown.connect(_withdraw_per_key_declarations, weak=False)

@@ -178,12 +178,12 @@ def test_a_worker_warns_when_the_broker_would_forget_before_the_horizon(
 ) -> None:
     from celery import Celery
 
-    from siq_celery.worker_hooks import _warn_if_broker_forgets_before_horizon
+    from siq_celery.broker_check import warn_if_broker_forgets_before_horizon
 
     app = Celery("warn", broker=broker, set_as_current=False)
     app.conf.broker_transport_options = options
     with caplog.at_level("WARNING", logger="siq_celery"):
-        _warn_if_broker_forgets_before_horizon(app, horizon)
+        warn_if_broker_forgets_before_horizon(app, horizon)
     assert ("lower siq_horizon" in caplog.text) is warns
 
 

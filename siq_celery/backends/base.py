@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import json
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,6 +27,7 @@ from .. import model
 from ..errors import ConfigurationError, CorruptStateError, QueueNotFoundError, SiqError, StoreUnavailableError
 from ..keys import DEFAULT_KEY_PREFIX, QueueKeys, validate_key_prefix
 from ..ledger import DEFAULT_LEDGER_MAX, LedgerRow, StartRecord
+from ..logs import Throttle
 from ..lru import LRUCache
 from ..types import (
     ClaimResult,
@@ -39,6 +41,8 @@ from ..types import (
     Release,
     Verdict,
 )
+
+logger = logging.getLogger("siq_celery")
 
 Clock = Callable[[], int]
 #: Verdicts the store counts (the exporter's siq_duplicates_refused_total, siq_reclaims_total).
@@ -456,6 +460,24 @@ class ModelBackend(Backend):
         with self.transactions([queue], replace_corrupt=replace_corrupt) as (tx,):
             yield tx
 
+    @contextlib.contextmanager
+    def _following(self, queues: Sequence[str], *, replace_corrupt: bool = False) -> Iterator[list[Transaction]]:
+        """:meth:`transactions` whose states' interval follows the expiry of node
+        declarations (:func:`siq_celery.model.follow_expiry`): for the operations that
+        decide by the interval."""
+        with self.transactions(queues, replace_corrupt=replace_corrupt) as txs:
+            for tx in txs:
+                if tx.state is not None:
+                    followed = model.follow_expiry(tx.state, tx.sources(), tx.now_us)
+                    if followed is not None:
+                        tx.save_sources(followed)
+            yield txs
+
+    @contextlib.contextmanager
+    def _following_one(self, queue: str, *, replace_corrupt: bool = False) -> Iterator[Transaction]:
+        with self._following([queue], replace_corrupt=replace_corrupt) as (tx,):
+            yield tx
+
     def ensure(self, queue: str, interval_us: int, epoch: str) -> tuple[QueueState, bool]:
         with self.transaction(queue) as tx:
             if tx.state is not None:
@@ -471,7 +493,7 @@ class ModelBackend(Backend):
         return tx.state
 
     def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
-        with self.transaction(queue) as tx:
+        with self._following_one(queue) as tx:
             return model.claim(self._created(tx, queue, interval_us, epoch), count, tx.now_us)
 
     def start(
@@ -486,7 +508,7 @@ class ModelBackend(Backend):
         record: StartRecord | None = None,
         cost: int = 1,
     ) -> Decision:
-        with self.transaction(queue) as tx:
+        with self._following_one(queue) as tx:
             state = self._created(tx, queue, interval_us, new_epoch)
             finished = task_id is not None and tx.is_finished(task_id)
             lost = self._lost(tx, task_id)
@@ -517,7 +539,7 @@ class ModelBackend(Backend):
         record: StartRecord | None = None,
         cost: int = 1,
     ) -> list[Decision]:
-        with self.transactions(queues) as txs:
+        with self._following(queues) as txs:
             states = [self._created(tx, q, i, new_epoch) for tx, q, i in zip(txs, queues, interval_us, strict=True)]
             finished = task_id is not None and txs[0].is_finished(task_id)
             lost = self._lost(txs[0], task_id)
@@ -567,7 +589,7 @@ class ModelBackend(Backend):
             return _copy(self._existing(tx, queue))
 
     def resume(self, queue: str, grace_us: int = 0) -> QueueState:
-        with self.transaction(queue) as tx:
+        with self._following_one(queue) as tx:
             model.resume(self._existing(tx, queue), tx.now_us, grace_us)
             return _copy(self._existing(tx, queue))
 
@@ -598,12 +620,12 @@ class ModelBackend(Backend):
             return replace(done, created=created, old_interval_us=0 if created else done.old_interval_us)
 
     def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
-        with self.transaction(queue) as tx:
+        with self._following_one(queue) as tx:
             model.backoff(self._existing(tx, queue), tx.now_us, hold_us, keep_first)
             return _copy(self._existing(tx, queue))
 
     def reset(self, queue: str, interval_us: int | None, epoch: str, origin: str = "") -> QueueState:
-        with self.transaction(queue, replace_corrupt=True) as tx:
+        with self._following_one(queue, replace_corrupt=True) as tx:
             if tx.state is None:
                 if interval_us is None:
                     raise QueueNotFoundError(f"queue {queue!r} has no state in this store")
@@ -615,7 +637,7 @@ class ModelBackend(Backend):
             return _copy(tx.state)
 
     def status(self, queue: str) -> QueueStatus | None:
-        with self.transaction(queue) as tx:
+        with self._following_one(queue) as tx:
             if tx.state is None:
                 return None
             return QueueStatus(
@@ -632,7 +654,7 @@ class ModelBackend(Backend):
     def release(
         self, queue: str, horizon_us: int, limit: int = RELEASE_LIMIT, lease_us: int = RELEASE_LEASE_US
     ) -> Release:
-        with self.transaction(queue) as tx:
+        with self._following_one(queue) as tx:
             if tx.state is None:
                 return Release("", tx.now_us, [])
             state, now = tx.state, tx.now_us
@@ -665,9 +687,27 @@ def sources_to_json(sources: IntervalSources) -> str:
     return json.dumps(asdict(sources), separators=(",", ":"))
 
 
-def sources_from_json(text: str | None) -> IntervalSources:
+#: Unreadable interval sources are logged at most once a minute per queue (a status read
+#: finds them each time until a declaration or an override writes the sources again).
+_UNREADABLE_SOURCES = Throttle(60.0)
+
+
+def log_unreadable_sources(queue: str, where: str, unreadable: Sequence[str]) -> None:
+    """Say that the queue's interval sources held what siq_celery did not write, and read
+    as none: an override there is dropped (the next write of the sources drops it for good)."""
+    if unreadable and _UNREADABLE_SOURCES.due((where, queue)) is not None:
+        logger.warning(
+            "siq_celery: queue %r: the interval sources in %s hold what siq_celery did not write (%s); read as "
+            "none, so an override or declaration kept there is dropped and the queue runs at what the live "
+            "workers declare. If an override was meant, set it again: `siq set-interval %s INTERVAL`",
+            queue, where, "; ".join(unreadable)[:500], queue,
+        )  # fmt: skip
+
+
+def sources_from_json(text: str | None, queue: str = "", where: str = "") -> IntervalSources:
     """Stored sources, or none (an unreadable record only loses the override and the
-    declarations, which the next worker start writes again)."""
+    declarations, which the next worker start writes again), logged naming ``queue``
+    and ``where`` it is stored."""
     if not text:
         return IntervalSources()
     try:
@@ -677,7 +717,8 @@ def sources_from_json(text: str | None) -> IntervalSources:
             int(raw["override_us"]), str(raw["override_by"]), int(raw["override_at_us"]),
             tuple(NodeDeclaration(str(n["node"]), int(n["interval_us"]), int(n["expires_us"])) for n in raw["nodes"]),
         )  # fmt: skip
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, AttributeError):
+        log_unreadable_sources(queue, where or "the store", [repr(text[:200])])
         return IntervalSources()
 
 

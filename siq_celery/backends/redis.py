@@ -38,7 +38,7 @@ from ..types import (
     Release,
     Verdict,
 )
-from .base import RELEASE_LEASE_US, RELEASE_LIMIT, Backend, PendingClaim, match_names
+from .base import RELEASE_LEASE_US, RELEASE_LIMIT, Backend, PendingClaim, log_unreadable_sources, match_names
 
 try:
     import redis
@@ -166,6 +166,10 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
 def _claim_result(reply: Sequence[Any]) -> ClaimResult:
     first, n, epoch, base, floor, interval, now = reply
     return ClaimResult(int(first), int(n), epoch.decode(), int(base), int(floor), int(interval), int(now))
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _sources(reply: Sequence[Any]) -> IntervalSources:
@@ -394,7 +398,7 @@ class RedisBackend(Backend):
     ) -> list[Decision]:
         keys = [
             key for q in queues for key in (self.keys(q).state, self.keys(q).finished, self.keys(q).ledger,
-                                            self.keys(q).refused)
+                                            self.keys(q).refused, self.keys(q).intervals)
         ]  # fmt: skip
         keys.append(self.keys(queues[0]).unfinished)
         lost = self._lost_args(task_id)
@@ -468,8 +472,10 @@ class RedisBackend(Backend):
         return self._state(self._run("resume", queue, self.keys(queue).all, args))[0]
 
     def set_interval(self, queue: str, interval_us: int | None, origin: str = "") -> QueueState:
-        k = self.keys(queue)
-        return self._state(self._run("set_interval", queue, [k.state, k.intervals], [interval_us or 0, origin]))[0]
+        args = [interval_us or 0, origin, self.idle_expiry_us(queue)]
+        reply = self._run("set_interval", queue, self.keys(queue).all, args)
+        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[8:]])
+        return self._state(reply)[0]
 
     def declare(
         self,
@@ -483,9 +489,9 @@ class RedisBackend(Backend):
         announce: bool = True,
     ) -> Declared:
         args = [interval_us, epoch, node, ttl_us, origin, int(announce), self.idle_expiry_us(queue)]
-        created, old_declared, declared, old, interval, replaced, by = self._run(
-            "declare", queue, self.keys(queue).all, args
-        )
+        reply = self._run("declare", queue, self.keys(queue).all, args)
+        created, old_declared, declared, old, interval, replaced, by = reply[:7]
+        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[7:]])
         return Declared(
             bool(created), int(old_declared), int(declared), int(old), int(interval), int(replaced), by.decode()
         )
@@ -495,9 +501,10 @@ class RedisBackend(Backend):
         return self._state(self._run("backoff", queue, self.keys(queue).all, args))[0]
 
     def reset(self, queue: str, interval_us: int | None, epoch: str, origin: str = "") -> QueueState:
-        k = self.keys(queue)
-        keys = [k.state, k.parked, k.parked_messages, k.releasing, k.intervals]
-        return self._state(self._run("reset", queue, keys, [interval_us or 0, epoch, origin]))[0]
+        args = [interval_us or 0, epoch, origin, self.idle_expiry_us(queue)]
+        reply = self._run("reset", queue, self.keys(queue).all, args)
+        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[8:]])
+        return self._state(reply)[0]
 
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
         k = self.keys(queue)
@@ -511,8 +518,9 @@ class RedisBackend(Backend):
     ) -> Release:
         k = self.keys(queue)
         reply = self._run(
-            "release", queue, [k.state, k.parked, k.parked_messages, k.releasing], [horizon_us, limit, lease_us]
-        )
+            "release", queue, [k.state, k.parked, k.parked_messages, k.releasing, k.intervals],
+            [horizon_us, limit, lease_us],
+        )  # fmt: skip
         epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         tasks = [
             (ParkedTask(int(reply[i + 1]), reply[i].decode(), reply[i + 3].decode()), int(reply[i + 2]))

@@ -236,7 +236,8 @@ class _SqliteTransaction(Transaction):
         row = self._c.execute(
             "SELECT sources FROM siq_interval_sources WHERE prefix=? AND queue=?", self._key
         ).fetchone()
-        return sources_from_json(row[0] if row else None)
+        where = f"{self._b.path}: siq_interval_sources[prefix={self._b.key_prefix!r}, queue={self._queue!r}]"
+        return sources_from_json(row[0] if row else None, self._queue, where)
 
     def save_sources(self, sources: IntervalSources) -> None:
         self._c.execute("INSERT OR REPLACE INTO siq_interval_sources VALUES (?, ?, ?)",

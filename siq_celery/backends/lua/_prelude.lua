@@ -5,8 +5,11 @@
 -- Numbers reach Redis through redis.call, which formats them with %.17g; never build a
 -- number into a string with tostring() or '..' (Lua's own format keeps 14 digits).
 -- State hash fields: epoch, interval_us, ticket, current, anchor_us, last_start_us, paused;
--- and two that only the status shows (no decision reads them; absent means 0): started_us,
--- when the last start was authorized, and held_until_us, when the last back-off ends.
+-- two that only the status shows (no decision reads them; absent means 0): started_us,
+-- when the last start was authorized, and held_until_us, when the last back-off ends;
+-- and two that may be missing (read as 0): until_us, when the earliest live node declaration
+-- expires (the interval is recomputed then: siq_follow_expiry), and idle_us, the queue's
+-- idle expiry (siq_touch), so that an operator's reset or override keeps it.
 
 local function siq_now(arg)
   if arg ~= nil and arg ~= '' then
@@ -22,7 +25,8 @@ local SIQ_NUMBERS = {'interval_us', 'ticket', 'current', 'anchor_us', 'last_star
 -- when a field holds something siq_celery did not write.
 local function siq_load(key)
   local raw = redis.call('HMGET', key, 'epoch', 'interval_us', 'ticket', 'current',
-                         'anchor_us', 'last_start_us', 'paused', 'started_us', 'held_until_us')
+                         'anchor_us', 'last_start_us', 'paused', 'started_us', 'held_until_us',
+                         'until_us', 'idle_us')
   local present = false
   for i = 1, 7 do
     if raw[i] then present = true end
@@ -43,6 +47,7 @@ local function siq_load(key)
   if s.paused ~= 0 and s.paused ~= 1 then return nil, 'SIQCORRUPT paused ' .. raw[7] end
   s.started_us = tonumber(raw[8]) or 0
   s.held_until_us = tonumber(raw[9]) or 0
+  s.until_us, s.idle_us = tonumber(raw[10]) or 0, tonumber(raw[11]) or 0
   return s, nil
 end
 
@@ -50,13 +55,15 @@ end
 -- know when the last start was, and that is the price of never bursting after a loss.
 local function siq_new(now, interval, epoch)
   return {epoch = epoch, interval_us = interval, ticket = 0, current = 0,
-          anchor_us = now, last_start_us = now, paused = 0, started_us = 0, held_until_us = 0}
+          anchor_us = now, last_start_us = now, paused = 0, started_us = 0, held_until_us = 0,
+          until_us = 0, idle_us = 0}
 end
 
 local function siq_save(key, s)
   redis.call('HSET', key, 'epoch', s.epoch, 'interval_us', s.interval_us, 'ticket', s.ticket,
              'current', s.current, 'anchor_us', s.anchor_us, 'last_start_us', s.last_start_us,
-             'paused', s.paused, 'started_us', s.started_us, 'held_until_us', s.held_until_us)
+             'paused', s.paused, 'started_us', s.started_us, 'held_until_us', s.held_until_us,
+             'until_us', s.until_us, 'idle_us', s.idle_us)
 end
 
 -- The flat reply shared by the control scripts: state fields, the store time, then the
@@ -81,8 +88,15 @@ end
 -- last claim, start or finish, unless it is paused or holds parked tasks (those outlive
 -- any idle time). keys: the queue's keys in QueueKeys.all order (state, finished, ledger,
 -- parked, parked messages, releasing, intervals). ttl_us <= 0: keys never expire. now: the store time.
+-- The idle time is kept in the state (idle_us), so a script whose caller does not know it
+-- (an operator's reset or override) passes 0 and the queue's own is used.
 local function siq_touch(keys, s, ttl_us, now)
+  if (not ttl_us or ttl_us <= 0) and s ~= nil then ttl_us = s.idle_us end
   if not ttl_us or ttl_us <= 0 then return end
+  if s ~= nil and s.idle_us ~= ttl_us then
+    s.idle_us = ttl_us
+    redis.call('HSET', keys[1], 'idle_us', ttl_us)
+  end
   local pin = (s ~= nil and s.paused == 1)
     or redis.call('EXISTS', keys[4]) == 1 or redis.call('EXISTS', keys[6]) == 1
   -- Idle means after the queue's last commitment: the last issued ticket's slot, a cost's
@@ -170,26 +184,41 @@ end
 -- and per live worker node 'n:<node>' (its declared interval) and 'e:<node>' (when its
 -- declaration expires unless renewed). Returns the fields as a table, nodes in .nodes
 -- (node -> {interval, expires}), dropping expired nodes from the table (and, with
--- prune, from the hash).
+-- prune, from the hash). A field that holds no whole number where one belongs reads as 0
+-- (a node's: the node is dropped); each is listed in .unreadable as 'field value', for the
+-- caller's log (the next save of the sources drops it).
 local function siq_sources(key, now, prune)
   local raw = redis.call('HGETALL', key)
   local src = {declared_us = 0, declared_by = '', declared_at_us = 0,
-               override_us = 0, override_by = '', override_at_us = 0, nodes = {}}
+               override_us = 0, override_by = '', override_at_us = 0, nodes = {}, unreadable = {}}
   local intervals, expires = {}, {}
   for i = 1, #raw, 2 do
     local f, v = raw[i], raw[i + 1]
     local kind, node = string.sub(f, 1, 2), string.sub(f, 3)
-    if kind == 'n:' then intervals[node] = tonumber(v)
-    elseif kind == 'e:' then expires[node] = tonumber(v)
-    elseif f == 'declared_by' or f == 'override_by' then src[f] = v
-    else src[f] = tonumber(v) or 0 end
+    if f == 'declared_by' or f == 'override_by' then
+      src[f] = v
+    else
+      local number = tonumber(v)
+      if number == nil or number ~= math.floor(number) or number < 0 then
+        table.insert(src.unreadable, f .. ' ' .. v)
+        number = 0
+      end
+      if kind == 'n:' then intervals[node] = number
+      elseif kind == 'e:' then expires[node] = number
+      else src[f] = number end
+    end
   end
   for node, interval in pairs(intervals) do
     local e = expires[node]
-    if interval and e and e > now then
+    if interval > 0 and e and e > now then
       src.nodes[node] = {interval, e}
     elseif prune then
       redis.call('HDEL', key, 'n:' .. node, 'e:' .. node)
+    end
+  end
+  if prune then  -- an expiry left without its interval
+    for node, _ in pairs(expires) do
+      if not intervals[node] then redis.call('HDEL', key, 'e:' .. node) end
     end
   end
   return src
@@ -205,6 +234,31 @@ local function siq_effective(src)
   end
   if slowest > 0 then return slowest end
   return src.declared_us
+end
+
+-- When the earliest live node declaration expires (0: none live): the effective interval
+-- may change then without any script declaring (siq_follow_expiry).
+local function siq_until(src)
+  local soonest = 0
+  for _, d in pairs(src.nodes) do
+    if soonest == 0 or d[2] < soonest then soonest = d[2] end
+  end
+  return soonest
+end
+
+-- The effective interval follows the expiry of node declarations (model.py: follow_expiry):
+-- once the earliest live declaration seen at the last recomputation (s.until_us) has
+-- expired, the interval is recomputed from those still live. Every script that decides by
+-- the interval calls it first, so a killed node's declaration stops counting exactly
+-- siq_declaration_ttl after its last renewal, on the store's clock, whether or not a live
+-- node declares in between. True if s changed (the caller saves it).
+local function siq_follow_expiry(sources_key, s, now)
+  if s.until_us == 0 or now < s.until_us then return false end
+  local src = siq_sources(sources_key, now, true)
+  local effective = siq_effective(src)
+  if effective > 0 then s.interval_us = effective end
+  s.until_us = siq_until(src)
+  return true
 end
 
 local function siq_save_sources(key, src)

@@ -2,7 +2,8 @@
 -- KEYS[1]  the queue's state hash, siq:{<queue>}:state
 -- KEYS[2]  the queue's finished-task sorted set, siq:{<queue>}:finished
 -- KEYS[3]  the queue's ledger stream, siq:{<queue>}:ledger
--- KEYS[4..7]  the queue's parked keys and interval sources (QueueKeys.all), for idle expiry
+-- KEYS[4..7]  the queue's parked keys and interval sources (QueueKeys.all), for idle expiry;
+--           KEYS[7] (interval sources) also for siq_follow_expiry
 -- KEYS[8]  the queue's counts of refused starts (hash: duplicate, reclaim)
 -- KEYS[9]  the queue's starts without a finish per task id (sorted set, see siq_unfinished)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
@@ -31,6 +32,8 @@ if not s then
   s = siq_new(now, tonumber(ARGV[5]), ARGV[6])
   siq_save(KEYS[1], s)
   siq_touch(KEYS, s, tonumber(ARGV[13]), now)
+elseif siq_follow_expiry(KEYS[7], s, now) then
+  siq_save(KEYS[1], s)
 end
 local function refused(verdict)  -- counted for the exporter; the count expires with the queue
   redis.call('HINCRBY', KEYS[8], verdict, 1)
