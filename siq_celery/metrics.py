@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backends import Backend
-from .errors import SiqError, StoreUnavailableError
+from .errors import SiqError
 from .ledger import LedgerRow
 from .types import QueueStatus
 
@@ -131,7 +131,7 @@ class StoreCollector:
         started = self._clock()
         try:
             names = sorted({q for p in self.patterns for q in self._names(p)})
-        except StoreUnavailableError as exc:
+        except SiqError as exc:  # unreachable, or refused (a permission): nothing read
             log.warning("siq exporter: %s", exc)
             return Scrape([], False, 0, self._clock() - started)
         kept, left_out = names[: self.max_queues], max(0, len(names) - self.max_queues)
@@ -148,7 +148,7 @@ class StoreCollector:
                 statuses.append(st)
             tallies = {st.queue: self._tally(st.queue) for st in statuses}
             read = self.backend.starts_since({q: t.last_start_us for q, t in tallies.items()})
-        except StoreUnavailableError as exc:
+        except SiqError as exc:
             log.warning("siq exporter: %s", exc)
             return Scrape([], False, left_out, self._clock() - started)
         for queue, tally in tallies.items():

@@ -4,7 +4,11 @@ counted once however the reads overlap), the derived gauges, and the README's ta
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from siq_celery.backends import backend_from_url
 from siq_celery.ledger import LedgerRow
@@ -88,3 +92,14 @@ def test_a_queue_that_expires_drops_out_and_once_prints_one_scrape() -> None:
     assert 'siq_queue_interval_seconds{queue="api"} 0.1' in result.output and "shop:2" not in result.output
     bad = CliRunner().invoke(siq, ["--url", "memory://expiring-metrics", "exporter", "--max-queues", "0"])
     assert bad.exit_code == 2 and "--max-queues" in bad.output
+
+
+@pytest.mark.parametrize(("command", "module"), [("exporter", "prometheus_client"), ("top", "rich")])
+def test_a_missing_metrics_extra_is_one_line_that_says_what_to_install(command: str, module: str) -> None:
+    hide = f"import sys; sys.modules[{module!r}] = None; from siq_celery.cli import main; main()"
+    args = ["--url", "memory://no-extra", command, *(["--once"] if command == "exporter" else [])]
+    result = subprocess.run([sys.executable, "-c", hide, *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    print(result.stderr)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"Error: siq {command} needs {module}")
+    assert "pip install 'siq_celery[metrics]'" in result.stderr

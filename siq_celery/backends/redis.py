@@ -509,18 +509,10 @@ class RedisBackend(Backend):
     def statuses(self, queues: Sequence[str]) -> list[QueueStatus | SiqError | None]:
         if isinstance(self.client, RedisCluster):
             return super().statuses(queues)  # a pipeline of scripts does not span cluster nodes
-        script = self._script("status")
         out: list[QueueStatus | SiqError | None] = []
         for at in range(0, len(queues), self.PIPELINE_CHUNK):
             chunk = queues[at : at + self.PIPELINE_CHUNK]
-            pipe = self.client.pipeline(transaction=False)
-            for queue in chunk:
-                script(keys=self._status_keys(queue), args=[self._now_arg()], client=pipe)
-            try:
-                replies = pipe.execute(raise_on_error=False)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
-            for queue, reply in zip(chunk, replies, strict=True):
+            for queue, reply in zip(chunk, self._status_replies(chunk), strict=True):
                 if isinstance(reply, redis.ConnectionError | redis.TimeoutError):
                     raise StoreUnavailableError(f"cannot reach the Redis state store: {reply}")
                 if isinstance(reply, Exception):
@@ -529,6 +521,34 @@ class RedisBackend(Backend):
                 else:
                     out.append(self._status(queue, reply))
         return out
+
+    def _status_replies(self, queues: Sequence[str]) -> list[Any]:
+        """The status script's reply (or error) for each of ``queues``, in one pipeline of
+        EVALSHA. redis-py's pipelined Script objects send SCRIPT EXISTS first, which the
+        documented ACL does not grant; a script the server does not hold (a restart, a
+        SCRIPT FLUSH) is loaded by SCRIPT LOAD, which it grants, and the pipeline re-sent
+        (it only reads)."""
+        script = self._script("status")
+        replies = self._status_pipeline(script.sha, queues)
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            try:
+                script.sha = self.client.script_load(script.script)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+            except redis.ResponseError as exc:
+                raise self._translate(exc, queues[0], self.keys(queues[0]).state) from None
+            replies = self._status_pipeline(script.sha, queues)
+        return replies
+
+    def _status_pipeline(self, sha: str, queues: Sequence[str]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            keys = self._status_keys(queue)
+            pipe.evalsha(sha, len(keys), *keys, self._now_arg())
+        try:
+            return list(pipe.execute(raise_on_error=False))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
 
     def starts_since(self, since: Mapping[str, int | None]) -> dict[str, list[LedgerRow]]:
         if isinstance(self.client, RedisCluster) or self.clock is not None:
@@ -569,6 +589,9 @@ class RedisBackend(Backend):
             }
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except redis.ResponseError as exc:  # a missing permission, a database out of range
+            error = self._translate(exc, pattern, matches[0])
+            raise error if isinstance(error, SiqError) else ConfigurationError(f"listing queues: {exc}") from None
         return match_names([n for n in names if n], pattern)
 
     def parked_queues(self) -> list[str]:
