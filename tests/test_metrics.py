@@ -1,5 +1,6 @@
-"""The exporter's readings without a server: the ledger tally (incremental, each start
-counted once however the reads overlap), the derived gauges, and the README's table."""
+"""The exporter's readings without a server: the counters the store keeps (the same for
+every exporter, a restart and a trimmed ledger), the derived gauges, and the README's
+table."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from siq_celery.backends import backend_from_url
-from siq_celery.ledger import LedgerRow
-from siq_celery.metrics import LATENESS_BUCKETS, LedgerTally, StoreCollector, drain_seconds, held_until, text
+from siq_celery.ledger import LedgerRow, StartRecord
+from siq_celery.metrics import LATENESS_BUCKETS, StoreCollector, drain_seconds, held_until, text
+from siq_celery.model import start_counts
+from siq_celery.testing import PinnedClock
+from siq_celery.top import RecentLateness
 from siq_celery.types import IntervalSources, QueueState, QueueStatus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,25 +30,61 @@ def row(ticket: int, start_us: int, slot_us: int | None = None, epoch: str = "e1
                      deferrals=deferrals)  # fmt: skip
 
 
-def test_overlapping_reads_count_each_start_once() -> None:
-    tally = LedgerTally()
+def test_top_reads_each_recent_start_once_however_the_reads_overlap() -> None:
     rows = [row(1, 1_000_000), row(2, 1_100_000, 1_099_000), row(3, 1_100_000, 1_100_000), row(4, 1_250_000)]
-    tally.add(rows[:3])
-    assert tally.starts == 3 and tally.last_start_us == 1_100_000
-    tally.add(rows[1:])  # the next read starts again at the last start's time, in any order
-    tally.add(rows[3:][::-1] + rows[2:3])
-    assert tally.starts == 4
-    assert tally.gaps_below_interval == 1  # ticket 3 started with ticket 2: a gap of 0
-    assert tally.lateness_sum == 0.001
-    assert sum(tally.lateness_buckets) == 4 and tally.lateness_buckets[LATENESS_BUCKETS.index(0.001)] == 1
+    reads = iter([rows[:3], rows[1:], rows[3:][::-1] + rows[2:3]])
+
+    class Ledger:
+        def starts_since(self, since: dict[str, int]) -> dict[str, list[LedgerRow]]:
+            if not since:
+                return {}
+            assert since["q"] in (900_000, 1_100_000, 1_250_000)  # from when top first saw it, then the last start
+            return {"q": [r for r in next(reads) if r.start_us >= since["q"]]}
+
+    recent = RecentLateness()
+    seen = status(900_000, last=0, anchor=0)
+    for _ in range(3):
+        recent.read(Ledger(), [seen])  # type: ignore[arg-type]
+    assert recent.of("q") == [0, 0, 0, 1000]
+    recent.read(Ledger(), [])  # type: ignore[arg-type]
+    assert recent.of("q") == []  # a queue no longer shown is forgotten
 
 
-def test_deferrals_add_up_and_late_starts_land_in_their_bucket() -> None:
-    tally = LedgerTally()
-    tally.add([row(1, 10_000_000, 9_990_000, deferrals=2), row(2, 30_000_000, 10_000_000, deferrals=1)])
-    assert tally.deferrals == 3 and tally.gaps_below_interval == 0
-    assert tally.lateness_buckets[LATENESS_BUCKETS.index(0.01)] == 1
-    assert tally.lateness_buckets[-1] == 1  # 20 s late: past the last bucket
+def test_a_start_adds_one_to_its_lateness_bucket_and_a_gap_only_below_the_interval() -> None:
+    assert start_counts(None, 10 * I, 10 * I, I) == {"starts": 1, "late_us": 0, "late:0": 1}
+    late = start_counts(9 * I, 10 * I + 3_000, 10 * I, I, deferrals=2)
+    assert late == {"starts": 1, "late_us": 3_000, f"late:{LATENESS_BUCKETS.index(0.005)}": 1, "deferrals": 2}
+    assert start_counts(10 * I, 10 * I + 20_000_000, 10 * I, I)[f"late:{len(LATENESS_BUCKETS)}"] == 1  # past the last
+    assert start_counts(10 * I - I + 1000, 10 * I, 10 * I, I).get("gaps") is None  # 1 ms short: tolerated
+    assert start_counts(10 * I - I + 1001, 10 * I, 10 * I, I)["gaps"] == 1
+
+
+def test_every_exporter_reads_the_same_counters_and_a_trimmed_ledger_lowers_nothing() -> None:
+    """Counters the store keeps: a second exporter, or one restarted, reads what the first
+    reads, none of them reads a ledger, and the ledger's cap (here 2 starts) lowers nothing."""
+    clock = PinnedClock()
+    backend = backend_from_url("memory://counted-by-the-store", clock=clock, ledger_max=2)
+    first = StoreCollector(backend)
+    backend.ensure("api", I, "e1")
+    claim = backend.claim("api", 5, I, "e1")
+    for n in range(5):
+        clock.advance(us=I)
+        backend.start("api", claim.first + n, "e1", task_id=f"t{n}", interval_us=I, new_epoch="e1",
+                      record=StartRecord("call", deferrals=1))  # fmt: skip
+        first.scrape()
+    assert len(list(backend.ledger("api"))) == 2
+
+    def no_ledger(*_: object, **__: object) -> NoReturn:
+        raise AssertionError("the exporter read a ledger")
+
+    backend.ledger = backend.starts_since = no_ledger  # type: ignore[method-assign,assignment]
+    restarted = StoreCollector(backend)
+    for collector in (first, restarted):
+        samples = {s.name: s.value for family in text_string_to_metric_families(text(collector))
+                   for s in family.samples if s.labels == {"queue": "api"}}  # fmt: skip
+        print({name: value for name, value in samples.items() if "total" in name or "count" in name})
+        assert samples["siq_starts_total"] == 5 and samples["siq_deferrals_total"] == 5
+        assert samples["siq_start_lateness_seconds_count"] == 5
 
 
 def status(now: int, *, last: int, anchor: int, ticket: int = 0, current: int = 0, paused: bool = False) -> QueueStatus:
@@ -85,7 +127,7 @@ def test_a_queue_that_expires_drops_out_and_once_prints_one_scrape() -> None:
     assert [st.queue for st in collector.scrape().statuses] == ["shop:1", "shop:2"]
     backend.delete("shop:1")  # as an idle per-key queue's state expires
     assert [st.queue for st in collector.scrape().statuses] == ["shop:2"]
-    assert collector.tally("shop:1") is None and 'queue="shop:1"' not in text(collector)
+    assert 'queue="shop:1"' not in text(collector)
 
     result = CliRunner().invoke(siq, ["--url", "memory://expiring-metrics", "exporter", "--once", "api"])
     assert result.exit_code == 0, result.output

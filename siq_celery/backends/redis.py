@@ -25,6 +25,7 @@ from ..errors import (
 )
 from ..keys import QueueKeys
 from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
+from ..model import counts_from_fields
 from ..types import (
     ClaimResult,
     Decision,
@@ -329,7 +330,7 @@ class RedisBackend(Backend):
             ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
         else:
-            ledger = [0, "", "", 0, 0]
+            ledger = [0, "", "", 0, record.deferrals if record is not None else 0]  # deferrals: counted anyway
         verdict, number, now, wait, slot, interval = self._run(
             "start",
             queue,
@@ -358,7 +359,7 @@ class RedisBackend(Backend):
             ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
         else:
-            ledger = [0, "", "", 0, 0]
+            ledger = [0, "", "", 0, record.deferrals if record is not None else 0]  # deferrals: counted anyway
         per_queue = [v for t, e, i in zip(tickets, epochs, interval_us, strict=True) for v in (t, e, i)]
         if isinstance(self.client, RedisCluster) and len({self.client.keyslot(k) for k in keys}) > 1:
             raise ConfigurationError(
@@ -379,7 +380,8 @@ class RedisBackend(Backend):
     def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
         k = self.keys(queue)
         self._run(
-            "finish", queue, [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals],
+            "finish", queue,
+            [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.refused],
             [task_id, self.finished_retention_us, self.finished_max, 2 * self.ledger_max, outcome, int(remember),
              self.idle_expiry_us(queue)],
         )  # fmt: skip
@@ -501,7 +503,11 @@ class RedisBackend(Backend):
             return None
         state, now = self._state(reply)
         finished, parked, duplicates, reclaims = (int(v) for v in reply[8:12])
-        return QueueStatus(queue, state, now, finished, parked, _sources(reply[12:]), duplicates, reclaims)
+        raw = reply[12]
+        counts = counts_from_fields({raw[i].decode(): int(raw[i + 1]) for i in range(0, len(raw), 2)})
+        return QueueStatus(
+            queue, state, now, finished, parked, _sources(reply[13:]), duplicates, reclaims, counts=counts
+        )
 
     #: Commands sent in one pipeline by the exporter's reads of many queues.
     PIPELINE_CHUNK = 500

@@ -2,9 +2,9 @@
 -- per-day limit): authorized and recorded in every queue, or in none (model.start_all).
 -- A queue that would authorize while another says wait answers 'wait' with wait 0: no
 -- slot is held in one queue while the start waits for another.
--- KEYS[4i-3..4i]  queue i's state hash, finished-task set, ledger stream and counts of
---                 refused starts (all keys in one hash slot on Redis Cluster: name the
---                 queues {group}rest)
+-- KEYS[4i-3..4i]  queue i's state hash, finished-task set, ledger stream and counts (of
+--                 refused and authorized starts) (all keys in one hash slot on Redis
+--                 Cluster: name the queues {group}rest)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  task id, or '' (checked against the first queue's finished tasks)
 -- ARGV[3]  ledger cap; 0 = write no ledger entry
@@ -68,5 +68,6 @@ for i = 1, n do
   local s = states[i]
   siq_commit(KEYS[4 * i - 3], s, tickets[i], cost, now)
   siq_ledger_start(KEYS[4 * i - 1], cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+  siq_count_start(KEYS[4 * i], now, replies[i][5], replies[i][6], tonumber(ARGV[7]) or 0)
 end
 return replies

@@ -3,10 +3,10 @@
 -- KEYS[2]  the queue's finished-task sorted set
 -- KEYS[3], KEYS[4]  parked tasks not leased, and leased (sorted sets)
 -- KEYS[5]  the queue's interval sources hash
--- KEYS[6]  the queue's counts of refused starts
+-- KEYS[6]  the queue's counts (of refused starts, and siq_count_start's)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- Returns siq_reply followed by the finished and parked counts, the duplicates refused and
--- the reclaims, then siq_sources_reply;
+-- the reclaims, the counts hash (HGETALL, one nested array), then siq_sources_reply;
 -- or an empty array if no state.
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
@@ -18,5 +18,6 @@ table.insert(reply, redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4]))
 local refused = redis.call('HMGET', KEYS[6], 'duplicate', 'reclaim')
 table.insert(reply, tonumber(refused[1]) or 0)
 table.insert(reply, tonumber(refused[2]) or 0)
+table.insert(reply, redis.call('HGETALL', KEYS[6]))
 for _, v in ipairs(siq_sources_reply(siq_sources(KEYS[5], now, false))) do table.insert(reply, v) end
 return reply
