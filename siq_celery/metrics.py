@@ -58,12 +58,9 @@ class StoreCollector:
     ) -> None:
         if max_queues < 1:
             raise ValueError(f"max_queues must be at least 1, not {max_queues}")
-        self.backend, self.patterns, self.max_queues, self._clock = (
-            backend,
-            tuple(patterns) or ("*",),
-            max_queues,
-            clock,
-        )
+        #: Glob patterns or names of the queues exported; none: no queue (never all of them).
+        self.patterns = tuple(patterns)
+        self.backend, self.max_queues, self._clock = backend, max_queues, clock
         self._errors: dict[str, int] = {}
         self._left_out_total = 0
         self._lock = threading.Lock()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import types
+import urllib.request
 from pathlib import Path
 from typing import NoReturn
 
@@ -145,3 +147,36 @@ def test_a_missing_metrics_extra_is_one_line_that_says_what_to_install(command: 
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"Error: siq {command} needs {module}")
     assert "pip install 'siq_celery[metrics]'" in result.stderr
+
+
+def test_a_worker_of_per_key_tasks_exports_only_its_own_queues() -> None:
+    """``siq_metrics_port`` on an app whose interval tasks are all per key: its queues have
+    no fixed names, so without ``siq_metrics_queues`` it exports none, never every queue of
+    the store (another app's, here ``billing``); with it, the keys it names."""
+    from celery import Celery
+
+    from siq_celery import IntervalTask
+    from siq_celery.embedded import free_port
+    from siq_celery.worker_hooks import _serve_metrics, _stop_metrics
+
+    backend = backend_from_url("memory://per-key-metrics")
+    for name in ("billing", "shop:1"):
+        backend.ensure(name, I, "e1")
+    served: dict[str, str] = {}
+    for patterns in (None, ["shop:*"]):
+        app = Celery("per-key-metrics", set_as_current=False)
+        app.conf.update(siq_url="memory://per-key-metrics", siq_metrics_port=free_port(), siq_metrics_queues=patterns)
+
+        @app.task(base=IntervalTask, interval="100ms", shared=False,
+                  interval_queue=lambda args, kwargs: f"shop:{kwargs['shop']}")  # fmt: skip
+        def call(shop: str) -> None: ...
+
+        _serve_metrics(sender=types.SimpleNamespace(app=app))
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{app.conf.siq_metrics_port}/metrics", timeout=10) as r:
+                served[str(patterns)] = r.read().decode()
+        finally:
+            _stop_metrics()
+    exported = {k: sorted(set(re.findall(r'queue="([^"]+)"', body))) for k, body in served.items()}
+    print(exported)
+    assert exported == {"None": [], "['shop:*']": ["shop:1"]}
