@@ -75,6 +75,8 @@ class StoreCollector:
             return Scrape([], False, 0, self._clock() - started)
         kept, left_out = names[: self.max_queues], max(0, len(names) - self.max_queues)
         self._left_out_total += left_out
+        for gone in set(self._errors) - set(kept):  # expired or deleted: its series goes with it
+            del self._errors[gone]
         statuses: list[QueueStatus] = []
         try:
             read = self.backend.statuses(kept)

@@ -16,7 +16,7 @@ import select
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .backends import Backend
@@ -43,6 +43,11 @@ class QueueRates:
             seen.popleft()
         (t0, n0) = seen[0]
         return (starts - n0) / (at - t0) if at > t0 else None
+
+    def keep_only(self, queues: Iterable[str]) -> None:
+        """Forget the readings of every queue but ``queues`` (those no longer shown)."""
+        for gone in set(self._seen) - set(queues):
+            del self._seen[gone]
 
 
 class RecentLateness:
@@ -98,6 +103,7 @@ def table(collector: StoreCollector, rates: QueueRates, pattern: str, recent: Re
         grid.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     recent = recent or RecentLateness()
     if scrape.up:
+        rates.keep_only(st.queue for st in scrape.statuses)
         with contextlib.suppress(SiqError):  # the lateness is left as it was; the rest is shown
             recent.read(collector.backend, scrape.statuses)
     for st in scrape.statuses:

@@ -180,3 +180,28 @@ def test_a_worker_of_per_key_tasks_exports_only_its_own_queues() -> None:
     exported = {k: sorted(set(re.findall(r'queue="([^"]+)"', body))) for k, body in served.items()}
     print(exported)
     assert exported == {"None": [], "['shop:*']": ["shop:1"]}
+
+
+def test_queues_no_longer_seen_are_forgotten_by_the_exporter_and_top(tmp_path: Path) -> None:
+    """A long-running exporter or ``siq top`` over per-key queues that come and go keeps
+    what it remembers per queue (errors counted, readings for the rate) for the queues
+    it still sees, not for every queue it ever saw."""
+    import sqlite3
+
+    from siq_celery.top import QueueRates, table
+
+    backend = backend_from_url(f"sqlite:///{tmp_path}/siq.db")
+    for n in range(50):
+        backend.ensure(f"shop:{n}", I, "e1")
+    with sqlite3.connect(tmp_path / "siq.db") as db:  # corrupt states, each counted as an error
+        db.execute("UPDATE siq_queues SET interval_us='fast' WHERE queue IN ('shop:1', 'shop:2')")
+    collector, rates = StoreCollector(backend, ("shop:*",)), QueueRates()
+    table(collector, rates, "shop:*")
+    assert 'siq_queue_errors_total{queue="shop:1"} 2.0' in text(collector)
+    assert len(rates._seen) == 48
+    with sqlite3.connect(tmp_path / "siq.db") as db:  # gone, all but one (as idle per-key queues expire)
+        db.execute("DELETE FROM siq_queues WHERE queue != 'shop:0'")
+    table(collector, rates, "shop:*")
+    print(f"remembered: errors {sorted(collector._errors)}, rates {sorted(rates._seen)}")
+    assert collector._errors == {} and set(rates._seen) == {"shop:0"}
+    assert "shop:1" not in text(collector)
