@@ -290,7 +290,8 @@ def exporter_command(
 ) -> None:
     """Serve Prometheus metrics of the queues matching PATTERNS (default: all), read-only."""
     need_metrics_extra("siq exporter", "prometheus_client")
-    from .metrics import StoreCollector, serve, text
+    from .metrics import StoreCollector
+    from .metrics_http import serve, text
 
     if max_queues < 1:
         raise click.BadParameter(f"must be at least 1, not {max_queues}", param_hint="--max-queues")

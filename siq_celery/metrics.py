@@ -8,6 +8,9 @@ same atomic step as each start (model.start_counts). So every exporter reads the
 values, a restarted one carries on where the others are, nothing reads a ledger, and a
 trimmed ledger lowers nothing.
 
+Serving it (the HTTP server, one scrape as text) is metrics_http.py; the readings derived
+from a status that siq top shows too are readings.py.
+
 Labels are bounded: one ``queue`` label, and at most ``max_queues`` queues exported (by
 name; the others are counted in ``siq_queues_left_out``). A queue whose state expired
 (an idle per-key queue) drops out of the next scrape. An unreachable store makes
@@ -26,6 +29,7 @@ from typing import Any
 from .backends import Backend
 from .errors import SiqError
 from .model import LATENESS_BUCKETS_US
+from .readings import drain_seconds, held_until
 from .types import QueueStatus
 
 log = logging.getLogger("siq_celery.metrics")
@@ -168,41 +172,3 @@ class StoreCollector:
                     buckets.append((bound, running))
                 late.add_metric([st.queue], buckets, st.counts.lateness_sum_us / US)
             yield late
-
-
-def held_until(st: QueueStatus) -> int:
-    """The store time a back-off or a resume's grace holds the queue until, or 0. Only a
-    hold puts the next slot more than one interval after now: a start in the past is
-    followed by a slot at most one interval later."""
-    s = st.state
-    return st.next_start_us if not s.paused and st.next_start_us > st.now_us + s.interval_us else 0
-
-
-def drain_seconds(st: QueueStatus) -> float:
-    """Seconds until every claimed ticket could have started, at the current interval."""
-    s = st.state
-    wait = max(0, st.next_start_us - st.now_us)
-    return (wait + max(0, s.backlog - 1) * s.interval_us) / US if s.backlog > 0 else 0.0
-
-
-def registry_for(collector: StoreCollector) -> Any:
-    from prometheus_client import CollectorRegistry
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    return registry
-
-
-def serve(collector: StoreCollector, port: int, addr: str = "0.0.0.0") -> Any:
-    """Serve ``/metrics`` on ``addr:port`` in a daemon thread; the HTTP server."""
-    from prometheus_client import start_http_server
-
-    server, _thread = start_http_server(port, addr=addr, registry=registry_for(collector))
-    return server
-
-
-def text(collector: StoreCollector) -> str:
-    """One scrape in the Prometheus text format."""
-    from prometheus_client import generate_latest
-
-    return generate_latest(registry_for(collector)).decode()

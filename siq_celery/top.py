@@ -21,7 +21,8 @@ from typing import Any
 
 from .backends import Backend
 from .errors import SiqError
-from .metrics import StoreCollector, drain_seconds, held_until
+from .metrics import StoreCollector
+from .readings import drain_seconds, held_until
 from .types import QueueStatus
 
 #: The rate is measured over about this many seconds of readings.

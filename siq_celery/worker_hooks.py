@@ -124,7 +124,8 @@ def _serve_metrics(sender: Any = None, **_: Any) -> None:
     port = state.settings.metrics_port
     if port is None:
         return
-    from .metrics import StoreCollector, serve
+    from .metrics import StoreCollector
+    from .metrics_http import serve
 
     patterns = metrics_patterns(app)
     if not patterns:
