@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
@@ -164,6 +165,16 @@ def _override(st: QueueStatus) -> str:
 def render_table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows)
+
+
+def need_metrics_extra(command: str, module: str) -> None:
+    """One line, not a traceback, when ``command`` misses its part of the metrics extra."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise click.ClickException(
+            f"{command} needs {module}, which comes with the metrics extra: pip install 'siq_celery[metrics]'"
+        ) from None
 
 
 def _interval(_ctx: click.Context, _param: click.Parameter | None, value: str) -> int:
@@ -341,7 +352,9 @@ def exporter_command(
     store: StoreOptions, patterns: tuple[str, ...], port: int, addr: str, max_queues: int, once: bool
 ) -> None:
     """Serve Prometheus metrics of the queues matching PATTERNS (default: all), read-only."""
-    from .metrics import StoreCollector, serve, text
+    need_metrics_extra("siq exporter", "prometheus_client")
+    from .metrics import StoreCollector
+    from .metrics_http import serve, text
 
     if max_queues < 1:
         raise click.BadParameter(f"must be at least 1, not {max_queues}", param_hint="--max-queues")
@@ -370,10 +383,9 @@ def exporter_command(
 @click.pass_obj
 def top_command(store: StoreOptions, pattern: str, refresh: str, max_queues: int) -> None:
     """A live view of the queues matching PATTERN: rate, backlog, lateness; q quits."""
-    try:
-        from .top import run
-    except ImportError as exc:
-        raise click.ClickException(f"siq top needs rich: pip install 'siq_celery[metrics]' ({exc})") from None
+    need_metrics_extra("siq top", "rich")
+    from .top import run
+
     with one_line_errors():
         every = parse_duration(refresh) / 1e6
         store.backend.queues(pattern)  # the store answers, or a clear error before the screen changes

@@ -97,7 +97,8 @@ class QueueKeys:
 
     @property
     def refused(self) -> str:
-        """Counts of refused starts (duplicate, reclaim), for the exporter."""
+        """The queue's counters, for the exporter: of refused starts (duplicate, reclaim)
+        and of authorized ones (model.start_counts). (Named for the first ones it held.)"""
         return f"{self.base}:refused"
 
     @property

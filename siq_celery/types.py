@@ -75,6 +75,21 @@ class IntervalSources:
 
 
 @dataclass(frozen=True)
+class StartCounts:
+    """What the store counted of a queue's authorized starts, in the same atomic step as
+    each start (:func:`siq_celery.model.start_counts`): counters that never go down while
+    the queue exists, whoever reads them and however often. ``lateness_buckets``: the
+    starts per lateness bucket (``model.LATENESS_BUCKETS_US``, then one past the last),
+    not cumulative."""
+
+    starts: int = 0
+    deferrals: int = 0
+    gaps_below_interval: int = 0
+    lateness_sum_us: int = 0
+    lateness_buckets: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Declared:
     """What a declaration did (see :meth:`Backend.declare`): the declared and effective
     intervals before and after, and the override it replaced (``replaced_override_us``
@@ -105,6 +120,7 @@ class QueueStatus:
     sources: IntervalSources = IntervalSources()  #: where the interval comes from
     duplicates_refused: int = 0  #: starts refused because the task id had finished
     reclaims: int = 0  #: starts answered RECLAIM (the ticket's epoch was gone)
+    counts: StartCounts = StartCounts()  #: the store's counters of authorized starts
 
     @property
     def next_start_us(self) -> int:
@@ -138,6 +154,7 @@ class QueueStatus:
             "parked": self.parked,
             "duplicates_refused": self.duplicates_refused,
             "reclaims": self.reclaims,
+            "starts_counted": self.counts.starts,
             "declared_s": src.declared_us / US if src.declared_us else None,
             "declared_by": src.declared_by or None,
             "override_s": src.override_us / US if src.override_us else None,

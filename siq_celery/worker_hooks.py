@@ -155,21 +155,33 @@ def _serve_metrics(sender: Any = None, **_: Any) -> None:
     port = state.settings.metrics_port
     if port is None:
         return
-    from .declarations import app_declarations
-    from .metrics import StoreCollector, serve
+    from .metrics import StoreCollector
+    from .metrics_http import serve
 
-    patterns = state.settings.metrics_queues or tuple(q.name for q in app_declarations(app))
+    patterns = metrics_patterns(app)
+    if not patterns:
+        logger.warning("siq_celery: the app's interval queues are named per key, so the metrics on port %s cover "
+                       "none: set siq_metrics_queues to their patterns, say ['shop:*']", port)  # fmt: skip
     try:
         _METRICS_SERVERS.append(serve(StoreCollector(state.backend, patterns), port))
     except OSError as exc:
         logger.error("siq_celery: cannot serve metrics on port %s: %s", port, exc)
         return
-    logger.info("siq_celery: metrics of %s on http://0.0.0.0:%s/metrics", ", ".join(patterns), port)
+    logger.info("siq_celery: metrics of %s on http://0.0.0.0:%s/metrics", ", ".join(patterns) or "no queue", port)
+
+
+def metrics_patterns(app: Any) -> tuple[str, ...]:
+    """The queues a worker's metrics cover: ``siq_metrics_queues``, else the fixed queues
+    its tasks declare. Per-key queues have no fixed names: none of them, unless
+    ``siq_metrics_queues`` names their pattern (never every queue of the store)."""
+    return siq_state(app).settings.metrics_queues or tuple(q.name for q in app_declarations(app))
 
 
 def _stop_metrics(**_: Any) -> None:
     while _METRICS_SERVERS:
-        _METRICS_SERVERS.pop().shutdown()
+        server = _METRICS_SERVERS.pop()
+        server.shutdown()
+        server.server_close()  # the port, too
 
 
 #: The garbage collection after deferrals (deferral_gc.py), one per process.

@@ -402,6 +402,15 @@ class Transaction(ABC):
         """(duplicates refused, reclaims) counted so far."""
 
     @abstractmethod
+    def count_start(self, added: Mapping[str, int], start_us: int) -> None:
+        """Add ``added`` to the queue's counters of authorized starts and set
+        ``model.LAST_COUNTED`` to ``start_us`` (see :func:`siq_celery.model.start_counts`)."""
+
+    @abstractmethod
+    def start_counts(self) -> dict[str, int]:
+        """The queue's counters of authorized starts, field -> number (none: empty)."""
+
+    @abstractmethod
     def park(self, tasks: Sequence[ParkedTask]) -> None: ...
 
     @abstractmethod
@@ -517,6 +526,8 @@ class ModelBackend(Backend):
                 tx.count_unfinished(task_id)
             if decision.verdict in REFUSALS:
                 tx.count_refusal(decision.verdict.value)
+            if decision.authorized:
+                _count_start(tx, decision, record)
             if record is not None and self.ledger_max and decision.authorized:
                 tx.record_start(
                     LedgerRow(
@@ -551,6 +562,8 @@ class ModelBackend(Backend):
             for tx, d in zip(txs, decisions, strict=True):
                 if d.verdict in REFUSALS:
                     tx.count_refusal(d.verdict.value)
+                if d.authorized:  # in every queue, or in none
+                    _count_start(tx, d, record)
             if record is not None and self.ledger_max and decisions[0].authorized:
                 for tx, queue, state, d in zip(txs, queues, states, decisions, strict=True):
                     tx.record_start(
@@ -641,8 +654,9 @@ class ModelBackend(Backend):
             if tx.state is None:
                 return None
             return QueueStatus(
-                queue, _copy(tx.state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources(), *tx.refusals()
-            )
+                queue, _copy(tx.state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources(), *tx.refusals(),
+                counts=model.counts_from_fields(tx.start_counts()),
+            )  # fmt: skip
 
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
         with self.transaction(queue) as tx:
@@ -677,6 +691,15 @@ class ModelBackend(Backend):
             existed = tx.delete()
             tx.state = None
             return existed
+
+
+def _count_start(tx: Transaction, decision: Decision, record: StartRecord | None) -> None:
+    """Count an authorized start in its queue's counters (model.start_counts), in the
+    start's own transaction."""
+    last = tx.start_counts().get(model.LAST_COUNTED)
+    deferrals = record.deferrals if record is not None else 0
+    added = model.start_counts(last, decision.now_us, decision.slot_us, decision.interval_us, deferrals)
+    tx.count_start(added, decision.now_us)
 
 
 def _copy(state: QueueState) -> QueueState:

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from ..ledger import LedgerRow
+from ..model import LAST_COUNTED
 from ..types import IntervalSources, ParkedTask, QueueState
 from .base import ModelBackend, Transaction, _copy, match_names
 
@@ -31,6 +32,8 @@ class _Store:
     sources: dict[str, IntervalSources] = field(default_factory=dict)
     #: per queue: verdict -> starts refused with it
     refusals: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: per queue: the counters of authorized starts (model.start_counts)
+    start_counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 _NAMED_STORES: dict[str, _Store] = {}
@@ -94,6 +97,15 @@ class _MemoryTransaction(Transaction):
         counts = self._store.refusals.get(self._queue, {})
         return counts.get("duplicate", 0), counts.get("reclaim", 0)
 
+    def count_start(self, added: Mapping[str, int], start_us: int) -> None:
+        counts = self._store.start_counts.setdefault(self._queue, {})
+        for name, n in added.items():
+            counts[name] = counts.get(name, 0) + n
+        counts[LAST_COUNTED] = start_us
+
+    def start_counts(self) -> dict[str, int]:
+        return dict(self._store.start_counts.get(self._queue, {}))
+
     def record_finish(self, task_id: str, outcome: str) -> None:
         for row in reversed(self._store.ledgers.get(self._queue, ())):
             if row.task_id == task_id:
@@ -144,6 +156,7 @@ class _MemoryTransaction(Transaction):
     def delete(self) -> bool:
         self._store.sources.pop(self._queue, None)
         self._store.refusals.pop(self._queue, None)
+        self._store.start_counts.pop(self._queue, None)
         had_parked = bool(self._store.parked.pop(self._queue, None))
         had_state = self._store.states.pop(self._queue, None) is not None
         self._store.unfinished.pop(self._queue, None)

@@ -26,6 +26,7 @@ from ..errors import (
 )
 from ..keys import QueueKeys
 from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
+from ..model import counts_from_fields
 from ..types import (
     ClaimResult,
     Decision,
@@ -375,7 +376,7 @@ class RedisBackend(Backend):
             ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
         else:
-            ledger = [0, "", "", 0, 0]
+            ledger = [0, "", "", 0, record.deferrals if record is not None else 0]  # deferrals: counted anyway
         verdict, number, now, wait, slot, interval = self._run(
             "start",
             queue,
@@ -406,7 +407,7 @@ class RedisBackend(Backend):
             ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
         else:
-            ledger = [0, "", "", 0, 0]
+            ledger = [0, "", "", 0, record.deferrals if record is not None else 0]  # deferrals: counted anyway
         per_queue = [v for t, e, i in zip(tickets, epochs, interval_us, strict=True) for v in (t, e, i)]
         if isinstance(self.client, RedisCluster) and len({self.client.keyslot(k) for k in keys}) > 1:
             raise ConfigurationError(
@@ -434,7 +435,8 @@ class RedisBackend(Backend):
         k = self.keys(queue)
         self._run(
             "finish", queue,
-            [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.unfinished],
+            [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.unfinished,
+             k.refused],
             [task_id, self.finished_retention_us, self.finished_max, 2 * self.ledger_max, outcome, int(remember),
              self.idle_expiry_us(queue)],
         )  # fmt: skip
@@ -560,7 +562,11 @@ class RedisBackend(Backend):
             return None
         state, now = self._state(reply)
         finished, parked, duplicates, reclaims = (int(v) for v in reply[10:14])
-        return QueueStatus(queue, state, now, finished, parked, _sources(reply[14:]), duplicates, reclaims)
+        raw = reply[14]
+        counts = counts_from_fields({raw[i].decode(): int(raw[i + 1]) for i in range(0, len(raw), 2)})
+        return QueueStatus(
+            queue, state, now, finished, parked, _sources(reply[15:]), duplicates, reclaims, counts=counts
+        )
 
     #: Commands sent in one pipeline by the exporter's reads of many queues.
     PIPELINE_CHUNK = 500
@@ -568,18 +574,10 @@ class RedisBackend(Backend):
     def statuses(self, queues: Sequence[str]) -> list[QueueStatus | SiqError | None]:
         if isinstance(self.client, RedisCluster):
             return super().statuses(queues)  # a pipeline of scripts does not span cluster nodes
-        script = self._script("status")
         out: list[QueueStatus | SiqError | None] = []
         for at in range(0, len(queues), self.PIPELINE_CHUNK):
             chunk = queues[at : at + self.PIPELINE_CHUNK]
-            pipe = self.client.pipeline(transaction=False)
-            for queue in chunk:
-                script(keys=self._status_keys(queue), args=[self._now_arg()], client=pipe)
-            try:
-                replies = pipe.execute(raise_on_error=False)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
-            for queue, reply in zip(chunk, replies, strict=True):
+            for queue, reply in zip(chunk, self._status_replies(chunk), strict=True):
                 if isinstance(reply, redis.ConnectionError | redis.TimeoutError):
                     raise StoreUnavailableError(f"cannot reach the Redis state store: {reply}")
                 if isinstance(reply, Exception):
@@ -588,6 +586,34 @@ class RedisBackend(Backend):
                 else:
                     out.append(self._status(queue, reply))
         return out
+
+    def _status_replies(self, queues: Sequence[str]) -> list[Any]:
+        """The status script's reply (or error) for each of ``queues``, in one pipeline of
+        EVALSHA. redis-py's pipelined Script objects send SCRIPT EXISTS first, which the
+        documented ACL does not grant; a script the server does not hold (a restart, a
+        SCRIPT FLUSH) is loaded by SCRIPT LOAD, which it grants, and the pipeline re-sent
+        (it only reads)."""
+        script = self._script("status")
+        replies = self._status_pipeline(script.sha, queues)
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            try:
+                script.sha = self.client.script_load(script.script)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+            except redis.ResponseError as exc:
+                raise self._translate(exc, queues[0], self.keys(queues[0]).state) from None
+            replies = self._status_pipeline(script.sha, queues)
+        return replies
+
+    def _status_pipeline(self, sha: str, queues: Sequence[str]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            keys = self._status_keys(queue)
+            pipe.evalsha(sha, len(keys), *keys, self._now_arg())
+        try:
+            return list(pipe.execute(raise_on_error=False))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
 
     def starts_since(self, since: Mapping[str, int | None]) -> dict[str, list[LedgerRow]]:
         if isinstance(self.client, RedisCluster) or self.clock is not None:

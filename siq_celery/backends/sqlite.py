@@ -20,13 +20,14 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError, redacted
 from ..ledger import LedgerRow
+from ..model import LAST_COUNTED
 from ..types import ClaimResult, IntervalSources, ParkedTask
 from .base import ModelBackend, Transaction, match_names, sources_from_json, sources_to_json, state_from_fields
 
@@ -69,6 +70,10 @@ CREATE TABLE IF NOT EXISTS siq_refusals (
 CREATE TABLE IF NOT EXISTS siq_queue_times (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, started_us INTEGER NOT NULL, held_until_us INTEGER NOT NULL,
     PRIMARY KEY (prefix, queue)
+);
+CREATE TABLE IF NOT EXISTS siq_start_counts (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL,
+    PRIMARY KEY (prefix, queue, name)
 );
 CREATE TABLE IF NOT EXISTS siq_interval_sources (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, sources TEXT NOT NULL, PRIMARY KEY (prefix, queue)
@@ -171,6 +176,18 @@ class _SqliteTransaction(Transaction):
     def clear_unfinished(self, task_id: str) -> None:
         self._c.execute("DELETE FROM siq_unfinished WHERE prefix=? AND queue=? AND task_id=?", (*self._key, task_id))
 
+    def count_start(self, added: Mapping[str, int], start_us: int) -> None:
+        self._c.executemany(
+            "INSERT INTO siq_start_counts (prefix, queue, name, n) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (prefix, queue, name) DO UPDATE SET n = CASE WHEN name = ? THEN excluded.n "
+            "ELSE n + excluded.n END",
+            [(*self._key, name, n, LAST_COUNTED) for name, n in (*added.items(), (LAST_COUNTED, start_us))],
+        )
+
+    def start_counts(self) -> dict[str, int]:
+        rows = self._c.execute("SELECT name, n FROM siq_start_counts WHERE prefix=? AND queue=?", self._key)
+        return {name: int(n) for name, n in rows.fetchall()}
+
     def record_start(self, row: LedgerRow) -> None:
         values = [getattr(row, name) for name in _LEDGER_COLUMNS]
         self._c.execute(
@@ -247,6 +264,7 @@ class _SqliteTransaction(Transaction):
         self._c.execute("DELETE FROM siq_interval_sources WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_refusals WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_queue_times WHERE prefix=? AND queue=?", self._key)
+        self._c.execute("DELETE FROM siq_start_counts WHERE prefix=? AND queue=?", self._key)
         removed = self._c.execute("DELETE FROM siq_parked WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_finished WHERE prefix=? AND queue=?", self._key).rowcount

@@ -40,7 +40,7 @@ def test_an_idle_queue_leaves_no_keys_and_comes_back_in_a_new_epoch(store: Store
     store.clock.now_us = t0 + I
     assert q.start(ticket, task_id="t1").authorized
     q.finish("t1")
-    assert len(keys_of(client, store, "shop:1")) == 3  # state, finished, ledger
+    assert len(keys_of(client, store, "shop:1")) == 4  # state, finished, ledger, counts
     # idle after the next free slot (one interval on): 1.1 s
     assert all(1000 < client.pttl(k) <= 1100 for k in keys_of(client, store, "shop:1"))
     time.sleep(1.3)
@@ -68,7 +68,7 @@ def test_a_paused_queue_and_one_with_parked_tasks_never_expire(store: Store) -> 
     assert parking.backend.park("shop:parked", ticket.epoch, [ParkedTask(1, "t1", "{}")])
     parking.claim()  # activity after parking keeps it pinned
     time.sleep(1.2)
-    assert len(keys_of(client, store, "shop:paused")) == 3 and paused.status().state.paused  # state, finished, ledger
+    assert len(keys_of(client, store, "shop:paused")) == 4 and paused.status().state.paused  # and its counts
     assert parking.status().parked == 1
     assert all(client.pttl(k) == -1 for k in keys_of(client, store, "shop:parked"))
     paused.resume(grace=0)

@@ -4,7 +4,8 @@
 -- KEYS[3]  the queue's ledger stream, siq:{<queue>}:ledger
 -- KEYS[4..7]  the queue's parked keys and interval sources (QueueKeys.all), for idle expiry;
 --           KEYS[7] (interval sources) also for siq_follow_expiry
--- KEYS[8]  the queue's counts of refused starts (hash: duplicate, reclaim)
+-- KEYS[8]  the queue's counts: of refused starts (duplicate, reclaim) and of authorized
+--          ones (siq_count_start)
 -- KEYS[9]  the queue's starts without a finish per task id (sorted set, see siq_unfinished)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  ticket number
@@ -62,5 +63,6 @@ local interval = s.interval_us  -- the interval this start was measured against
 siq_commit(KEYS[1], s, ticket, cost, now)
 if max_lost > 0 then siq_count_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15]), tonumber(ARGV[16])) end
 siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11])
+siq_count_start(KEYS[8], now, slot, interval, tonumber(ARGV[11]) or 0)
 siq_touch(KEYS, s, tonumber(ARGV[13]), now)
 return {'authorized', ticket, now, 0, slot, interval}

@@ -2,9 +2,9 @@
 -- per-day limit): authorized and recorded in every queue, or in none (model.start_all).
 -- A queue that would authorize while another says wait answers 'wait' with wait 0: no
 -- slot is held in one queue while the start waits for another.
--- KEYS[5i-4..5i]  queue i's state hash, finished-task set, ledger stream, counts of
---                 refused starts and interval sources (siq_follow_expiry) (all keys in one
---                 hash slot on Redis Cluster: name the queues {group}rest)
+-- KEYS[5i-4..5i]  queue i's state hash, finished-task set, ledger stream, counts (of
+--                 refused and authorized starts) and interval sources (siq_follow_expiry)
+--                 (all keys in one hash slot on Redis Cluster: name the queues {group}rest)
 -- KEYS[#KEYS]  the first queue's starts without a finish per task id (see siq_unfinished)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  task id, or '' (checked against the first queue's finished tasks)
@@ -82,5 +82,6 @@ for i = 1, n do
   local s = states[i]
   siq_commit(KEYS[5 * i - 4], s, tickets[i], cost, now)
   siq_ledger_start(KEYS[5 * i - 2], cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+  siq_count_start(KEYS[5 * i - 1], now, replies[i][5], replies[i][6], tonumber(ARGV[7]) or 0)
 end
 return replies

@@ -3,13 +3,13 @@
 -- KEYS[2]  the queue's finished-task sorted set
 -- KEYS[3], KEYS[4]  parked tasks not leased, and leased (sorted sets)
 -- KEYS[5]  the queue's interval sources hash
--- KEYS[6]  the queue's counts of refused starts
+-- KEYS[6]  the queue's counts (of refused starts, and siq_count_start's)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- The interval reported is the one the next start will use (a node declaration that expired
 -- since the last recomputation no longer counts: siq_follow_expiry); nothing is written.
 -- Returns siq_reply (with when the last start was authorized and when the last back-off
 -- ends) followed by the finished and parked counts, the duplicates refused and the
--- reclaims, then siq_sources_reply;
+-- reclaims, the counts hash (HGETALL, one nested array), then siq_sources_reply;
 -- or an empty array if no state.
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
@@ -26,5 +26,6 @@ table.insert(reply, redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4]))
 local refused = redis.call('HMGET', KEYS[6], 'duplicate', 'reclaim')
 table.insert(reply, tonumber(refused[1]) or 0)
 table.insert(reply, tonumber(refused[2]) or 0)
+table.insert(reply, redis.call('HGETALL', KEYS[6]))
 for _, v in ipairs(siq_sources_reply(src)) do table.insert(reply, v) end
 return reply
