@@ -12,6 +12,7 @@ from .errors import (
     IntervalMismatchError,
     InvalidIntervalError,
     InvalidQueueNameError,
+    LostDeliveriesError,
     MissingDependencyError,
     QueueExistsError,
     QueueNotFoundError,
@@ -29,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend", "ModelBackend", "backend_from_url", "register_backend",
     "ConfigurationError", "CorruptStateError", "IntervalMismatchError", "InvalidIntervalError",
-    "InvalidQueueNameError", "MissingDependencyError", "QueueExistsError", "QueueNotFoundError",
+    "InvalidQueueNameError", "LostDeliveriesError", "MissingDependencyError", "QueueExistsError", "QueueNotFoundError",
     "SiqError", "StoreUnavailableError", "UnknownBackendError", "DuplicateTaskError", "SlotTimeoutError",
     "format_interval", "parse_interval", "IntervalQueue", "CombinedQueue", "IntervalTask",
     "ClaimResult", "Decision", "QueueState", "QueueStatus", "Ticket", "Verdict",

@@ -10,13 +10,13 @@ from typing import Any
 
 import click
 
-from .cli import QUEUE_COMMANDS, StoreOptions, one_line_errors
+from .cli import QUEUE_COMMANDS, SiqGroup, StoreOptions, one_line_errors
 from .config import siq_state
 from .declarations import describe, sync_app
 from .intervals import format_interval
 
 
-@click.group(name="siq")
+@click.group(name="siq", cls=SiqGroup)
 @click.pass_context
 def siq(ctx: click.Context) -> None:
     """Operate the app's interval queues (status, pause, resume, set-interval, sync, reset)."""

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
@@ -25,7 +26,7 @@ from typing import Any
 import click
 
 from .backends import Backend, backend_from_url
-from .errors import CorruptStateError, QueueNotFoundError, SiqError
+from .errors import CorruptStateError, QueueNotFoundError, SiqError, redacted
 from .export import FORMATS, format_for, ledger_rows, parse_time, write_parked, write_rows
 from .intervals import format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
@@ -56,13 +57,77 @@ def one_line_errors() -> Iterator[None]:
     try:
         yield
     except SiqError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(redacted(exc)) from None
+
+
+class OneLineUsageError(click.UsageError):
+    """A usage error as one line on stderr (click prints the usage, a hint and the error
+    on four): what is wrong, and where the help is."""
+
+    def show(self, file: Any = None) -> None:
+        ctx = self.ctx
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        message = redacted(self.format_message()).rstrip(".")
+        click.echo(f"Error: {message}{hint}", file=file, err=file is None)
+
+
+@contextmanager
+def _one_line_usage() -> Iterator[None]:
+    try:
+        yield
+    except OneLineUsageError:
+        raise
+    except click.UsageError as exc:
+        raise OneLineUsageError(exc.format_message(), exc.ctx) from None
+
+
+class SiqCommand(click.Command):
+    """A command whose usage errors are one line (:class:`OneLineUsageError`)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        with _one_line_usage():
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _one_line_usage():
+            return super().invoke(ctx)
+
+
+class SiqGroup(click.Group):
+    """The ``siq`` groups: usage errors of the group and of its commands are one line."""
+
+    command_class = SiqCommand
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        with _one_line_usage():
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _one_line_usage():
+            return super().invoke(ctx)
+
+
+#: Commands whose arguments may be negative numbers ("-5s"): they reach the value's own
+#: check ("must be positive") instead of being read as an unknown option.
+NEGATIVE_VALUES = {"ignore_unknown_options": True}
 
 
 def _when(us: int, now_us: int) -> str:
+    """A store time for people: UTC, and how far from now."""
     stamp = datetime.fromtimestamp(us / 1e6, tz=UTC).strftime("%H:%M:%S.%f")[:-3]
     delta = (us - now_us) / 1e6
-    return f"{stamp} ({'+' if delta >= 0 else ''}{delta:.3f}s)"
+    return f"{stamp} UTC ({'+' if delta >= 0 else ''}{delta:.3f}s)"
+
+
+def _last_start(st: QueueStatus) -> str:
+    """When the last start was authorized (what the ledger records), not the last slot a
+    weighted start uses; '-' before the first."""
+    return _when(st.state.started_us, st.now_us) if st.state.started_us else "-"
+
+
+def _next_start(st: QueueStatus) -> str:
+    """'now' when a start could be authorized at once (an idle queue), else when."""
+    return "now" if st.next_start_us <= st.now_us else _when(st.next_start_us, st.now_us)
 
 
 def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
@@ -74,8 +139,7 @@ def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
         s = st.state
         rows.append([
             st.queue, format_interval(s.interval_us), _declared(st), _override(st), str(s.ticket), str(s.current),
-            str(s.backlog), str(st.parked), "yes" if s.paused else "no", _when(s.last_start_us, st.now_us),
-            _when(st.next_start_us, st.now_us),
+            str(s.backlog), str(st.parked), "yes" if s.paused else "no", _last_start(st), _next_start(st),
         ])  # fmt: skip
     return rows
 
@@ -103,6 +167,16 @@ def render_table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows)
 
 
+def need_metrics_extra(command: str, module: str) -> None:
+    """One line, not a traceback, when ``command`` misses its part of the metrics extra."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise click.ClickException(
+            f"{command} needs {module}, which comes with the metrics extra: pip install 'siq_celery[metrics]'"
+        ) from None
+
+
 def _interval(_ctx: click.Context, _param: click.Parameter | None, value: str) -> int:
     try:
         return parse_interval(value)
@@ -110,7 +184,7 @@ def _interval(_ctx: click.Context, _param: click.Parameter | None, value: str) -
         raise click.BadParameter(str(exc)) from None
 
 
-@click.command("status")
+@click.command("status", cls=SiqCommand)
 @click.argument("queues", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per queue, in a list.")
 @click.pass_obj
@@ -138,7 +212,7 @@ def status_command(store: StoreOptions, queues: tuple[str, ...], as_json: bool) 
         click.echo("no queues")
 
 
-@click.command("pause")
+@click.command("pause", cls=SiqCommand)
 @click.argument("queue")
 @click.pass_obj
 def pause_command(store: StoreOptions, queue: str) -> None:
@@ -148,7 +222,7 @@ def pause_command(store: StoreOptions, queue: str) -> None:
     click.echo(f"paused {queue}")
 
 
-@click.command("backoff")
+@click.command("backoff", cls=SiqCommand, context_settings=NEGATIVE_VALUES)
 @click.argument("queue")
 @click.argument("duration")
 @click.pass_obj
@@ -158,10 +232,10 @@ def backoff_command(store: StoreOptions, queue: str, duration: str) -> None:
     with one_line_errors():
         state = store.queue(queue).backoff(duration)
         now_us = store.backend.now_us()
-    click.echo(f"{queue}: held, no start before {_when(state.last_start_us + state.interval_us, now_us)} UTC")
+    click.echo(f"{queue}: held, no start before {_when(state.last_start_us + state.interval_us, now_us)}")
 
 
-@click.command("resume")
+@click.command("resume", cls=SiqCommand)
 @click.argument("queue")
 @click.option("--grace", help="Restart the line this long from now (default: the longest poll of a paused waiter).")
 @click.pass_obj
@@ -174,7 +248,7 @@ def resume_command(store: StoreOptions, queue: str, grace: str | None) -> None:
     click.echo(f"resumed {queue}")
 
 
-@click.command("set-interval")
+@click.command("set-interval", cls=SiqCommand, context_settings=NEGATIVE_VALUES)
 @click.argument("queue")
 @click.argument("interval", required=False)
 @click.option("--clear", is_flag=True, help="Remove the override: back to the interval the code declares.")
@@ -195,7 +269,7 @@ def set_interval_command(store: StoreOptions, queue: str, interval: str | None, 
         click.echo(f"{queue}: interval {format_interval(state.interval_us)} (override)")
 
 
-@click.command("reset")
+@click.command("reset", cls=SiqCommand)
 @click.argument("queue")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--interval", help="Interval to reset with (needed when the stored state is corrupt).")
@@ -221,7 +295,7 @@ def reset_command(store: StoreOptions, queue: str, yes: bool, interval: str | No
     click.echo(f"reset {queue}")
 
 
-@click.command("export")
+@click.command("export", cls=SiqCommand)
 @click.argument("queues", nargs=-1)
 @click.option("--out", "-o", required=True, help="File to write (.jsonl or .parquet), or - for stdout (JSON Lines).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Default: from --out's extension (jsonl otherwise).")
@@ -262,7 +336,7 @@ def export_command(
     click.echo(f"exported {count:,} ledger rows of {len(names)} queue(s) to {where} ({fmt})", err=out == "-")
 
 
-@click.command("exporter")
+@click.command("exporter", cls=SiqCommand)
 @click.argument("patterns", nargs=-1)
 @click.option("--port", default=9808, show_default=True, help="Port of the HTTP server serving /metrics.")
 @click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on.")
@@ -278,7 +352,9 @@ def exporter_command(
     store: StoreOptions, patterns: tuple[str, ...], port: int, addr: str, max_queues: int, once: bool
 ) -> None:
     """Serve Prometheus metrics of the queues matching PATTERNS (default: all), read-only."""
-    from .metrics import StoreCollector, serve, text
+    need_metrics_extra("siq exporter", "prometheus_client")
+    from .metrics import StoreCollector
+    from .metrics_http import serve, text
 
     if max_queues < 1:
         raise click.BadParameter(f"must be at least 1, not {max_queues}", param_hint="--max-queues")
@@ -300,17 +376,16 @@ def exporter_command(
         server.shutdown()
 
 
-@click.command("top")
+@click.command("top", cls=SiqCommand)
 @click.argument("pattern", default="*")
 @click.option("--refresh", default="1s", show_default=True, help="Time between readings.")
 @click.option("--max-queues", default=200, show_default=True, help="Show at most this many queues (by name).")
 @click.pass_obj
 def top_command(store: StoreOptions, pattern: str, refresh: str, max_queues: int) -> None:
     """A live view of the queues matching PATTERN: rate, backlog, lateness; q quits."""
-    try:
-        from .top import run
-    except ImportError as exc:
-        raise click.ClickException(f"siq top needs rich: pip install 'siq_celery[metrics]' ({exc})") from None
+    need_metrics_extra("siq top", "rich")
+    from .top import run
+
     with one_line_errors():
         every = parse_duration(refresh) / 1e6
         store.backend.queues(pattern)  # the store answers, or a clear error before the screen changes
@@ -330,7 +405,7 @@ QUEUE_COMMANDS = [
 ]  # fmt: skip
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=SiqGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--url", envvar="SIQ_URL", help="State store URL (default: $SIQ_URL).")
 @click.option("--key-prefix", default=DEFAULT_KEY_PREFIX, show_default=True)
 @click.pass_context

@@ -87,6 +87,10 @@ class CombinedQueue:
             max_sleep=max_sleep, defer_paused=defer_paused, record=record, cost=cost,
         )[0]  # fmt: skip
 
+    @property
+    def max_lost_deliveries(self) -> int:
+        return self.backend.max_lost_deliveries
+
     def finish(self, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
         """Record the finish in every queue (a redelivered copy is then not started)."""
         for q in self.queues:

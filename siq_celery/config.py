@@ -15,6 +15,11 @@
   task is back in time to keep its place).
 * ``siq_finished_retention`` (86400 s): finished task ids are remembered this long, so a
   redelivered copy is skipped.
+* ``siq_max_lost_deliveries`` (3): a task whose worker process died during this many
+  runs in a row (it kills the process: out of memory, a crash in a C extension) is not
+  started again when the broker hands it back: it fails with LostDeliveriesError and
+  one log line (a poison message; RabbitMQ's delivery limit, SQS's dead-letter queue).
+  Any finish, a retry's too, starts the count again. 0: no limit; at most 100.
 * ``siq_horizon`` (600 s): no task waits by countdown longer than this; tasks whose slot is
   further out are parked in the store (keep it well below the broker's
   ``visibility_timeout`` and RabbitMQ's ``consumer_timeout``).
@@ -28,6 +33,7 @@
 * ``siq_declaration_ttl`` (30 s): a worker's declaration of its tasks' intervals counts
   this long unless renewed (every third of it); a worker that dies without withdrawing
   its declarations stops holding its queues to its interval after at most this long.
+  ``siq_release_every`` must be at most a sixth of it (the renewals run on those rounds).
 * ``siq_key_cache_size`` (10000): queues a process keeps ready (client objects, parsed
   declarations), least recently used forgotten first: a worker that sees 100,000 keys
   of a per-key queue holds this many, not all of them.
@@ -51,7 +57,7 @@ from urllib.parse import urlsplit
 
 from .backends import Backend, backend_from_url
 from .combined import CombinedQueue
-from .errors import ConfigurationError
+from .errors import ConfigurationError, redacted_url
 from .intervals import IntervalLike, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
 from .ledger import DEFAULT_LEDGER_MAX
@@ -60,6 +66,10 @@ from .queue import IntervalQueue
 
 REDIS_BROKER_SCHEMES = {"redis", "rediss", "unix"}
 DEFAULT_HORIZON_S = 600.0
+DEFAULT_MAX_LOST_DELIVERIES = 3
+MAX_LOST_DELIVERIES = 100
+#: siq_release_every may be at most siq_declaration_ttl / this (SiqSettings.__post_init__).
+RENEWALS_PER_TTL = 6
 
 
 @dataclass(frozen=True)
@@ -80,10 +90,27 @@ class SiqSettings:
     key_cache_size: int = 10_000
     metrics_port: int | None = None
     metrics_queues: tuple[str, ...] | None = None
+    max_lost_deliveries: int = DEFAULT_MAX_LOST_DELIVERIES
 
     @property
     def horizon_us(self) -> int:
         return round(self.horizon * 1e6)
+
+    def __post_init__(self) -> None:
+        # A worker renews its declarations on its upkeep rounds (every siq_release_every), the
+        # first round after a third of the TTL: up to TTL/3 + release_every apart. At most a
+        # sixth of the TTL leaves room for one failed renewal to be retried before the
+        # declaration lapses; more, and live declarations lapse between renewals (the
+        # effective interval flips each round).
+        most = self.declaration_ttl / RENEWALS_PER_TTL
+        if self.release_every > most:
+            raise ConfigurationError(
+                f"app.conf.siq_release_every = {self.release_every:g} is not well below siq_declaration_ttl / 3 "
+                f"({self.declaration_ttl / 3:g}s): workers renew their declarations on those rounds, so live "
+                f"declarations would lapse between renewals and the effective interval flip. Set "
+                f"siq_release_every to at most {most:g} (siq_declaration_ttl / {RENEWALS_PER_TTL}), or "
+                f"siq_declaration_ttl to at least {self.release_every * RENEWALS_PER_TTL:g}"
+            )
 
     @classmethod
     def from_app(cls, app: Any) -> SiqSettings:
@@ -107,6 +134,9 @@ class SiqSettings:
             key_cache_size=max(_count(conf, "siq_key_cache_size", 10_000), 100),
             metrics_port=_port(conf, "siq_metrics_port"),
             metrics_queues=_patterns(conf, "siq_metrics_queues"),
+            max_lost_deliveries=_count(
+                conf, "siq_max_lost_deliveries", DEFAULT_MAX_LOST_DELIVERIES, maximum=MAX_LOST_DELIVERIES
+            ),
         )
 
 
@@ -114,8 +144,9 @@ def _url_from_broker(broker: object) -> str:
     first = str(broker or "").split(";")[0].strip()
     if urlsplit(first).scheme in REDIS_BROKER_SCHEMES:
         return first
+    broker = redacted_url(first) if first else "not set"  # never the broker's password
     raise ConfigurationError(
-        f"siq_celery needs a state store: the broker ({first or 'not set'}) is not Redis, so set "
+        f"siq_celery needs a state store: the broker ({broker}) is not Redis, so set "
         f"app.conf.siq_url = 'redis://host:6379/1' (or 'sqlite:///path.db' on one host)"
     )
 
@@ -153,12 +184,14 @@ def _patterns(conf: Any, key: str) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-def _count(conf: Any, key: str, default: int) -> int:
+def _count(conf: Any, key: str, default: int, maximum: int | None = None) -> int:
     value = conf.get(key)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigurationError(f"app.conf.{key} = {value!r}: expected a whole number >= 0")
+    if maximum is not None and value > maximum:
+        raise ConfigurationError(f"app.conf.{key} = {value!r}: expected a whole number from 0 to {maximum}")
     return value
 
 
@@ -194,6 +227,7 @@ class SiqState:
                 key_prefix=s.key_prefix,
                 finished_retention_us=round(s.finished_retention * 1e6),
                 ledger_max=s.ledger_max,
+                max_lost_deliveries=s.max_lost_deliveries,
             )
         return self._backend
 

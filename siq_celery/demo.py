@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .embedded import EmbeddedRedis
-from .errors import SiqError
+from .errors import SiqError, redacted
 from .intervals import format_interval, parse_interval
 from .workers import WorkerProcess, WorkerStartError
 
@@ -180,10 +180,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"private redis-server on 127.0.0.1:{server.port} (pid {server.pid})")
             return run(args, server.url)
     except WorkerStartError as exc:
-        print(f"\nsiq demo: a worker failed to start. {exc}", file=sys.stderr)
+        print(f"\nsiq demo: a worker failed to start. {redacted(exc)}", file=sys.stderr)
         return 2
     except SiqError as exc:
-        print(f"siq demo: {exc}", file=sys.stderr)
+        print(f"siq demo: {redacted(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\nsiq demo: interrupted; everything it started is stopped", file=sys.stderr)

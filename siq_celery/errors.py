@@ -5,6 +5,8 @@ Messages name the queue (and the key, where state is involved) and say what to d
 
 from __future__ import annotations
 
+import re
+
 
 class SiqError(Exception):
     """Base class of every error raised by siq_celery."""
@@ -62,3 +64,40 @@ class CorruptStateError(SiqError):
 
 class StoreUnavailableError(SiqError, ConnectionError):
     """The state store could not be reached. Nothing starts unauthorized (fail closed)."""
+
+
+class LostDeliveriesError(SiqError):
+    """A task whose deliveries were lost with their worker process ``limit`` times in a
+    row (it kills the process running it: out of memory, a crash in a C extension,
+    ``os._exit``) is refused instead of being started again; its state becomes FAILURE
+    with this error. (One argument, the message, so a result backend can rebuild it.)"""
+
+    @classmethod
+    def of(cls, task: str, limit: int) -> LostDeliveriesError:
+        return cls(
+            f"{task}: refused, not run again: its worker process died during each of its last {limit} "
+            f"runs (siq_max_lost_deliveries={limit}); find what kills it (memory, a crash in a C "
+            f"extension), then publish it again"
+        )
+
+
+# A URL's password, in its user info (scheme://user:password@host) or its query
+# (?password=..., ?sentinel_password=...): never printed, logged or raised with it.
+_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s'\"]*):[^\s'\"/]*@")
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&][A-Za-z_]*password=)[^&#\s'\"]*", re.IGNORECASE)
+
+
+def redacted(text: object) -> str:
+    """``text`` with the password of every URL in it replaced by ``***`` (the user name and
+    host stay, so a message still says which server it means). Every message, log line and
+    error that may carry a store or broker URL passes through this."""
+    return _QUERY_PASSWORD.sub(r"\g<head>***", _USERINFO.sub(r"\g<head>:***@", str(text)))
+
+
+def redacted_url(url: object) -> str:
+    """A URL fit for a message: :func:`redacted`, and for text with no scheme (a URL
+    mistyped without one) everything before its last ``@``."""
+    text = str(url)
+    if "://" not in text and "@" in text:
+        return "***@" + text.rpartition("@")[2]
+    return redacted(text)

@@ -8,7 +8,9 @@ park it beyond the horizon (:func:`defer`): a deferral never counts against
 ``max_retries`` and never shows as a failure. A message without a valid ticket (sent by
 name, from another language, tampered) claims one here. A redelivered copy of a task
 that already finished is skipped and logged; a copy whose worker died mid-run runs
-again, as a new start. :func:`record_finish` (``after_return``) remembers the finish;
+again, as a new start, until ``siq_max_lost_deliveries`` copies in a row died with their
+worker: then it fails with LostDeliveriesError (a poison message). :func:`record_finish`
+(``after_return``) remembers the finish, :func:`record_retry` ends a run that retries;
 :func:`back_off` holds the queue for a service that said "retry after".
 """
 
@@ -18,37 +20,37 @@ import logging
 import os
 import socket
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from celery.exceptions import Ignore
 
 from .combined import CombinedQueue
 from .config import siq_state
-from .errors import CorruptStateError, QueueNotFoundError, StoreUnavailableError
+from .errors import CorruptStateError, LostDeliveriesError, QueueNotFoundError, StoreUnavailableError
 from .intervals import parse_duration
 from .ledger import StartRecord
 from .messages import DEFERRALS, HEADER_NAMES, KEEP_TICKET, deferrals, ticket_from_headers, ticket_headers
 from .parking import park, parked_message, release_now_and_then
 from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue
+from .task_api import IntervalTaskLike
 from .types import Decision, QueueState, Ticket, Verdict
-from .worker_hooks import WORKER_SENDS_TASK_EVENTS
-
-if TYPE_CHECKING:
-    from .task import IntervalTask
+from .worker_hooks import WORKER
 
 logger = logging.getLogger("siq_celery")
 
 
-def authorize(task: IntervalTask, task_id: str, args: Any, kwargs: Any) -> Decision:
+def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> Decision:
     """Wait for the start of this delivery and return the store's authorization (kept on
     the request as ``siq_decision``); or defer it, or skip a finished task's copy (both end
     the delivery with ``Ignore``)."""
     request = task.request
     cost = task.siq_cost(args, kwargs)
     queue, line = task.siq_line(args, kwargs)
-    per_key = siq_state(task.app).per_key_declarations
-    if per_key is not None and task.siq_per_key:
-        per_key.on_use(queue, request.hostname or "")
+    state = siq_state(task.app)
+    if state.node_declarations is not None and not request.is_eager:
+        state.node_declarations.wait_announced()  # a deploy's interval applies before the first task
+    if state.per_key_declarations is not None and task.siq_per_key:
+        state.per_key_declarations.on_use(queue, request.hostname or "", task.name)
     ticket, problem = ticket_from_headers(request.headers, queue.name)
     if problem:
         logger.warning("%s[%s]: %s; claiming a fresh ticket", task.name, task_id, problem)
@@ -71,9 +73,15 @@ def authorize(task: IntervalTask, task_id: str, args: Any, kwargs: Any) -> Decis
     except DuplicateTaskError:
         logger.info("%s[%s] already finished: a redelivered copy, not run again", task.name, task_id)
         raise Ignore() from None
+    except LostDeliveriesError:
+        # A poison message: raised here, inside Celery's trace, it makes the task FAILURE
+        # (stored, acknowledged, errbacks called), and after_return remembers the finish.
+        error = LostDeliveriesError.of(f"{task.name}[{task_id}]", line.max_lost_deliveries)
+        logger.error("%s", error)
+        raise error from None
 
 
-def defer(task: IntervalTask, ticket: Ticket, decision: Decision, own_wait: float | None = None) -> NoReturn:
+def defer(task: IntervalTaskLike, ticket: Ticket, decision: Decision, own_wait: float | None = None) -> NoReturn:
     """Re-publish this very task (same id, ticket, retry count) later, or park it in the
     store if its slot is beyond the horizon; end this delivery. (With several limits,
     only if its own queue's slot is that far: a release follows that queue's line.)"""
@@ -104,7 +112,7 @@ def defer(task: IntervalTask, ticket: Ticket, decision: Decision, own_wait: floa
     raise Ignore()
 
 
-def park_this_run(task: IntervalTask, queue: IntervalQueue, ticket: Ticket, signature: Any) -> bool:
+def park_this_run(task: IntervalTaskLike, queue: IntervalQueue, ticket: Ticket, signature: Any) -> bool:
     """Park the running task (as ``signature`` would re-publish it) in ``queue`` under
     ``ticket``; False if the store refused (the line moved on): re-publish it instead."""
     request = task.request
@@ -112,11 +120,11 @@ def park_this_run(task: IntervalTask, queue: IntervalQueue, ticket: Ticket, sign
     return park(queue, [(ticket, request.id, message)])
 
 
-def send_deferred_event(task: IntervalTask, ticket: Ticket, decision: Decision, countdown: float) -> None:
+def send_deferred_event(task: IntervalTaskLike, ticket: Ticket, decision: Decision, countdown: float) -> None:
     """A ``task-deferred`` event for monitors: Flower shows the task in state
     DEFERRED (never FAILURE) until it succeeds, and the ETA of its next delivery;
     ``celery events --dump`` and event consumers also get queue, ticket and slot."""
-    if not WORKER_SENDS_TASK_EVENTS[0] or not task.send_events:
+    if not WORKER.sends_task_events or not task.send_events:
         return
     try:
         task.send_event(
@@ -129,7 +137,7 @@ def send_deferred_event(task: IntervalTask, ticket: Ticket, decision: Decision, 
         logger.warning("%s[%s]: could not send the task-deferred event: %s", task.name, task.request.id, exc)
 
 
-def record_finish(task: IntervalTask, status: str, task_id: str, args: Any, kwargs: Any) -> None:
+def record_finish(task: IntervalTaskLike, status: str, task_id: str, args: Any, kwargs: Any) -> None:
     """After SUCCESS or FAILURE (not RETRY, not our Ignore): the task is done, so a
     redelivered copy of it must not run again; parked tasks due by now are released."""
     queue, line = task.siq_line(args, kwargs)
@@ -141,7 +149,21 @@ def record_finish(task: IntervalTask, status: str, task_id: str, args: Any, kwar
     release_now_and_then(task.app, queue, task.name)
 
 
-def back_off(task: IntervalTask, seconds: float | str) -> NoReturn:
+def record_retry(task: IntervalTaskLike) -> None:
+    """``self.retry()``: this run ends here, and the retry is a new start with a new
+    ticket. Its ledger row says so, and its start is no longer one without a finish (a
+    task that retries is not a poison message)."""
+    request = task.request
+    if getattr(request, "siq_decision", None) is None:  # not started through the gate
+        return
+    _, line = task.siq_line(request.args, request.kwargs)
+    try:
+        line.finish(request.id, "RETRY", remember=False)
+    except (StoreUnavailableError, CorruptStateError) as exc:
+        logger.warning("%s[%s]: could not record the retry: %s", task.name, request.id, exc)
+
+
+def back_off(task: IntervalTaskLike, seconds: float | str) -> NoReturn:
     """:meth:`IntervalTask.siq_backoff`: hold every queue of the task, re-publish it with
     its old ticket just after the hold, end this run."""
     request = task.request

@@ -97,14 +97,20 @@ class QueueKeys:
 
     @property
     def refused(self) -> str:
-        """Counts of refused starts (duplicate, reclaim), for the exporter."""
+        """The queue's counters, for the exporter: of refused starts (duplicate, reclaim)
+        and of authorized ones (model.start_counts). (Named for the first ones it held.)"""
         return f"{self.base}:refused"
+
+    @property
+    def unfinished(self) -> str:
+        """Per task id, its authorized starts without a finish (siq_unfinished in the Lua prelude)."""
+        return f"{self.base}:unfinished"
 
     @property
     def all(self) -> tuple[str, ...]:
         return (
             self.state, self.finished, self.ledger, self.parked, self.parked_messages, self.releasing, self.intervals,
-            self.refused,
+            self.refused, self.unfinished,
         )  # fmt: skip
 
     @classmethod

@@ -1,11 +1,15 @@
 """Prometheus metrics of interval queues, read from the state store (``siq exporter``).
 
-Leaderless and read-only: the collector reads each queue's status (with the store's
-counts of refused starts) and the new entries of its ledger when it is scraped, and
-writes nothing. Any number may run, and none is
+Leaderless and read-only: the collector reads each queue's status when it is scraped
+(one pipelined read of many queues) and writes nothing. Any number may run, and none is
 needed for the queues to work. Gauges come from the queue state at scrape time; counters
-and the lateness histogram from the ledger, read incrementally (each scrape reads only
-the starts since the last one), so they count every authorized start the ledger held.
+and the lateness histogram from the counters the store keeps itself, incremented in the
+same atomic step as each start (model.start_counts). So every exporter reads the same
+values, a restarted one carries on where the others are, nothing reads a ledger, and a
+trimmed ledger lowers nothing.
+
+Serving it (the HTTP server, one scrape as text) is metrics_http.py; the readings derived
+from a status that siq top shows too are readings.py.
 
 Labels are bounded: one ``queue`` label, and at most ``max_queues`` queues exported (by
 name; the others are counted in ``siq_queues_left_out``). A queue whose state expired
@@ -18,73 +22,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .backends import Backend
-from .errors import SiqError, StoreUnavailableError
-from .ledger import LedgerRow
+from .errors import SiqError
+from .model import LATENESS_BUCKETS_US
+from .readings import drain_seconds, held_until
 from .types import QueueStatus
 
 log = logging.getLogger("siq_celery.metrics")
 
 US = 1_000_000
-#: Lateness of an authorized start against its slot: fine below 10 ms, where the
-#: product's figures live, and on to seconds for a queue that falls behind.
-LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: The lateness histogram's bounds in seconds (the store counts in model.LATENESS_BUCKETS_US).
+LATENESS_BUCKETS = tuple(bound / US for bound in LATENESS_BUCKETS_US)
 DEFAULT_MAX_QUEUES = 1000
-#: A gap below the interval by more than this is counted, as ``siq audit`` counts it.
-GAP_TOLERANCE_US = 1000
-
-
-@dataclass
-class LedgerTally:
-    """What one queue's ledger has said so far, and where the next read starts."""
-
-    starts: int = 0
-    deferrals: int = 0
-    gaps_below_interval: int = 0
-    lateness_sum: float = 0.0
-    lateness_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENESS_BUCKETS) + 1))
-    last_start_us: int | None = None
-    #: (epoch, ticket) of the starts at ``last_start_us``: the next read begins there again.
-    seen_at_last: set[tuple[str, int]] = field(default_factory=set)
-    #: The lateness (µs) of the last starts, for ``siq top`` (None: not kept).
-    recent_lateness_us: deque[int] | None = None
-
-    def add(self, rows: Iterable[LedgerRow]) -> None:
-        """Count ``rows`` (the ledger from ``last_start_us`` on, in any order)."""
-        # The ledger is in start order, so what started before the last start counted has
-        # been counted; at that very microsecond, the starts seen are remembered.
-        last = self.last_start_us
-        fresh = [r for r in rows if last is None or r.start_us > last or
-                 (r.start_us == last and (r.epoch, r.ticket) not in self.seen_at_last)]  # fmt: skip
-        for row in sorted(fresh, key=lambda r: (r.start_us, r.ticket)):
-            if (
-                self.last_start_us is not None
-                and row.start_us - self.last_start_us < row.interval_us - GAP_TOLERANCE_US
-            ):
-                self.gaps_below_interval += 1
-            if row.start_us != self.last_start_us:
-                self.seen_at_last = set()
-            self.seen_at_last.add((row.epoch, row.ticket))
-            self.last_start_us = row.start_us
-            self.starts += 1
-            self.deferrals += row.deferrals
-            late_us = max(0, row.start_us - row.slot_us)
-            self.lateness_sum += late_us / US
-            self.lateness_buckets[_bucket(late_us / US)] += 1
-            if self.recent_lateness_us is not None:
-                self.recent_lateness_us.append(late_us)
-
-
-def _bucket(seconds: float) -> int:
-    for i, bound in enumerate(LATENESS_BUCKETS):
-        if seconds <= bound:
-            return i
-    return len(LATENESS_BUCKETS)
 
 
 @dataclass
@@ -106,65 +59,43 @@ class StoreCollector:
         patterns: Sequence[str] = ("*",),
         max_queues: int = DEFAULT_MAX_QUEUES,
         clock: Callable[[], float] = time.monotonic,
-        keep_recent: bool = False,
     ) -> None:
         if max_queues < 1:
             raise ValueError(f"max_queues must be at least 1, not {max_queues}")
-        self.backend, self.patterns, self.max_queues, self._clock = (
-            backend,
-            tuple(patterns) or ("*",),
-            max_queues,
-            clock,
-        )
-        self._tallies: dict[str, LedgerTally] = {}
+        #: Glob patterns or names of the queues exported; none: no queue (never all of them).
+        self.patterns = tuple(patterns)
+        self.backend, self.max_queues, self._clock = backend, max_queues, clock
         self._errors: dict[str, int] = {}
         self._left_out_total = 0
         self._lock = threading.Lock()
-        self._keep_recent = keep_recent
-
-    def tally(self, queue: str) -> LedgerTally | None:
-        """What the ledger of ``queue`` has said so far (None: not read yet)."""
-        return self._tallies.get(queue)
 
     def scrape(self) -> Scrape:
-        """Read the store once: statuses, and the new ledger entries of each queue."""
+        """Read the store once: the status (state and counters) of each queue exported."""
         started = self._clock()
         try:
             names = sorted({q for p in self.patterns for q in self._names(p)})
-        except StoreUnavailableError as exc:
+        except SiqError as exc:  # unreachable, or refused (a permission): nothing read
             log.warning("siq exporter: %s", exc)
             return Scrape([], False, 0, self._clock() - started)
         kept, left_out = names[: self.max_queues], max(0, len(names) - self.max_queues)
         self._left_out_total += left_out
+        for gone in set(self._errors) - set(kept):  # expired or deleted: its series goes with it
+            del self._errors[gone]
         statuses: list[QueueStatus] = []
         try:
-            for name, st in zip(kept, self.backend.statuses(kept), strict=True):
-                if st is None:  # expired since it was listed (an idle per-key queue)
-                    continue
-                if isinstance(st, SiqError):  # a corrupt state: counted, and the other queues go on
-                    log.warning("siq exporter: queue %r: %s", name, st)
-                    self._errors[name] = self._errors.get(name, 0) + 1
-                    continue
-                statuses.append(st)
-            tallies = {st.queue: self._tally(st.queue) for st in statuses}
-            read = self.backend.starts_since({q: t.last_start_us for q, t in tallies.items()})
-        except StoreUnavailableError as exc:
+            read = self.backend.statuses(kept)
+        except SiqError as exc:
             log.warning("siq exporter: %s", exc)
             return Scrape([], False, left_out, self._clock() - started)
-        for queue, tally in tallies.items():
-            tally.add(read.get(queue, ()))
-        kept = [st.queue for st in statuses]
-        for gone in set(self._tallies) - set(kept):
-            del self._tallies[gone]
+        for name, st in zip(kept, read, strict=True):
+            if st is None:  # expired since it was listed (an idle per-key queue)
+                continue
+            if isinstance(st, SiqError):  # a corrupt state: counted, and the other queues go on
+                log.warning("siq exporter: queue %r: %s", name, st)
+                self._errors[name] = self._errors.get(name, 0) + 1
+                continue
+            statuses.append(st)
         return Scrape(statuses, True, left_out, self._clock() - started)
-
-    def _tally(self, queue: str) -> LedgerTally:
-        tally = self._tallies.get(queue)
-        if tally is None:
-            tally = self._tallies[queue] = LedgerTally()
-            if self._keep_recent:
-                tally.recent_lateness_us = deque(maxlen=500)
-        return tally
 
     def _names(self, pattern: str) -> list[str]:
         return self.backend.queues(pattern) if any(c in pattern for c in "*?[") else [pattern]
@@ -208,7 +139,7 @@ class StoreCollector:
             yield gauge("siq_queue_next_slot_seconds", "Seconds until the next start could be authorized",
                         ((st.queue, max(0, st.next_start_us - st.now_us) / US) for st in sts))  # fmt: skip
             yield gauge("siq_queue_backed_off_until_timestamp_seconds",
-                        "Unix time the queue is held until by a back-off or a resume (0: not held)",
+                        "Unix time the queue is held until by a back-off (0: not held)",
                         ((st.queue, held_until(st) / US) for st in sts))  # fmt: skip
             yield gauge("siq_queue_drain_seconds", "Estimated seconds until the backlog has started",
                         ((st.queue, drain_seconds(st)) for st in sts))  # fmt: skip
@@ -216,14 +147,13 @@ class StoreCollector:
             for st in sts:
                 epochs.add_metric([st.queue, st.state.epoch], 1)
             yield epochs
-            tallies = [(q, t) for q, t in sorted(self._tallies.items())]
-            yield counter("siq_starts_total", "Authorized starts read from the ledger",
-                          ((q, t.starts) for q, t in tallies))  # fmt: skip
+            yield counter("siq_starts_total", "Authorized starts, counted by the store",
+                          ((st.queue, st.counts.starts) for st in sts))  # fmt: skip
             yield counter("siq_deferrals_total", "Times started tasks were sent back to wait before they started",
-                          ((q, t.deferrals) for q, t in tallies))  # fmt: skip
+                          ((st.queue, st.counts.deferrals) for st in sts))  # fmt: skip
             yield counter("siq_gaps_below_interval_total",
                           "Starts less than the interval (minus 1 ms) after the one before: expected 0",
-                          ((q, t.gaps_below_interval) for q, t in tallies))  # fmt: skip
+                          ((st.queue, st.counts.gaps_below_interval) for st in sts))  # fmt: skip
             yield counter("siq_duplicates_refused_total",
                           "Starts refused because the task id had already finished (a redelivered copy)",
                           ((st.queue, st.duplicates_refused) for st in sts))  # fmt: skip
@@ -235,48 +165,10 @@ class StoreCollector:
                                       value=self._left_out_total)  # fmt: skip
             late = HistogramMetricFamily("siq_start_lateness_seconds", "Authorized starts' lateness against their slot",
                                          labels=["queue"])  # fmt: skip
-            for q, t in tallies:
+            for st in sts:
                 running, buckets = 0, []
-                for bound, n in zip((*map(str, LATENESS_BUCKETS), "+Inf"), t.lateness_buckets, strict=True):
+                for bound, n in zip((*map(str, LATENESS_BUCKETS), "+Inf"), st.counts.lateness_buckets, strict=True):
                     running += n
                     buckets.append((bound, running))
-                late.add_metric([q], buckets, t.lateness_sum)
+                late.add_metric([st.queue], buckets, st.counts.lateness_sum_us / US)
             yield late
-
-
-def held_until(st: QueueStatus) -> int:
-    """The store time a back-off or a resume's grace holds the queue until, or 0. Only a
-    hold puts the next slot more than one interval after now: a start in the past is
-    followed by a slot at most one interval later."""
-    s = st.state
-    return st.next_start_us if not s.paused and st.next_start_us > st.now_us + s.interval_us else 0
-
-
-def drain_seconds(st: QueueStatus) -> float:
-    """Seconds until every claimed ticket could have started, at the current interval."""
-    s = st.state
-    wait = max(0, st.next_start_us - st.now_us)
-    return (wait + max(0, s.backlog - 1) * s.interval_us) / US if s.backlog > 0 else 0.0
-
-
-def registry_for(collector: StoreCollector) -> Any:
-    from prometheus_client import CollectorRegistry
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    return registry
-
-
-def serve(collector: StoreCollector, port: int, addr: str = "0.0.0.0") -> Any:
-    """Serve ``/metrics`` on ``addr:port`` in a daemon thread; the HTTP server."""
-    from prometheus_client import start_http_server
-
-    server, _thread = start_http_server(port, addr=addr, registry=registry_for(collector))
-    return server
-
-
-def text(collector: StoreCollector) -> str:
-    """One scrape in the Prometheus text format."""
-    from prometheus_client import generate_latest
-
-    return generate_latest(registry_for(collector)).decode()

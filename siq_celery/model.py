@@ -16,14 +16,16 @@ Rules (docs/design.md, "The model"):
   shrink the margin that keeps later tickets from overtaking a late head: with the anchor
   at the start, ticket ``current + 2`` is due a full interval after the head's slot.)
 * a claim on a queue whose whole line is overdue re-bases the anchor so the new ticket is
-  due at the first free slot (a burst after an idle period keeps ticket order).
+  due at the first free slot (a burst after an idle period keeps ticket order);
+* a task id whose last ``max_lost`` authorized starts never finished (each time its
+  worker process died) is refused, LOST, without taking a slot (:func:`too_many_lost`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .types import ClaimResult, Decision, Declared, IntervalSources, NodeDeclaration, QueueState, Verdict
+from .types import ClaimResult, Decision, Declared, IntervalSources, NodeDeclaration, QueueState, StartCounts, Verdict
 
 #: The ticket of a start with no place in a queue's line (the other queues of a combined
 #: limit): it takes the next free slot, as a late ticket does.
@@ -96,31 +98,44 @@ def shift_after_outage(state: QueueState, now_us: int, overdue_us: int = 0) -> b
     return True
 
 
+def too_many_lost(unfinished: int, max_lost: int) -> bool:
+    """Whether a task id is refused as a poison message: ``unfinished`` counts its
+    authorized starts since its last finish of any kind (success, failure, a retry's, a
+    back-off's), each one a delivery lost with its worker process (or a copy still
+    running); at ``max_lost`` of them it is not started again (0: no limit). The count is
+    kept as long as finished records are, and goes with the queue's state."""
+    return 0 < max_lost <= unfinished
+
+
 def start(
-    state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1
-) -> Decision:
+    state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1,
+    lost: bool = False,
+) -> Decision:  # fmt: skip
     """Decide whether ``ticket`` may start at ``now_us`` (mutates ``state`` if authorized).
 
     A start of ``cost`` c holds tickets ``ticket .. ticket + c - 1`` (claimed together) and
     takes c slots: the next start may come c intervals after it. It is recorded as if its
     last slot had been used at ``now + (c - 1) * interval`` (anchor and last start), so
-    every other rule stays as it is."""
-    if ticket == FREE and not finished:  # only a combined start may have no place in a line
+    every other rule stays as it is. ``lost``: :func:`too_many_lost` holds for its task id."""
+    if ticket == FREE and not finished and not lost:  # only a combined start may have no place in a line
         return Decision(Verdict.RECLAIM, ticket, now_us)
-    decision = decide(state, ticket, epoch, now_us, finished=finished, cost=cost)
+    decision = decide(state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost)
     if decision.authorized:
         commit_start(state, ticket, now_us, cost)
     return decision
 
 
 def decide(
-    state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1
-) -> Decision:
+    state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1,
+    lost: bool = False,
+) -> Decision:  # fmt: skip
     """What :func:`start` would answer, without recording a start (it may still shift a
     long-overdue line: that is the state's own repair, due whatever the answer).
     Ticket :data:`FREE` has no place in the line: it takes the next free slot."""
     if finished:
         return Decision(Verdict.DUPLICATE, ticket, now_us)
+    if lost:
+        return Decision(Verdict.LOST, ticket, now_us)
     if ticket == FREE:
         if state.paused:
             return Decision(Verdict.PAUSED, ticket, now_us, interval_us=state.interval_us)
@@ -150,23 +165,24 @@ def commit_start(state: QueueState, ticket: int, now_us: int, cost: int = 1) -> 
     where it is: a late ticket that starts before it never pulls it forward."""
     if ticket != FREE:
         state.current = max(state.current, ticket + cost - 1)
+    state.started_us = now_us  # what the status shows; the cap counts from the last slot used
     state.last_start_us = now_us + (cost - 1) * state.interval_us
     state.anchor_us = max(state.anchor_us, state.last_start_us)
 
 
 def start_all(
     states: list[QueueState], tickets: list[int], epochs: list[str], now_us: int, *, finished: bool = False,
-    cost: int = 1,
+    cost: int = 1, lost: bool = False,
 ) -> list[Decision]:  # fmt: skip
     """One start that must pass several queues at once (a per-second and a per-day limit):
     authorized in all of them, or recorded in none. Queues that would authorize while
     another says wait answer WAIT with ``wait_us`` 0, so nothing is held in one queue
     while the start waits for another. The start has a place in one queue's line (its
     ticket); in the others its ticket is :data:`FREE`."""
-    if all(t == FREE for t in tickets) and not finished:  # a start needs a place in some line
+    if all(t == FREE for t in tickets) and not finished and not lost:  # a start needs a place in some line
         return [Decision(Verdict.RECLAIM, t, now_us) for t in tickets]
     decisions = [
-        decide(state, ticket, epoch, now_us, finished=finished, cost=cost)
+        decide(state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost)
         for state, ticket, epoch in zip(states, tickets, epochs, strict=True)
     ]
     if all(d.authorized for d in decisions):
@@ -176,6 +192,58 @@ def start_all(
     return [replace(d, verdict=Verdict.WAIT, wait_us=0) if d.authorized else d for d in decisions]
 
 
+# -- the counters the store keeps of authorized starts (the exporter reads them) --
+
+#: Upper bounds (µs) of the lateness buckets of authorized starts against their slot: fine
+#: below 10 ms, where the product's figures live, and on to seconds for a queue that falls
+#: behind. The Lua scripts hold the same list (_prelude.lua: SIQ_LATENESS_BUCKETS).
+LATENESS_BUCKETS_US = (
+    500, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000,
+    10_000_000,
+)  # fmt: skip
+#: A start closer than the interval less this to the one before counts as a gap (``siq
+#: audit`` counts it the same way); none is expected.
+GAP_TOLERANCE_US = 1000
+#: Where the store keeps the time of the last start it counted (set, not added).
+LAST_COUNTED = "last_us"
+
+
+def lateness_bucket(late_us: int) -> int:
+    """The bucket of a start ``late_us`` after its slot (len(LATENESS_BUCKETS_US): past the last)."""
+    for i, bound in enumerate(LATENESS_BUCKETS_US):
+        if late_us <= bound:
+            return i
+    return len(LATENESS_BUCKETS_US)
+
+
+def start_counts(
+    last_counted_us: int | None, now_us: int, slot_us: int, interval_us: int, deferrals: int = 0
+) -> dict[str, int]:
+    """What one authorized start adds to its queue's counters, kept by the store in the
+    same atomic step as the start: ``starts``, ``deferrals`` (the task's, before it
+    started), ``gaps`` (closer than ``interval_us`` less :data:`GAP_TOLERANCE_US` to the
+    last start counted, at ``last_counted_us``), ``late_us`` (lateness against the slot)
+    and ``late:<bucket>``. The store then sets :data:`LAST_COUNTED` to ``now_us``."""
+    late = max(0, now_us - slot_us)
+    added = {"starts": 1, "late_us": late, f"late:{lateness_bucket(late)}": 1}
+    if deferrals > 0:
+        added["deferrals"] = deferrals
+    if last_counted_us is not None and now_us - last_counted_us < interval_us - GAP_TOLERANCE_US:
+        added["gaps"] = 1
+    return added
+
+
+def counts_from_fields(fields: dict[str, int]) -> StartCounts:
+    """The counters as a store keeps them (field -> number; missing fields are 0)."""
+    return StartCounts(
+        starts=fields.get("starts", 0),
+        deferrals=fields.get("deferrals", 0),
+        gaps_below_interval=fields.get("gaps", 0),
+        lateness_sum_us=fields.get("late_us", 0),
+        lateness_buckets=tuple(fields.get(f"late:{i}", 0) for i in range(len(LATENESS_BUCKETS_US) + 1)),
+    )
+
+
 def backoff(state: QueueState, now_us: int, hold_us: int, keep_first: bool = False) -> None:
     """No start before ``now + hold`` (the service said "retry after"): the last start
     and the anchor move so that the cap and ticket ``current + 1`` both fall then, and the
@@ -183,6 +251,7 @@ def backoff(state: QueueState, now_us: int, hold_us: int, keep_first: bool = Fal
     ``keep_first``: the first slot after the hold is kept for the task that backed off
     (it comes back with its own, passed-over ticket), and the line follows one slot on."""
     until = now_us + hold_us - state.interval_us
+    state.held_until_us = max(state.held_until_us, now_us + hold_us)
     state.last_start_us = max(state.last_start_us, until)
     state.anchor_us = max(state.anchor_us, until + (state.interval_us if keep_first else 0))
 
@@ -214,6 +283,22 @@ def effective_interval(sources: IntervalSources, now_us: int) -> int:
     if sources.override_us:
         return sources.override_us
     return max((n.interval_us for n in sources.live(now_us)), default=sources.declared_us)
+
+
+def follow_expiry(state: QueueState, sources: IntervalSources, now_us: int) -> IntervalSources | None:
+    """The effective interval follows the expiry of node declarations: when a stored node
+    declaration has expired (a node that died, or missed its renewals), the interval is
+    recomputed from the live ones and the expired ones are dropped; the new sources, or
+    None when nothing expired (mutates ``state``). Every operation that decides by the
+    interval runs it first, so a killed node's declaration stops counting exactly its TTL
+    after its last renewal, on the store's clock, whether or not a live node declares in
+    between. (The Lua scripts keep the earliest expiry in the state instead of reading the
+    sources each time: ``siq_follow_expiry``.)"""
+    if all(n.expires_us > now_us for n in sources.nodes):
+        return None
+    live = replace(sources, nodes=sources.live(now_us))
+    state.interval_us = effective_interval(live, now_us) or state.interval_us
+    return live
 
 
 def declare(
@@ -289,7 +374,13 @@ def reset(state: QueueState, now_us: int, epoch: str, interval_us: int | None = 
     lets a finished task run again)."""
     fresh = new_state(now_us, interval_us or state.interval_us, epoch)
     # Ticket 1 of the new life is due at once, subject to the kept rate cap.
-    return replace(fresh, last_start_us=state.last_start_us, anchor_us=now_us - fresh.interval_us)
+    return replace(
+        fresh,
+        last_start_us=state.last_start_us,
+        anchor_us=now_us - fresh.interval_us,
+        started_us=state.started_us,
+        held_until_us=state.held_until_us,
+    )
 
 
 def restamp(state: QueueState, epoch: str, started_us: int, now_us: int) -> int | None:
@@ -302,7 +393,7 @@ def restamp(state: QueueState, epoch: str, started_us: int, now_us: int) -> int 
     """
     if state.epoch != epoch or state.last_start_us != started_us or now_us < started_us:
         return None
-    state.last_start_us = now_us
+    state.last_start_us = state.started_us = now_us
     state.anchor_us = max(state.anchor_us, now_us)
     return now_us
 

@@ -16,10 +16,11 @@ call), which publishes one message.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import signals
 from kombu.utils.uuid import uuid
@@ -29,10 +30,8 @@ from .errors import ConfigurationError, CorruptStateError, StoreUnavailableError
 from .messages import DEFERRALS, HEADER_NAMES, ticket_headers
 from .parking import park, parked_message, release_now_and_then
 from .queue import IntervalQueue, PendingTicket
+from .task_api import IntervalTaskLike
 from .types import Ticket
-
-if TYPE_CHECKING:
-    from .task import IntervalTask
 
 logger = logging.getLogger("siq_celery")
 
@@ -48,7 +47,7 @@ _CLAIMS_IN_FLIGHT: dict[str, tuple[PendingTicket, IntervalQueue, SiqSettings]] =
 
 
 def publish(
-    task: IntervalTask, send: Send, args: Any, kwargs: Any, task_id: str | None, producer: Any, link: Any,
+    task: IntervalTaskLike, send: Send, args: Any, kwargs: Any, task_id: str | None, producer: Any, link: Any,
     link_error: Any, shadow: str | None, options: dict[str, Any],
 ) -> Any:  # fmt: skip
     """``apply_async`` of an interval task: a ticket in the headers, an ETA near its slot
@@ -89,7 +88,7 @@ def publish(
             unread[0].discard()
 
 
-def claim_into(task: IntervalTask, queue: IntervalQueue, options: dict[str, Any], cost: int) -> Ticket | None:
+def claim_into(task: IntervalTaskLike, queue: IntervalQueue, options: dict[str, Any], cost: int) -> Ticket | None:
     """Claim now; put the ticket, and an ETA near its slot, into ``options`` (None: it is
     published without a ticket)."""
     try:
@@ -117,15 +116,25 @@ class Progress:
 
 
 def publish_many(
-    task: IntervalTask, send: Send, calls: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],
+    task: IntervalTaskLike, send: Send, calls: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]],
     chunk_size: int, options: dict[str, Any], progress: Progress | None = None,
 ) -> list[Any]:  # fmt: skip
     """``apply_many``: tickets claimed ``chunk_size`` at a time per queue, each call with
     its own queue and cost (one round trip per chunk of a queue), tasks beyond the
-    horizon parked a chunk at a time."""
+    horizon parked a chunk at a time. ``options`` are ``apply_async``'s, checked before
+    anything is claimed; a caller's ``eta`` or ``countdown`` stands, as in ``apply_async``.
+    A chunk whose claim the store does not answer is published without tickets (the
+    worker claims them), as ``apply_async`` does."""
     progress = progress if progress is not None else Progress()
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= 10_000:
         raise ConfigurationError(f"apply_many(chunk_size) takes a whole number from 1 to 10000, not {chunk_size!r}")
+    options = dict(options)
+    producer_given = options.pop("producer", None)
+    check_many_options(options)
+    options["headers"] = {  # as in publish: old ticket headers never go out again
+        k: v for k, v in (options.get("headers") or {}).items() if k not in (*HEADER_NAMES, DEFERRALS)
+    }
+    own_eta = options.get("eta") is not None or options.get("countdown") is not None
     normalized = [normalize_call(c) for c in calls]
     for args, kwargs in normalized:  # any call may be parked, as JSON: refuse what JSON cannot carry
         parked_message(task.name, args, kwargs, {})
@@ -136,13 +145,23 @@ def publish_many(
     for i, (queue, *_) in enumerate(routed):
         by_queue.setdefault(queue.name, []).append(i)
     results: list[Any] = [None] * len(routed)
-    with task.app.producer_or_acquire() as producer:
+    with task.app.producer_or_acquire(producer_given) as producer:
         for indexes in by_queue.values():
-            queue = routed[indexes[0]][0]
+            queue, claimed = routed[indexes[0]][0], False
             for start in range(0, len(indexes), chunk_size):
                 chunk = indexes[start : start + chunk_size]
-                tickets = queue.claim_costs([routed[i][1] for i in chunk])
+                try:
+                    tickets = queue.claim_costs([routed[i][1] for i in chunk])
+                except NO_TICKET_ERRORS as exc:
+                    warn_no_ticket(task.name, exc)
+                    for i in chunk:
+                        task_id = uuid()
+                        send(routed[i][2], routed[i][3], task_id, producer, **options)
+                        results[i] = task.AsyncResult(task_id)
+                        progress.published += 1
+                    continue
                 progress.claims += 1
+                claimed = True
                 to_park, parked_calls = [], []
                 for i, ticket in zip(chunk, tickets, strict=True):
                     _, _, args, kwargs = routed[i]
@@ -153,8 +172,9 @@ def publish_many(
                         to_park.append((ticket, task_id, message))
                         parked_calls.append((args, kwargs, task_id))
                     else:
-                        eta = eta_for(ticket, settings.countdown_margin, settings.broker_wait_below)
-                        send(args, kwargs, task_id, producer, eta=eta, **opts)
+                        if not own_eta:
+                            opts["eta"] = eta_for(ticket, settings.countdown_margin, settings.broker_wait_below)
+                        send(args, kwargs, task_id, producer, **opts)
                         progress.published += 1
                     results[i] = task.AsyncResult(task_id)
                 if not to_park:
@@ -166,8 +186,29 @@ def publish_many(
                 for args, kwargs, task_id in parked_calls:  # the line moved on (reset): the worker re-claims
                     send(args, kwargs, task_id, producer, **options)
                     progress.published += 1
-            release_now_and_then(task.app, queue, task.name)
+            if claimed:  # a store that answered no claim is not asked to release either
+                release_now_and_then(task.app, queue, task.name)
     return results
+
+
+#: What apply_many sets per call itself: a caller's value could only be shared by all calls.
+PER_CALL_OPTIONS = ("args", "kwargs", "task_id")
+
+
+def check_many_options(options: Mapping[str, Any]) -> None:
+    """Refuse, before anything is claimed, the options of ``apply_many`` that Celery would
+    refuse only at the first publish (its tickets claimed by then), or that cannot apply
+    to several calls."""
+    for name in PER_CALL_OPTIONS:
+        if name in options:
+            raise ConfigurationError(f"apply_many() gives each call its own {name}; remove {name}={options[name]!r}")
+    eta, countdown = options.get("eta"), options.get("countdown")
+    if eta is not None and not isinstance(eta, datetime):
+        raise ConfigurationError(f"apply_many(eta=...) takes a datetime, not {eta!r}")
+    if countdown is not None and (
+        isinstance(countdown, bool) or not isinstance(countdown, (int, float)) or not math.isfinite(countdown)
+    ):
+        raise ConfigurationError(f"apply_many(countdown=...) takes a number of seconds, not {countdown!r}")
 
 
 def normalize_call(call: Any) -> tuple[Sequence[Any], dict[str, Any]]:

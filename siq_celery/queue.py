@@ -29,6 +29,7 @@ from .errors import (
     ConfigurationError,
     CorruptStateError,
     IntervalMismatchError,
+    LostDeliveriesError,
     QueueExistsError,
     QueueNotFoundError,
     SiqError,
@@ -173,12 +174,10 @@ class IntervalQueue:
         An existing queue keeps its stored interval: a different ``interval`` here raises
         IntervalMismatchError (nothing is changed) because the stored one may have been set
         on purpose by an operator; use :meth:`set_interval` to change it, or
-        ``reset=True`` to start the queue afresh with this interval.
+        ``reset=True`` to start the queue afresh with this interval. An ``interval`` given
+        here acts on the store; this object keeps its own (:meth:`_adopt`).
         """
-        interval_us = parse_interval(interval) if interval is not None else self.interval_us
-        if interval_us is None:
-            raise ConfigurationError(f"queue {self.name!r}: ensure() needs an interval")
-        self.interval_us = interval_us
+        interval_us = self._adopt(interval, "ensure")
         if reset:
             return self.backend.reset(self.name, interval_us, new_epoch(), who())
         state, created = self.backend.ensure(self.name, interval_us, new_epoch())
@@ -193,6 +192,18 @@ class IntervalQueue:
                     f"`celery siq set-interval {self.name} {format_interval(interval_us)}`"
                 )
         return state
+
+    def _adopt(self, interval: IntervalLike | None, caller: str) -> int:
+        """The interval an ``ensure`` or ``declare`` call acts with: the one given, else this
+        object's. An object built without an interval takes the first one it is given (its
+        claims then create a lost state with it); one with its own keeps it, since the app
+        caches one object per declaration and a worker's renewals declare its interval."""
+        interval_us = parse_interval(interval) if interval is not None else self.interval_us
+        if interval_us is None:
+            raise ConfigurationError(f"queue {self.name!r}: {caller}() needs an interval")
+        if self.interval_us is None:
+            self.interval_us = interval_us
+        return interval_us
 
     def status(self) -> QueueStatus:
         """Ticket, current, backlog, interval, paused, epoch, last and next start."""
@@ -233,11 +244,9 @@ class IntervalQueue:
         (a deploy that changed ``interval=``): what a worker does at start, and ``siq
         sync`` for scripts. ``node`` registers it as a live worker's for ``ttl`` seconds
         (the queue never runs faster than its slowest live declaration); ``announce=False``
-        only renews it."""
-        interval_us = parse_interval(interval) if interval is not None else self.interval_us
-        if interval_us is None:
-            raise ConfigurationError(f"queue {self.name!r}: declare() needs an interval")
-        self.interval_us = interval_us
+        only renews it. An ``interval`` given here acts on the store; this object keeps its
+        own (:meth:`_adopt`)."""
+        interval_us = self._adopt(interval, "declare")
         return self.backend.declare(
             self.name, interval_us, new_epoch(), node=node, ttl_us=round(ttl * 1e6), origin=origin or who(node),
             announce=announce,
@@ -339,10 +348,15 @@ class IntervalQueue:
             raise ConfigurationError(f"queue {self.name!r}: a back-off is at most a day, not {seconds!r}")
         return self.backend.backoff(self.name, hold, keep_first)
 
-    def finish(self, task_id: str, outcome: str = "SUCCESS") -> None:
-        """Record that ``task_id`` finished (a redelivered copy is then not started) and
-        complete its ledger row."""
-        self.backend.finish(self.name, task_id, outcome)
+    def finish(self, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
+        """Record that ``task_id`` finished (a redelivered copy is then not started, unless
+        not ``remember``: a run that ended in a retry) and complete its ledger row."""
+        self.backend.finish(self.name, task_id, outcome, remember=remember)
+
+    @property
+    def max_lost_deliveries(self) -> int:
+        """Starts of one task id without a finish after which it is refused (the store's setting)."""
+        return self.backend.max_lost_deliveries
 
     def ledger(self, since: float | None = None, until: float | None = None) -> Iterator[LedgerRow]:
         """This queue's ledger rows (starts in ``[since, until)``, Unix seconds), streamed."""
@@ -370,8 +384,10 @@ class IntervalQueue:
         unreachable, or its state corrupt, nothing starts: it logs why and retries with
         backoff (fail closed).
         With ``max_sleep`` (seconds), a longer wait raises DeferralNeeded instead; with
-        ``defer_paused``, so does a paused queue. ``record`` goes to the ledger with the
-        authorized start. ``cost``: the slots this start takes (claimed together).
+        ``defer_paused``, so does a paused queue. A ``task_id`` that finished raises
+        DuplicateTaskError; one whose last starts never finished, LostDeliveriesError.
+        ``record`` goes to the ledger with the authorized start. ``cost``: the slots this
+        start takes (claimed together).
         """
         return wait_in_line(
             self, None if ticket is None else [ticket], task_id=task_id, timeout=timeout, max_sleep=max_sleep,
@@ -462,6 +478,8 @@ class Line(Protocol):
 
     name: str
 
+    @property
+    def max_lost_deliveries(self) -> int: ...
     def claim_tickets(self, cost: int) -> list[Ticket]: ...
     def ask(
         self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int
@@ -514,6 +532,8 @@ def wait_in_line(
             return line.settle(combined(decisions), tickets, round_trip), tickets
         if Verdict.DUPLICATE in verdicts:
             raise DuplicateTaskError(f"queue {line.name!r}: task {task_id!r} already finished")
+        if Verdict.LOST in verdicts:
+            raise LostDeliveriesError.of(f"task {task_id}", line.max_lost_deliveries)
         if Verdict.RECLAIM in verdicts:
             stale = [t for t, d in zip(tickets, decisions, strict=True) if d.verdict is Verdict.RECLAIM]
             logger.info("queue %r: ticket %s was not issued in the queue's current life (a reset, a lost store, "

@@ -23,9 +23,10 @@ from celery import Task
 
 from .combined import CombinedQueue
 from .config import siq_state
-from .errors import ConfigurationError, SiqError
-from .gate import authorize, back_off, paused_countdown, record_finish
+from .errors import ConfigurationError, InvalidQueueNameError, LostDeliveriesError, SiqError
+from .gate import authorize, back_off, paused_countdown, record_finish, record_retry
 from .intervals import IntervalLike, parse_interval
+from .keys import validate_queue_name
 from .messages import DEFERRALS, KEEP_TICKET
 from .publish import publish, publish_many
 from .queue import IntervalQueue, validate_cost
@@ -74,6 +75,8 @@ class IntervalTask(Task):  # type: ignore[misc]
         for attribute, setting in cls.DURABLE_DEFAULTS:
             if getattr(cls, attribute, None) is None and not _app_sets(app, setting):
                 setattr(cls, attribute, True)
+        if LostDeliveriesError not in cls.throws:  # the gate logs it in one line: no traceback
+            cls.throws = (*cls.throws, LostDeliveriesError)
         return super().bind(app)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -92,6 +95,13 @@ class IntervalTask(Task):  # type: ignore[misc]
                     parse_interval(value)
                 except SiqError as exc:
                     raise ConfigurationError(f"task {name}: interval {value!r}: {exc}") from None
+        names = list(declared) if isinstance(declared, (Mapping, list, tuple)) else [declared]
+        for queue in names:
+            if isinstance(queue, str):  # "" is refused, not taken for "the task's name"
+                try:
+                    validate_queue_name(queue)
+                except SiqError as exc:
+                    raise InvalidQueueNameError(f"task {name}: interval_queue={queue!r}: {exc}") from None
 
     def siq_declared_queues(self) -> list[IntervalQueue]:
         """The queues whose interval this task's code declares, each with that interval
@@ -112,7 +122,7 @@ class IntervalTask(Task):  # type: ignore[misc]
         if callable(name):
             return siq_state(self.app).queue(_per_call(self, "interval_queue", name, args, kwargs), self.interval,
                                              per_key=True)  # fmt: skip
-        return siq_state(self.app).queue(name or self.name, self.interval)
+        return siq_state(self.app).queue(self.name if name is None else name, self.interval)
 
     def siq_limits(self, args: Any = None, kwargs: Any = None) -> CombinedQueue | None:
         """The combined limit of a task with several interval queues, else None."""
@@ -186,6 +196,10 @@ class IntervalTask(Task):  # type: ignore[misc]
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         self.request.siq_decision = authorize(self, task_id, args, kwargs)
         super().before_start(task_id, args, kwargs)
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        record_retry(self)  # before the retry is published: its start must not see this run as lost
+        return super().retry(*args, **kwargs)
 
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         # Called for SUCCESS and FAILURE only (not RETRY, not our Ignore).

@@ -1,9 +1,11 @@
 """``siq top``: a live terminal view of interval queues, refreshed every second.
 
 It reads the store as the exporter does (:class:`siq_celery.metrics.StoreCollector`):
-for each queue the rate of the last few seconds against its limit, the backlog and the
-time to drain it, the lateness of recent starts, and whether it is paused or held. ``q``
-or Ctrl-C quits. Drawn with ``rich``; read-only, like the exporter.
+for each queue the rate of the last few seconds against its limit (from the store's count
+of starts), the backlog and the time to drain it, the lateness of recent starts (the
+ledger's, from the moment ``siq top`` first saw the queue: nothing older is read), and
+whether it is paused or held. ``q`` or Ctrl-C quits. Drawn with ``rich``; read-only,
+like the exporter.
 """
 
 from __future__ import annotations
@@ -14,14 +16,19 @@ import select
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .backends import Backend
-from .metrics import StoreCollector, drain_seconds, held_until
+from .errors import SiqError
+from .metrics import StoreCollector
+from .readings import drain_seconds, held_until
+from .types import QueueStatus
 
 #: The rate is measured over about this many seconds of readings.
 RATE_WINDOW_S = 5.0
+#: The lateness shown is that of each queue's last this many starts.
+RECENT_STARTS = 500
 
 
 class QueueRates:
@@ -38,8 +45,50 @@ class QueueRates:
         (t0, n0) = seen[0]
         return (starts - n0) / (at - t0) if at > t0 else None
 
+    def keep_only(self, queues: Iterable[str]) -> None:
+        """Forget the readings of every queue but ``queues`` (those no longer shown)."""
+        for gone in set(self._seen) - set(queues):
+            del self._seen[gone]
 
-def table(collector: StoreCollector, rates: QueueRates, pattern: str) -> Any:
+
+class RecentLateness:
+    """The lateness (µs) of each queue's recent starts, read from its ledger incrementally
+    from the store time the queue was first seen (each reading reads only what is new)."""
+
+    def __init__(self, keep: int = RECENT_STARTS) -> None:
+        self._keep = keep
+        #: per queue: the last start read, and the (epoch, ticket) of the starts at that
+        #: very microsecond (the next read begins there again)
+        self._last: dict[str, tuple[int, set[tuple[str, int]]]] = {}
+        self._late: dict[str, deque[int]] = {}
+
+    def read(self, backend: Backend, statuses: Sequence[QueueStatus]) -> None:
+        """Read the new starts of the queues of ``statuses``; forget every other queue."""
+        since = {st.queue: self._last.get(st.queue, (st.now_us, set()))[0] for st in statuses}
+        for gone in set(self._last) - set(since):
+            del self._last[gone]
+            self._late.pop(gone, None)
+        rows = backend.starts_since(since)
+        for queue, low in since.items():
+            _, seen = self._last.get(queue, (low, set()))
+            fresh = sorted((r for r in rows.get(queue, ()) if r.start_us > low or
+                            (r.start_us == low and (r.epoch, r.ticket) not in seen)),
+                           key=lambda r: (r.start_us, r.ticket))  # fmt: skip
+            late = self._late.setdefault(queue, deque(maxlen=self._keep))
+            late.extend(max(0, r.start_us - r.slot_us) for r in fresh)
+            if fresh:
+                last = fresh[-1].start_us
+                at_last = {(r.epoch, r.ticket) for r in fresh if r.start_us == last}
+                seen = seen | at_last if last == low else at_last
+                low = last
+            self._last[queue] = (low, seen)
+
+    def of(self, queue: str) -> list[int]:
+        """The lateness of ``queue``'s recent starts, sorted."""
+        return sorted(self._late.get(queue, ()))
+
+
+def table(collector: StoreCollector, rates: QueueRates, pattern: str, recent: RecentLateness | None = None) -> Any:
     from rich.table import Table
 
     scrape = collector.scrape()
@@ -53,11 +102,15 @@ def table(collector: StoreCollector, rates: QueueRates, pattern: str) -> Any:
                           ("backlog", "right"), ("drain", "right"), ("late p50", "right"), ("late max", "right"),
                           ("parked", "right"), ("state", "left")):  # fmt: skip
         grid.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    recent = recent or RecentLateness()
+    if scrape.up:
+        rates.keep_only(st.queue for st in scrape.statuses)
+        with contextlib.suppress(SiqError):  # the lateness is left as it was; the rest is shown
+            recent.read(collector.backend, scrape.statuses)
     for st in scrape.statuses:
-        tally = collector.tally(st.queue)
         limit = 1e6 / st.state.interval_us
-        rate = rates.rate(st.queue, now, tally.starts) if tally else None
-        recent = sorted(tally.recent_lateness_us or ()) if tally else []
+        rate = rates.rate(st.queue, now, st.counts.starts)
+        late = recent.of(st.queue)
         state = "paused" if st.state.paused else ("held" if held_until(st) else "running")
         grid.add_row(
             st.queue,
@@ -66,8 +119,8 @@ def table(collector: StoreCollector, rates: QueueRates, pattern: str) -> Any:
             "-" if rate is None else f"{100 * rate / limit:.0f}%",
             str(st.state.backlog),
             f"{drain_seconds(st):.1f}s",
-            f"{recent[len(recent) // 2] / 1000:.1f}ms" if recent else "-",
-            f"{recent[-1] / 1000:.1f}ms" if recent else "-",
+            f"{late[len(late) // 2] / 1000:.1f}ms" if late else "-",
+            f"{late[-1] / 1000:.1f}ms" if late else "-",
             str(st.parked),
             f"[yellow]{state}[/]" if state != "running" else state,
         )
@@ -96,9 +149,12 @@ def run(backend: Backend, pattern: str = "*", refresh: float = 1.0, max_queues: 
     """Show the queues matching ``pattern`` until ``q`` or Ctrl-C."""
     from rich.live import Live
 
-    collector = StoreCollector(backend, (pattern,), max_queues, keep_recent=True)
-    rates = QueueRates()
-    with keys_without_echo() as fd, Live(table(collector, rates, pattern), auto_refresh=False, screen=True) as live:
+    collector = StoreCollector(backend, (pattern,), max_queues)
+    rates, recent = QueueRates(), RecentLateness()
+    with (
+        keys_without_echo() as fd,
+        Live(table(collector, rates, pattern, recent), auto_refresh=False, screen=True) as live,
+    ):
         try:
             while True:
                 deadline = time.monotonic() + refresh
@@ -107,6 +163,6 @@ def run(backend: Backend, pattern: str = "*", refresh: float = 1.0, max_queues: 
                         time.sleep(left)
                     elif select.select([fd], [], [], left)[0] and os.read(fd, 1) in (b"q", b"Q"):
                         return
-                live.update(table(collector, rates, pattern), refresh=True)
+                live.update(table(collector, rates, pattern, recent), refresh=True)
         except KeyboardInterrupt:
             return

@@ -18,7 +18,11 @@ class QueueState:
 
     ``anchor_us`` is the slot at which ticket ``current`` was due; ticket ``t > current``
     is due at ``anchor_us + (t - current) * interval_us``. ``last_start_us`` is the store
-    time of the last authorized start: no start is authorized before it plus the interval.
+    time of the last slot used: no start is authorized before it plus the interval (a start
+    of cost c counts as using its last slot c - 1 intervals after it began; a back-off moves
+    it on). ``started_us`` is when the last start was authorized (0: none yet), and
+    ``held_until_us`` when the last back-off ends: what people are shown, never part of a
+    decision.
     """
 
     epoch: str
@@ -28,6 +32,8 @@ class QueueState:
     anchor_us: int
     last_start_us: int
     paused: bool
+    started_us: int = 0
+    held_until_us: int = 0
 
     @property
     def backlog(self) -> int:
@@ -69,6 +75,21 @@ class IntervalSources:
 
 
 @dataclass(frozen=True)
+class StartCounts:
+    """What the store counted of a queue's authorized starts, in the same atomic step as
+    each start (:func:`siq_celery.model.start_counts`): counters that never go down while
+    the queue exists, whoever reads them and however often. ``lateness_buckets``: the
+    starts per lateness bucket (``model.LATENESS_BUCKETS_US``, then one past the last),
+    not cumulative."""
+
+    starts: int = 0
+    deferrals: int = 0
+    gaps_below_interval: int = 0
+    lateness_sum_us: int = 0
+    lateness_buckets: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Declared:
     """What a declaration did (see :meth:`Backend.declare`): the declared and effective
     intervals before and after, and the override it replaced (``replaced_override_us``
@@ -99,12 +120,21 @@ class QueueStatus:
     sources: IntervalSources = IntervalSources()  #: where the interval comes from
     duplicates_refused: int = 0  #: starts refused because the task id had finished
     reclaims: int = 0  #: starts answered RECLAIM (the ticket's epoch was gone)
+    counts: StartCounts = StartCounts()  #: the store's counters of authorized starts
 
     @property
     def next_start_us(self) -> int:
-        """Earliest store time at which the next ticket could start."""
+        """Earliest store time at which the next ticket could start (now, if it could
+        start at once)."""
         s = self.state
-        return max(s.anchor_us + s.interval_us, s.last_start_us + s.interval_us)
+        return max(s.anchor_us + s.interval_us, s.last_start_us + s.interval_us, self.now_us)
+
+    @property
+    def held_until_us(self) -> int:
+        """When the back-off holding the queue ends, or 0 if none holds it now. The slots a
+        weighted start takes are not a hold, nor is a pause."""
+        s = self.state
+        return s.held_until_us if not s.paused and s.held_until_us > self.now_us else 0
 
     def as_dict(self) -> dict[str, object]:
         s, src = self.state, self.sources
@@ -116,13 +146,15 @@ class QueueStatus:
             "backlog": s.backlog,
             "paused": s.paused,
             "epoch": s.epoch,
-            "last_start": s.last_start_us / US,
+            "last_start": s.started_us / US if s.started_us else None,
             "next_start": self.next_start_us / US,
+            "held_until": self.held_until_us / US if self.held_until_us else None,
             "now": self.now_us / US,
             "finished_recorded": self.finished,
             "parked": self.parked,
             "duplicates_refused": self.duplicates_refused,
             "reclaims": self.reclaims,
+            "starts_counted": self.counts.starts,
             "declared_s": src.declared_us / US if src.declared_us else None,
             "declared_by": src.declared_by or None,
             "override_s": src.override_us / US if src.override_us else None,
@@ -179,6 +211,7 @@ class Verdict(enum.Enum):
     PAUSED = "paused"  #: the queue is paused: ask again later
     RECLAIM = "reclaim"  #: the ticket is not of this state's life (epoch changed): claim anew
     DUPLICATE = "duplicate"  #: this task id already finished: do not run it again
+    LOST = "lost"  #: this task id's last starts never finished (their worker died): refuse it
 
 
 @dataclass(frozen=True)

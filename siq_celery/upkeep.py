@@ -7,7 +7,8 @@
 * renew the node's interval declarations when due (declarations.py).
 
 Nothing here is needed for correctness: any worker, or a producer, does the same work,
-and a missed round is done by the next.
+and a missed round is done by the next. While the store is unreachable a round stops at
+its first timeout, and the outage is logged once, with its reason, and once when it ends.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+from collections.abc import Hashable
 from typing import Any
 
 from .clock import CLOCK
 from .config import siq_state
 from .declarations import app_declarations
+from .errors import StoreUnavailableError
+from .logs import Outage, Throttle
 from .parking import release_due
 from .queue import IntervalQueue
 
@@ -33,37 +37,69 @@ class WorkerUpkeep(threading.Thread):
         super().__init__(name="siq-upkeep", daemon=True)
         self.app, self.every = app, every
         self._stop_event = threading.Event()
+        self._parked: list[IntervalQueue] = []
+        #: The store unreachable: one line when it goes, one when it is back (not one per round and queue).
+        self.outage = Outage("releasing parked tasks and renewing this worker's declarations")
+        self._failures = Throttle(60.0)
 
     def run(self) -> None:
-        state = siq_state(self.app)
-        parked: list[IntervalQueue] = []
         for round_ in itertools.count():
             if self._stop_event.wait(self.every):
                 return
-            try:  # this worker's clock against the store's: Celery reads ETAs by it (clock.py)
-                CLOCK.observe(state.backend.now_us())
-            except Exception as exc:  # the releases below say what is wrong with the store
-                logger.debug("siq_celery: could not read the store's clock: %s", exc)
-            declarations = state.node_declarations
-            if declarations is not None:
-                try:
-                    declarations.renew_if_due()
-                except Exception as exc:  # declarations expire on their own; the next round tries again
-                    logger.warning("siq_celery: renewing interval declarations failed: %s", exc)
-            if round_ % self.DISCOVER_EVERY == 0:
-                try:
-                    parked = [IntervalQueue(name, backend=state.backend) for name in state.backend.parked_queues()]
-                except Exception as exc:
-                    logger.debug("siq_celery: could not list queues with parked tasks: %s", exc)
-            fixed = app_declarations(self.app)
-            names = {q.name for q in fixed}
-            for queue in [*fixed, *(q for q in parked if q.name not in names)]:
-                try:
-                    count = release_due(self.app, queue, state.settings.horizon_us, state.settings.countdown_margin)
-                    if count:
-                        logger.info("siq_celery: released %d parked task(s) of %r", count, queue.name)
-                except Exception as exc:  # the next round tries again; nothing is lost
-                    logger.warning("siq_celery: releasing parked tasks of %r failed: %s", queue.name, exc)
+            self.run_round(round_)
+
+    def run_round(self, round_: int) -> None:
+        """One round; it stops at the first timeout of an unreachable store (a frozen one
+        would cost a timeout per queue), and the next round tries again."""
+        try:
+            self._round(round_)
+        except StoreUnavailableError as exc:
+            self.outage.failed(exc)
+        else:
+            self.outage.ok()
+
+    def _round(self, round_: int) -> None:
+        state = siq_state(self.app)
+        try:  # this worker's clock against the store's: Celery reads ETAs by it (clock.py)
+            CLOCK.observe(state.backend.now_us())
+        except StoreUnavailableError:
+            raise
+        except Exception as exc:  # the releases below say what is wrong with the store
+            logger.debug("siq_celery: could not read the store's clock: %s", exc)
+        declarations = state.node_declarations
+        if declarations is not None:
+            try:
+                declarations.renew_if_due()
+            except StoreUnavailableError:
+                raise
+            except Exception as exc:  # declarations expire on their own; the next round tries again
+                self._warn("renew", "siq_celery: renewing interval declarations failed: %s", exc)
+        if round_ % self.DISCOVER_EVERY == 0:
+            try:
+                self._parked = [IntervalQueue(name, backend=state.backend) for name in state.backend.parked_queues()]
+            except StoreUnavailableError:
+                raise
+            except Exception as exc:
+                self._warn("discover", "siq_celery: could not list the queues with parked tasks: %s", exc)
+        fixed = app_declarations(self.app)
+        names = {q.name for q in fixed}
+        for queue in [*fixed, *(q for q in self._parked if q.name not in names)]:
+            try:
+                count = release_due(self.app, queue, state.settings.horizon_us, state.settings.countdown_margin)
+            except StoreUnavailableError:
+                raise
+            except Exception as exc:  # the next round tries again; nothing is lost
+                self._warn(("release", queue.name), "siq_celery: releasing parked tasks of queue %r failed: %s",
+                           queue.name, exc)  # fmt: skip
+                continue
+            if count:
+                logger.info("siq_celery: released %d parked task(s) of %r", count, queue.name)
+
+    def _warn(self, key: Hashable, message: str, *args: Any) -> None:
+        """A failure other than an unreachable store: at most once a minute per kind."""
+        if (left_out := self._failures.due(key)) is not None:
+            more = f" ({left_out} more like it in the last minute)" if left_out else ""
+            logger.warning(message + more, *args)
 
     def stop(self) -> None:
         self._stop_event.set()

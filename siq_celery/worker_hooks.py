@@ -7,8 +7,14 @@
 * ``worker_ready`` with ``siq_metrics_port`` set: serve Prometheus metrics from the main
   process (metrics.py), read from the store like ``siq exporter``.
 * ``worker_shutdown``: stop the upkeep thread and the metrics server, and withdraw the
-  node's declarations.
-* ``task_postrun``: collect the garbage Celery's ``Ignore`` leaves after deferrals.
+  node's declarations; ``worker_process_shutdown``: a pool process withdraws the per-key
+  declarations it made.
+* ``task_postrun``: collect the garbage Celery's ``Ignore`` leaves after deferrals
+  (deferral_gc.py).
+
+It connects the signals; the jobs are in their modules (declarations.py, upkeep.py,
+metrics.py, broker_check.py for the warning about the broker's redelivery time,
+deferral_gc.py).
 
 It knows interval tasks by their ``siq_queue`` method, so it imports neither the task
 class nor parking.
@@ -16,14 +22,16 @@ class nor parking.
 
 from __future__ import annotations
 
-import gc
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from celery import signals
 
+from .broker_check import warn_if_broker_forgets_before_horizon
 from .config import siq_state
 from .declarations import NodeDeclarations, PerKeyDeclarations, app_declarations
+from .deferral_gc import DeferralCollector
 from .upkeep import WorkerUpkeep
 
 logger = logging.getLogger("siq_celery")
@@ -37,14 +45,26 @@ def has_interval_tasks(app: Any) -> bool:
     return any(is_interval_task(t) for t in list(app.tasks.values()))
 
 
-#: Whether this worker sends task events (``-E``, ``worker_send_task_events``), noted at
-#: worker start; prefork pool processes inherit it. (Events enabled later by remote
-#: control, as Flower can, reach only the main process: start workers with ``-E``.)
-WORKER_SENDS_TASK_EVENTS = [False]
+@dataclass
+class WorkerNotes:
+    """What this worker process notes about itself; prefork pool processes inherit it."""
+
+    #: Whether the worker sends task events (``-E``, ``worker_send_task_events``), noted at
+    #: worker start. (Events enabled later by remote control, as Flower can, reach only
+    #: the main process: start workers with ``-E``.)
+    sends_task_events: bool = False
+
+
+WORKER = WorkerNotes()
 
 
 def _note_task_events(sender: Any = None, **_: Any) -> None:
-    WORKER_SENDS_TASK_EVENTS[0] = bool(getattr(sender, "task_events", False))
+    WORKER.sends_task_events = bool(getattr(sender, "task_events", False))
+
+
+#: The per-key declarations of the apps this worker runs: its pool processes (forked after
+#: worker_init) withdraw theirs as they stop.
+PER_KEY_DECLARATIONS: list[PerKeyDeclarations] = []
 
 
 def _announce_declarations(sender: Any = None, **_: Any) -> None:
@@ -57,14 +77,25 @@ def _announce_declarations(sender: Any = None, **_: Any) -> None:
     declarations = NodeDeclarations(app, str(getattr(sender, "hostname", "") or ""))
     state.node_declarations = declarations
     state.per_key_declarations = PerKeyDeclarations(state.settings.declaration_ttl)
+    PER_KEY_DECLARATIONS.append(state.per_key_declarations)
     declarations.announce()
 
 
 def _withdraw_declarations(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    declarations = getattr(siq_state(app), "node_declarations", None) if app is not None else None
-    if declarations is not None:
-        declarations.withdraw()
+    if app is None:
+        return
+    state = siq_state(app)
+    if state.node_declarations is not None:
+        state.node_declarations.withdraw()
+    if state.per_key_declarations is not None:  # threads and solo pools use keys in this process
+        state.per_key_declarations.withdraw()
+
+
+def _withdraw_per_key_declarations(**_: Any) -> None:
+    """A pool process stops: the per-key declarations it made stop counting now."""
+    for per_key in PER_KEY_DECLARATIONS:
+        per_key.withdraw()
 
 
 def warm_interval_queues(app: Any) -> None:
@@ -100,7 +131,7 @@ def _start_upkeep(sender: Any = None, **_: Any) -> None:
     if app is None or not has_interval_tasks(app):
         return
     settings = siq_state(app).settings
-    _warn_if_broker_forgets_before_horizon(app, settings.horizon)
+    warn_if_broker_forgets_before_horizon(app, settings.horizon)
     upkeep = WorkerUpkeep(app, settings.release_every)
     upkeep.start()
     _UPKEEP.append(upkeep)
@@ -124,61 +155,37 @@ def _serve_metrics(sender: Any = None, **_: Any) -> None:
     port = state.settings.metrics_port
     if port is None:
         return
-    from .declarations import app_declarations
-    from .metrics import StoreCollector, serve
+    from .metrics import StoreCollector
+    from .metrics_http import serve
 
-    patterns = state.settings.metrics_queues or tuple(q.name for q in app_declarations(app))
+    patterns = metrics_patterns(app)
+    if not patterns:
+        logger.warning("siq_celery: the app's interval queues are named per key, so the metrics on port %s cover "
+                       "none: set siq_metrics_queues to their patterns, say ['shop:*']", port)  # fmt: skip
     try:
         _METRICS_SERVERS.append(serve(StoreCollector(state.backend, patterns), port))
     except OSError as exc:
         logger.error("siq_celery: cannot serve metrics on port %s: %s", port, exc)
         return
-    logger.info("siq_celery: metrics of %s on http://0.0.0.0:%s/metrics", ", ".join(patterns), port)
+    logger.info("siq_celery: metrics of %s on http://0.0.0.0:%s/metrics", ", ".join(patterns) or "no queue", port)
+
+
+def metrics_patterns(app: Any) -> tuple[str, ...]:
+    """The queues a worker's metrics cover: ``siq_metrics_queues``, else the fixed queues
+    its tasks declare. Per-key queues have no fixed names: none of them, unless
+    ``siq_metrics_queues`` names their pattern (never every queue of the store)."""
+    return siq_state(app).settings.metrics_queues or tuple(q.name for q in app_declarations(app))
 
 
 def _stop_metrics(**_: Any) -> None:
     while _METRICS_SERVERS:
-        _METRICS_SERVERS.pop().shutdown()
+        server = _METRICS_SERVERS.pop()
+        server.shutdown()
+        server.server_close()  # the port, too
 
 
-#: RabbitMQ's default consumer_timeout (30 min): a delivery unacknowledged longer closes the channel.
-RABBITMQ_CONSUMER_TIMEOUT_S = 1800.0
-REDIS_VISIBILITY_TIMEOUT_S = 3600.0  # kombu's default for the Redis (and SQS) transports
-
-
-def _warn_if_broker_forgets_before_horizon(app: Any, horizon: float) -> None:
-    transport = str(app.conf.broker_url or "").split("://")[0].split("+")[0]
-    options = app.conf.broker_transport_options or {}
-    if transport in ("redis", "rediss", "sqs", "sentinel"):
-        limit, name = float(options.get("visibility_timeout", REDIS_VISIBILITY_TIMEOUT_S)), "visibility_timeout"
-    elif transport in ("amqp", "amqps", "pyamqp"):
-        limit, name = RABBITMQ_CONSUMER_TIMEOUT_S, "RabbitMQ's default consumer_timeout"
-    else:
-        return
-    if horizon >= limit * 0.9:
-        logger.warning(
-            "siq_celery: siq_horizon (%.0fs) is not well below the broker's %s (%.0fs): a task waiting by "
-            "countdown that long may be redelivered or its channel closed; lower siq_horizon",
-            horizon, name, limit,
-        )  # fmt: skip
-
-
-#: Full garbage collections in a worker process: one per this many deferrals.
-COLLECT_EVERY_DEFERRALS = 20
-_deferrals_since_collect = [0]
-
-
-def _collect_after_deferrals(sender: Any = None, state: str | None = None, **_: Any) -> None:
-    """Celery ends an ignored task with an ExceptionInfo whose copied traceback (billiard
-    keeps every frame's code positions, some 200 KB) is cyclic garbage that Python's
-    oldest generation rarely collects: measured, 5,000 deferrals grew each pool process by
-    100 MB. A collection every 20 deferrals keeps it within a few MB."""
-    if state != "IGNORED" or not is_interval_task(sender):
-        return
-    _deferrals_since_collect[0] += 1
-    if _deferrals_since_collect[0] >= COLLECT_EVERY_DEFERRALS:
-        _deferrals_since_collect[0] = 0
-        gc.collect()
+#: The garbage collection after deferrals (deferral_gc.py), one per process.
+_collect_after_deferrals = DeferralCollector()
 
 
 signals.worker_init.connect(_note_task_events, weak=False)
@@ -194,3 +201,4 @@ signals.worker_shutting_down.connect(_stop_upkeep, weak=False)
 signals.worker_shutdown.connect(_stop_upkeep, weak=False)
 signals.worker_shutdown.connect(_stop_metrics, weak=False)
 signals.worker_shutdown.connect(_withdraw_declarations, weak=False)
+signals.worker_process_shutdown.connect(_withdraw_per_key_declarations, weak=False)

@@ -40,6 +40,10 @@ from siq_celery.keys import QueueKeys
         ("300/m", 200_000),
         ("1000/h", 3_600_000),
         ("1/d", 86_400_000_000),
+        ("1d", 86_400_000_000),
+        ("0.5d", 43_200_000_000),
+        ("2/100ms", 50_000),
+        ("10/2s", 200_000),
     ],
 )
 def test_intervals_and_rates_parse_to_microseconds(text: object, us: int) -> None:
@@ -163,3 +167,31 @@ def test_every_interval_the_docs_and_the_parse_error_suggest_is_accepted() -> No
         assert parse_interval(form) >= 1000, form
     with pytest.raises(InvalidIntervalError, match="1 ms"):
         parse_interval("250us")
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("-5s", "must be positive"),
+        (-2, "must be positive"),
+        ("0ms", "must be positive"),
+        ("1/0s", "the period must be positive"),
+        ("0/s", "count must be positive"),
+        ("2d", "longer than the maximum of one day"),
+        ("0.5ms", "below the minimum of 1 ms"),
+    ],
+)
+def test_each_refused_interval_says_why(bad: object, message: str) -> None:
+    with pytest.raises(InvalidIntervalError, match=message):
+        parse_interval(bad)  # type: ignore[arg-type]
+
+
+def test_a_back_off_that_cannot_be_read_suggests_durations_not_rates() -> None:
+    from siq_celery.intervals import parse_duration
+
+    with pytest.raises(InvalidIntervalError) as refused:
+        parse_duration("fast")
+    assert "/" not in str(refused.value) and "'30s'" in str(refused.value)
+    with pytest.raises(InvalidIntervalError, match="negative"):
+        parse_duration("-1s")
+    assert parse_duration("1d") == 86_400_000_000

@@ -109,3 +109,127 @@ def test_backoff_holds_the_queue_and_refuses_bad_durations(url: str) -> None:
         assert code in (1, 2) and "Error" in out  # 2: click reads "-1s" as an option
     code, out = run(url, "backoff", "nosuch", "1s")
     assert code == 1 and "no state" in out
+
+
+def test_celery_siq_never_prints_the_brokers_password() -> None:
+    from types import SimpleNamespace
+
+    from celery import Celery
+
+    from siq_celery.celery_cli import siq as celery_siq
+
+    app = Celery("pw", broker="amqp://alice:s3cretpw@127.0.0.1:5672//", set_as_current=False)
+    result = CliRunner().invoke(celery_siq, ["status"], obj=SimpleNamespace(app=app))
+    assert result.exit_code == 1 and "is not Redis" in result.output, result.output
+    assert "s3cretpw" not in result.output and "alice:***@" in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "amqp://alice:s3cretpw@127.0.0.1:5672//",
+        "redis://:s3cretpw@h:6379/0",
+        "rediss://bob:s3cretpw:x@h:6380/1",
+        "redis+sentinel://u:s3cretpw@h1:26379,h2:26379/mymaster?sentinel_password=s3cretpw",
+        "redis://h:6379/0?password=s3cretpw&socket_timeout=2",
+        "failed: 'redis://u:s3cretpw@h/0' and amqp://a:s3cretpw@b//",
+    ],
+)
+def test_every_url_in_a_message_loses_its_password(text: str) -> None:
+    from siq_celery.errors import redacted
+
+    assert "s3cretpw" not in redacted(text) and "***" in redacted(text)
+    assert redacted("redis://h:6379/0 is down") == "redis://h:6379/0 is down"
+
+
+def test_a_database_the_server_lacks_is_a_one_line_configuration_error(redis_server: object) -> None:
+    from siq_celery import ConfigurationError
+
+    url = f"redis://127.0.0.1:{redis_server.port}/99"  # type: ignore[attr-defined]
+    code, out = run(url, "status")
+    assert code == 1 and out.count("\n") == 1 and "no database" in out and "Traceback" not in out, out
+    with pytest.raises(ConfigurationError, match="no database"):
+        IntervalQueue("q", url=url, interval="1s").ensure()
+
+
+def test_a_wrong_password_says_authentication_failed_and_not_the_password(redis_url: str) -> None:
+    import redis
+
+    from siq_celery import StoreUnavailableError
+
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "siqpw", "reset", "on", ">right-one", "~*", "+@all")
+    try:
+        url = redis_url.replace("redis://", "redis://siqpw:wr0ngpw@")
+        code, out = run(url, "status")
+        assert code == 1 and "authentication failed" in out and "cannot reach" not in out, out
+        assert "wr0ngpw" not in out and out.count("\n") == 1
+        with pytest.raises(StoreUnavailableError, match="authentication failed"):
+            IntervalQueue("q", url=url, interval="1s").ensure()
+    finally:
+        admin.execute_command("ACL", "DELUSER", "siqpw")
+        admin.close()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["status", "--bogus"], ["nosuch"], ["set-interval"], ["--bogus", "status"], ["backoff", "q"]],
+)
+def test_usage_errors_are_one_line_on_stderr(args: list[str], tmp_path: object) -> None:
+    result = CliRunner().invoke(siq, ["--url", f"sqlite:///{tmp_path}/siq.db", *args])
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "--help" in result.stderr
+
+
+def test_celery_siq_usage_errors_are_one_line_too() -> None:
+    from types import SimpleNamespace
+
+    from celery import Celery
+
+    from siq_celery.celery_cli import siq as celery_siq
+
+    app = Celery("usage", broker="memory://", set_as_current=False)
+    app.conf.siq_url = "memory://"
+    for args in (["nosuch"], ["set-interval"], ["status", "--bogus"]):
+        result = CliRunner().invoke(celery_siq, args, obj=SimpleNamespace(app=app))
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+        assert result.stderr.startswith("Error: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["set-interval", "geo", "-5s"], "must be positive"),
+        (["set-interval", "geo", "1/0s"], "period must be positive"),
+        (["backoff", "geo", "-1s"], "negative"),
+        (["backoff", "geo", "fast"], "'30s'"),
+    ],
+)
+def test_negative_and_zero_values_get_the_values_own_error(url: str, args: list[str], message: str) -> None:
+    IntervalQueue("geo", url=url, interval="200ms").ensure()
+    code, out = run(url, *args)
+    assert code != 0 and message in out and "No such option" not in out, out
+    assert "/s" not in out or args[0] != "backoff", out  # a back-off is a duration, never a rate
+
+
+def test_status_shows_the_real_last_start_now_for_a_free_slot_and_utc(url: str) -> None:
+    from siq_celery.ledger import StartRecord
+
+    q = IntervalQueue("w", url=url, interval="10ms")
+    q.ensure()
+    code, out = run(url, "status", "w")
+    row = out.strip().splitlines()[1]
+    assert code == 0 and row.split()[9] == "-", out  # never started
+    time.sleep(0.02)
+    assert q.start(q.claim_costs([10])[0], cost=10, record=StartRecord("search", "t1", "h", 1)).authorized
+    started = next(iter(q.ledger())).start_us / 1e6
+    shown = json.loads(run(url, "status", "w", "--json")[1])[0]
+    assert shown["last_start"] == started and shown["held_until"] is None
+    code, out = run(url, "status", "w")
+    stamp = time.strftime("%H:%M:%S", time.gmtime(started)) + f".{int(started * 1000) % 1000:03d} UTC"
+    assert stamp in out.strip().splitlines()[1], (stamp, out)
+    time.sleep(0.12)  # past the 10 slots: the queue is free
+    code, out = run(url, "status", "w")
+    assert out.strip().splitlines()[1].rstrip().endswith(" now"), out
+    assert "UTC" in out, out

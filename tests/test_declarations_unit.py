@@ -5,16 +5,25 @@ say so, and the log line a changed declaration writes."""
 from __future__ import annotations
 
 import logging
+import os
+import sqlite3
+import threading
+import time
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, signals
 
-from siq_celery import ConfigurationError, IntervalTask
+from siq_celery import ConfigurationError, IntervalTask, worker_hooks
+from siq_celery.backends import backend_from_url
+from siq_celery.backends.sqlite import SqliteBackend
 from siq_celery.config import siq_state
 from siq_celery.declarations import NodeDeclarations, PerKeyDeclarations, app_declarations, describe, sync_app
+from siq_celery.errors import StoreUnavailableError
 from siq_celery.queue import IntervalQueue
+from siq_celery.testing import PinnedClock
 from siq_celery.types import Declared
+from siq_celery.upkeep import WorkerUpkeep
 
 
 def make_app(tmp_path: Any, **conf: Any) -> Celery:
@@ -137,3 +146,209 @@ def test_a_producer_with_another_declaration_says_so_once_and_writes_nothing(
     assert caplog.text.count("queue 'api' runs at 100ms") == 1 and "this process declares 5ms" in caplog.text
     status = backend.status("api")
     assert status is not None and status.state.interval_us == 100_000 and status.sources.declared_us == 100_000
+
+
+def test_release_every_must_be_well_below_a_third_of_the_declaration_ttl(tmp_path: Any) -> None:
+    """Renewals run on the upkeep rounds: with release_every=60 and the default TTL of 30 s,
+    live declarations would lapse between renewals and the effective interval flip."""
+    with pytest.raises(
+        ConfigurationError,
+        match=r"siq_release_every = 60 is not well below siq_declaration_ttl / 3 "
+        r"\(10s\).* at most 5 \(siq_declaration_ttl / 6\), or siq_declaration_ttl to at least 360",
+    ):
+        siq_state(make_app(tmp_path, siq_release_every=60)).settings  # noqa: B018
+    assert siq_state(make_app(tmp_path, siq_release_every=5)).settings.release_every == 5
+    assert siq_state(make_app(tmp_path, siq_release_every=0.5, siq_declaration_ttl=3)).settings.release_every == 0.5
+
+
+def api_app(tmp_path: Any, *queues: str, **conf: Any) -> Celery:
+    app = make_app(tmp_path, **conf)
+    for name in queues or ("api",):
+
+        @app.task(base=IntervalTask, shared=False, name=f"t.{name}", interval="100ms", interval_queue=name)
+        def task() -> None: ...
+
+    return app
+
+
+def test_an_announcement_the_store_refused_is_made_promptly_once_it_is_back(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = api_app(tmp_path)
+    backend = siq_state(app).backend
+    IntervalQueue("api", backend=backend, interval="5ms").declare(origin="old code")
+    down, real = [True], backend.declare
+
+    def flaky(*args: Any, **kwargs: Any) -> Declared:
+        if down[0]:
+            raise StoreUnavailableError("queue 'api': cannot reach the state store (test)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backend, "declare", flaky)
+    node = NodeDeclarations(app, "w1@host")
+    node.announce()  # worker_init, the store unreachable
+    time.sleep(0.5)
+    down[0] = False
+    back, deadline = time.monotonic(), time.monotonic() + 3.0
+    while backend.status("api").state.interval_us != 100_000 and time.monotonic() < deadline:  # type: ignore[union-attr]
+        time.sleep(0.01)
+    took = time.monotonic() - back
+    node.withdraw()
+    print(f"announced {took:.3f}s after the store came back")
+    assert took < 1.0, f"the announcement waited {took:.1f}s after the store came back"
+
+
+def test_interval_tasks_wait_for_a_delayed_announcement(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = api_app(tmp_path)
+    backend = siq_state(app).backend
+    down, real = [True], backend.declare
+
+    def flaky(*args: Any, **kwargs: Any) -> Declared:
+        if down[0]:
+            raise StoreUnavailableError("cannot reach the state store (test)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backend, "declare", flaky)
+    node = NodeDeclarations(app, "w1@host")
+    assert node.announce() is False and not node.announced
+    waiter = threading.Thread(target=node.wait_announced)  # what the gate does before a start
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()
+    down[0] = False
+    waiter.join(2.0)
+    assert not waiter.is_alive() and node.announced
+    node.withdraw()
+    fresh = NodeDeclarations(app, "w2@host")
+    assert fresh.announce() is True and fresh.announced  # a reachable store: nothing waits
+    fresh.withdraw()
+
+
+def test_withdrawing_stops_at_the_first_timeout_of_an_unreachable_store(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = api_app(tmp_path, "a1", "a2", "a3")
+    node = NodeDeclarations(app, "w1@host")
+    node.announce()
+    calls: list[str] = []
+
+    def frozen(queue: str, *args: Any, **kwargs: Any) -> Declared:
+        calls.append(queue)
+        raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: Timeout reading")
+
+    monkeypatch.setattr(siq_state(app).backend, "declare", frozen)
+    node.withdraw()  # worker_shutdown: a frozen store costs one timeout, not one per queue
+    assert calls == ["a1"]
+
+
+def test_the_upkeep_logs_an_outage_once_and_its_end_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = api_app(tmp_path, "down")
+    state = siq_state(app)
+    backend = state.backend
+    assert isinstance(backend, SqliteBackend)
+    down, real = [True], backend._connection
+
+    def connection() -> sqlite3.Connection:
+        if down[0]:
+            raise sqlite3.OperationalError("unable to open database file")
+        return real()
+
+    monkeypatch.setattr(backend, "_connection", connection)
+    state.node_declarations = NodeDeclarations(app, "w1@host")
+    upkeep = WorkerUpkeep(app, 0.05)
+    with caplog.at_level(logging.INFO, "siq_celery"):
+        upkeep.start()
+        time.sleep(0.6)  # about 12 rounds with nothing parked
+        outage = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        down[0] = False
+        time.sleep(0.3)
+        upkeep.stop()
+        upkeep.join(2)
+    after = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING][len(outage) :]
+    print("\n".join(["during:", *outage, "after:", *after]))
+    assert len(outage) == 1 and "the state store is unreachable" in outage[0] and "unable to open" in outage[0]
+    assert "''s" not in caplog.text
+    assert sum("the state store is reachable again after" in line for line in after) == 1
+
+
+def test_a_per_key_declaration_that_fails_is_a_warning_at_most_once_a_minute(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = siq_state(make_app(tmp_path)).backend
+
+    def down(queue: str, *args: Any, **kwargs: Any) -> Declared:
+        raise StoreUnavailableError(f"queue {queue!r}: cannot reach the state store")
+
+    monkeypatch.setattr(backend, "declare", down)
+    per_key = PerKeyDeclarations(ttl=30.0)
+    with caplog.at_level(logging.DEBUG, "siq_celery"):
+        for n in range(3):
+            per_key.on_use(IntervalQueue(f"shop:{n}", backend=backend, interval="1s"), "w1@host")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "could not declare the interval of per-key queue 'shop:0'" in warnings[0]
+
+
+def test_a_deploy_that_changes_a_per_key_interval_logs_once_not_once_per_key(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = siq_state(make_app(tmp_path)).backend
+    for n in range(3):
+        IntervalQueue(f"shop:{n}", backend=backend, interval="500ms").declare(origin="old code")
+    per_key = PerKeyDeclarations(ttl=30.0)
+    with caplog.at_level(logging.INFO, "siq_celery"):
+        for n in range(3):
+            per_key.on_use(IntervalQueue(f"shop:{n}", backend=backend, interval="1s"), "w1@host")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    print("\n".join(warnings))
+    assert len(warnings) == 1 and "queue 'shop:0': declared interval 500ms -> 1s by w1@host" in warnings[0]
+    assert all(backend.status(f"shop:{n}").state.interval_us == 1_000_000 for n in range(3))  # type: ignore[union-attr]
+
+
+class Worker:
+    """What siq_celery's worker signals read of Celery's WorkController."""
+
+    def __init__(self, app: Celery, hostname: str) -> None:
+        self.app, self.hostname = app, hostname
+
+
+def test_a_pool_process_that_stops_withdraws_its_per_key_declarations(tmp_path: Any) -> None:
+    app = api_app(tmp_path)
+    worker = Worker(app, "w1@host")
+    signals.worker_init.send(sender=worker)  # announces; the pool processes fork after it
+    state = siq_state(app)
+    try:
+        assert state.per_key_declarations is not None
+        for n in range(2):
+            state.per_key_declarations.on_use(
+                IntervalQueue(f"shop:{n}", backend=state.backend, interval="1s"), "w1@host"
+            )
+        assert [n.node for n in state.backend.status("shop:0").sources.nodes] == ["w1@host"]  # type: ignore[union-attr]
+        signals.worker_process_shutdown.send(sender="w1@host", pid=os.getpid(), exitcode=0)
+        assert state.backend.status("shop:0").sources.nodes == ()  # type: ignore[union-attr]
+        assert state.backend.status("shop:1").sources.nodes == ()  # type: ignore[union-attr]
+    finally:
+        signals.worker_shutdown.send(sender=worker)
+        worker_hooks.PER_KEY_DECLARATIONS.clear()
+
+
+def test_a_renewal_says_when_the_effective_interval_followed_an_expiry(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = api_app(tmp_path)  # 'api' at 100 ms
+    clock = PinnedClock()
+    state = siq_state(app)
+    state._backend = backend_from_url(f"sqlite:///{tmp_path}/s.db", clock=clock)
+    IntervalQueue("api", backend=state.backend, interval="300ms").declare(node="old@host", ttl=30)  # then killed
+    now = [1000.0]
+    monkeypatch.setattr("siq_celery.declarations.time.monotonic", lambda: now[0])
+    node = NodeDeclarations(app, "w1@host")
+    node.announce()
+    clock.advance(30.0)
+    assert state.backend.status("api").state.interval_us == 100_000  # type: ignore[union-attr]
+    now[0] += 10.0
+    with caplog.at_level(logging.WARNING, "siq_celery"):
+        node.renew_if_due()
+    assert "queue 'api': effective 300ms -> 100ms (a worker's declaration expired" in caplog.text
+    node.withdraw()

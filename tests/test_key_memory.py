@@ -12,12 +12,34 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The per-key path of a publish and a worker, minus the store round trips: the task's
 # queue for the call's key (SiqState), the store client's idle expiry of it (Backend), the
-# release throttle's note of it (parking). Each used to keep every key for ever.
+# release throttle's note of it (parking), the pool process's renewals of its declaration
+# (PerKeyDeclarations); and what watches the keys come and go: the exporter's errors per
+# queue (StoreCollector, whose store here lists one key at a time, its state unreadable)
+# and siq top's readings for the rate and the lateness (QueueRates, RecentLateness). Each
+# used to keep every key for ever.
 SCRIPT = textwrap.dedent("""
-    import gc, sys
+    import gc, logging, sys
     from celery import Celery
     from siq_celery import IntervalTask
+    from siq_celery.declarations import PerKeyDeclarations
+    from siq_celery.errors import CorruptStateError
+    from siq_celery.metrics import StoreCollector
     from siq_celery.parking import _RELEASE_THROTTLE
+    from siq_celery.queue import IntervalQueue
+    from siq_celery.top import QueueRates, RecentLateness
+    from siq_celery.types import Declared, IntervalSources, QueueState, QueueStatus
+
+    IntervalQueue.declare = lambda self, **_: Declared(True, 0, 0, 0, 0)  # the store's side is not measured
+    logging.disable(logging.WARNING)  # the exporter's line per unreadable queue
+
+    class Store:  # lists the one key of the moment, whose state cannot be read
+        name = ""
+        def queues(self, pattern):
+            return [self.name]
+        def statuses(self, names):
+            return [CorruptStateError(n, "", "interval_us", "fast") for n in names]
+        def starts_since(self, since):
+            return {}
 
     app = Celery("keys", set_as_current=False)
     app.conf.update(siq_url="memory://key-memory")
@@ -31,11 +53,20 @@ SCRIPT = textwrap.dedent("""
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
 
+    declarations, store, rates, recent = PerKeyDeclarations(30.0), Store(), QueueRates(), RecentLateness()
+    collector = StoreCollector(store, ("shop:*",))
     marks = {}
     for n in range(100_000):
         queue = call.siq_queue([], {"shop": n})
         queue.backend.idle_expiry_us(queue.name)
         _RELEASE_THROTTLE.due(queue.name)
+        declarations.on_use(queue, "node@host")
+        store.name = queue.name
+        collector.scrape()
+        shown = [QueueStatus(queue.name, QueueState("e", 100_000, 0, 0, 0, 0, False), n, 0, 0, IntervalSources())]
+        rates.rate(queue.name, n, 0)
+        rates.keep_only([queue.name])
+        recent.read(store, shown)
         if n + 1 in (1_000, 100_000):
             gc.collect()
             marks[n + 1] = rss_kib()

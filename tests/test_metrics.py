@@ -1,14 +1,28 @@
-"""The exporter's readings without a server: the ledger tally (incremental, each start
-counted once however the reads overlap), the derived gauges, and the README's table."""
+"""The exporter's readings without a server: the counters the store keeps (the same for
+every exporter, a restart and a trimmed ledger), the derived gauges, and the README's
+table."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import types
+import urllib.request
 from pathlib import Path
+from typing import NoReturn
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from siq_celery.backends import backend_from_url
-from siq_celery.ledger import LedgerRow
-from siq_celery.metrics import LATENESS_BUCKETS, LedgerTally, StoreCollector, drain_seconds, held_until, text
+from siq_celery.ledger import LedgerRow, StartRecord
+from siq_celery.metrics import LATENESS_BUCKETS, StoreCollector
+from siq_celery.metrics_http import text
+from siq_celery.model import start_counts
+from siq_celery.readings import drain_seconds, held_until
+from siq_celery.testing import PinnedClock
+from siq_celery.top import RecentLateness
 from siq_celery.types import IntervalSources, QueueState, QueueStatus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,37 +34,79 @@ def row(ticket: int, start_us: int, slot_us: int | None = None, epoch: str = "e1
                      deferrals=deferrals)  # fmt: skip
 
 
-def test_overlapping_reads_count_each_start_once() -> None:
-    tally = LedgerTally()
+def test_top_reads_each_recent_start_once_however_the_reads_overlap() -> None:
     rows = [row(1, 1_000_000), row(2, 1_100_000, 1_099_000), row(3, 1_100_000, 1_100_000), row(4, 1_250_000)]
-    tally.add(rows[:3])
-    assert tally.starts == 3 and tally.last_start_us == 1_100_000
-    tally.add(rows[1:])  # the next read starts again at the last start's time, in any order
-    tally.add(rows[3:][::-1] + rows[2:3])
-    assert tally.starts == 4
-    assert tally.gaps_below_interval == 1  # ticket 3 started with ticket 2: a gap of 0
-    assert tally.lateness_sum == 0.001
-    assert sum(tally.lateness_buckets) == 4 and tally.lateness_buckets[LATENESS_BUCKETS.index(0.001)] == 1
+    reads = iter([rows[:3], rows[1:], rows[3:][::-1] + rows[2:3]])
+
+    class Ledger:
+        def starts_since(self, since: dict[str, int]) -> dict[str, list[LedgerRow]]:
+            if not since:
+                return {}
+            assert since["q"] in (900_000, 1_100_000, 1_250_000)  # from when top first saw it, then the last start
+            return {"q": [r for r in next(reads) if r.start_us >= since["q"]]}
+
+    recent = RecentLateness()
+    seen = status(900_000, last=0, anchor=0)
+    for _ in range(3):
+        recent.read(Ledger(), [seen])  # type: ignore[arg-type]
+    assert recent.of("q") == [0, 0, 0, 1000]
+    recent.read(Ledger(), [])  # type: ignore[arg-type]
+    assert recent.of("q") == []  # a queue no longer shown is forgotten
 
 
-def test_deferrals_add_up_and_late_starts_land_in_their_bucket() -> None:
-    tally = LedgerTally()
-    tally.add([row(1, 10_000_000, 9_990_000, deferrals=2), row(2, 30_000_000, 10_000_000, deferrals=1)])
-    assert tally.deferrals == 3 and tally.gaps_below_interval == 0
-    assert tally.lateness_buckets[LATENESS_BUCKETS.index(0.01)] == 1
-    assert tally.lateness_buckets[-1] == 1  # 20 s late: past the last bucket
+def test_a_start_adds_one_to_its_lateness_bucket_and_a_gap_only_below_the_interval() -> None:
+    assert start_counts(None, 10 * I, 10 * I, I) == {"starts": 1, "late_us": 0, "late:0": 1}
+    late = start_counts(9 * I, 10 * I + 3_000, 10 * I, I, deferrals=2)
+    assert late == {"starts": 1, "late_us": 3_000, f"late:{LATENESS_BUCKETS.index(0.005)}": 1, "deferrals": 2}
+    assert start_counts(10 * I, 10 * I + 20_000_000, 10 * I, I)[f"late:{len(LATENESS_BUCKETS)}"] == 1  # past the last
+    assert start_counts(10 * I - I + 1000, 10 * I, 10 * I, I).get("gaps") is None  # 1 ms short: tolerated
+    assert start_counts(10 * I - I + 1001, 10 * I, 10 * I, I)["gaps"] == 1
 
 
-def status(now: int, *, last: int, anchor: int, ticket: int = 0, current: int = 0, paused: bool = False) -> QueueStatus:
-    return QueueStatus("q", QueueState("e1", I, ticket, current, anchor, last, paused), now, 0, 0, IntervalSources())
+def test_every_exporter_reads_the_same_counters_and_a_trimmed_ledger_lowers_nothing() -> None:
+    """Counters the store keeps: a second exporter, or one restarted, reads what the first
+    reads, none of them reads a ledger, and the ledger's cap (here 2 starts) lowers nothing."""
+    clock = PinnedClock()
+    backend = backend_from_url("memory://counted-by-the-store", clock=clock, ledger_max=2)
+    first = StoreCollector(backend)
+    backend.ensure("api", I, "e1")
+    claim = backend.claim("api", 5, I, "e1")
+    for n in range(5):
+        clock.advance(us=I)
+        backend.start("api", claim.first + n, "e1", task_id=f"t{n}", interval_us=I, new_epoch="e1",
+                      record=StartRecord("call", deferrals=1))  # fmt: skip
+        first.scrape()
+    assert len(list(backend.ledger("api"))) == 2
+
+    def no_ledger(*_: object, **__: object) -> NoReturn:
+        raise AssertionError("the exporter read a ledger")
+
+    backend.ledger = backend.starts_since = no_ledger  # type: ignore[method-assign,assignment]
+    restarted = StoreCollector(backend)
+    for collector in (first, restarted):
+        samples = {s.name: s.value for family in text_string_to_metric_families(text(collector))
+                   for s in family.samples if s.labels == {"queue": "api"}}  # fmt: skip
+        print({name: value for name, value in samples.items() if "total" in name or "count" in name})
+        assert samples["siq_starts_total"] == 5 and samples["siq_deferrals_total"] == 5
+        assert samples["siq_start_lateness_seconds_count"] == 5
 
 
-def test_a_hold_is_a_next_slot_further_than_one_interval() -> None:
+def status(
+    now: int, *, last: int, anchor: int, ticket: int = 0, current: int = 0, paused: bool = False, held: int = 0
+) -> QueueStatus:
+    state = QueueState("e1", I, ticket, current, anchor, last, paused, held_until_us=held)
+    return QueueStatus("q", state, now, 0, 0, IntervalSources())
+
+
+def test_a_hold_is_a_back_off_not_a_weighted_starts_slots() -> None:
     running = status(10 * I, last=10 * I - 10, anchor=9 * I)
     assert held_until(running) == 0
-    backed_off = status(10 * I, last=10 * I + 30 * I, anchor=9 * I)  # a back-off moves the last start ahead
+    backed_off = status(10 * I, last=10 * I + 30 * I, anchor=9 * I, held=41 * I)  # a back-off moves the last start
     assert held_until(backed_off) == 41 * I
-    assert held_until(status(10 * I, last=40 * I, anchor=0, paused=True)) == 0
+    weighted = status(10 * I, last=10 * I + 9 * I, anchor=19 * I)  # a start of cost 10 just now
+    assert held_until(weighted) == 0
+    assert held_until(status(10 * I, last=40 * I, anchor=0, paused=True, held=41 * I)) == 0
+    assert held_until(status(42 * I, last=40 * I, anchor=0, held=41 * I)) == 0  # over
 
 
 def test_drain_time_is_the_wait_for_the_first_and_an_interval_for_each_other() -> None:
@@ -81,10 +137,93 @@ def test_a_queue_that_expires_drops_out_and_once_prints_one_scrape() -> None:
     assert [st.queue for st in collector.scrape().statuses] == ["shop:1", "shop:2"]
     backend.delete("shop:1")  # as an idle per-key queue's state expires
     assert [st.queue for st in collector.scrape().statuses] == ["shop:2"]
-    assert collector.tally("shop:1") is None and 'queue="shop:1"' not in text(collector)
+    assert 'queue="shop:1"' not in text(collector)
 
     result = CliRunner().invoke(siq, ["--url", "memory://expiring-metrics", "exporter", "--once", "api"])
     assert result.exit_code == 0, result.output
     assert 'siq_queue_interval_seconds{queue="api"} 0.1' in result.output and "shop:2" not in result.output
     bad = CliRunner().invoke(siq, ["--url", "memory://expiring-metrics", "exporter", "--max-queues", "0"])
     assert bad.exit_code == 2 and "--max-queues" in bad.output
+
+
+def test_a_weighted_start_is_not_a_hold_and_a_back_off_is() -> None:
+    from siq_celery import IntervalQueue
+    from siq_celery.backends.memory import MemoryBackend
+
+    now = [1_700_000_000_000_000]
+    q = IntervalQueue("search", interval="100ms", backend=MemoryBackend(clock=lambda: now[0]))
+    q.ensure()
+    now[0] += I
+    assert q.start(q.claim_costs([10])[0], cost=10).authorized  # the next start waits 10 intervals
+    assert held_until(q.status()) == 0
+    q.backoff(30)
+    assert held_until(q.status()) == now[0] + 30_000_000
+
+
+@pytest.mark.parametrize(("command", "module"), [("exporter", "prometheus_client"), ("top", "rich")])
+def test_a_missing_metrics_extra_is_one_line_that_says_what_to_install(command: str, module: str) -> None:
+    hide = f"import sys; sys.modules[{module!r}] = None; from siq_celery.cli import main; main()"
+    args = ["--url", "memory://no-extra", command, *(["--once"] if command == "exporter" else [])]
+    result = subprocess.run([sys.executable, "-c", hide, *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    print(result.stderr)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"Error: siq {command} needs {module}")
+    assert "pip install 'siq_celery[metrics]'" in result.stderr
+
+
+def test_a_worker_of_per_key_tasks_exports_only_its_own_queues() -> None:
+    """``siq_metrics_port`` on an app whose interval tasks are all per key: its queues have
+    no fixed names, so without ``siq_metrics_queues`` it exports none, never every queue of
+    the store (another app's, here ``billing``); with it, the keys it names."""
+    from celery import Celery
+
+    from siq_celery import IntervalTask
+    from siq_celery.embedded import free_port
+    from siq_celery.worker_hooks import _serve_metrics, _stop_metrics
+
+    backend = backend_from_url("memory://per-key-metrics")
+    for name in ("billing", "shop:1"):
+        backend.ensure(name, I, "e1")
+    served: dict[str, str] = {}
+    for patterns in (None, ["shop:*"]):
+        app = Celery("per-key-metrics", set_as_current=False)
+        app.conf.update(siq_url="memory://per-key-metrics", siq_metrics_port=free_port(), siq_metrics_queues=patterns)
+
+        @app.task(base=IntervalTask, interval="100ms", shared=False,
+                  interval_queue=lambda args, kwargs: f"shop:{kwargs['shop']}")  # fmt: skip
+        def call(shop: str) -> None: ...
+
+        _serve_metrics(sender=types.SimpleNamespace(app=app))
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{app.conf.siq_metrics_port}/metrics", timeout=10) as r:
+                served[str(patterns)] = r.read().decode()
+        finally:
+            _stop_metrics()
+    exported = {k: sorted(set(re.findall(r'queue="([^"]+)"', body))) for k, body in served.items()}
+    print(exported)
+    assert exported == {"None": [], "['shop:*']": ["shop:1"]}
+
+
+def test_queues_no_longer_seen_are_forgotten_by_the_exporter_and_top(tmp_path: Path) -> None:
+    """A long-running exporter or ``siq top`` over per-key queues that come and go keeps
+    what it remembers per queue (errors counted, readings for the rate) for the queues
+    it still sees, not for every queue it ever saw."""
+    import sqlite3
+
+    from siq_celery.top import QueueRates, table
+
+    backend = backend_from_url(f"sqlite:///{tmp_path}/siq.db")
+    for n in range(50):
+        backend.ensure(f"shop:{n}", I, "e1")
+    with sqlite3.connect(tmp_path / "siq.db") as db:  # corrupt states, each counted as an error
+        db.execute("UPDATE siq_queues SET interval_us='fast' WHERE queue IN ('shop:1', 'shop:2')")
+    collector, rates = StoreCollector(backend, ("shop:*",)), QueueRates()
+    table(collector, rates, "shop:*")
+    assert 'siq_queue_errors_total{queue="shop:1"} 2.0' in text(collector)
+    assert len(rates._seen) == 48
+    with sqlite3.connect(tmp_path / "siq.db") as db:  # gone, all but one (as idle per-key queues expire)
+        db.execute("DELETE FROM siq_queues WHERE queue != 'shop:0'")
+    table(collector, rates, "shop:*")
+    print(f"remembered: errors {sorted(collector._errors)}, rates {sorted(rates._seen)}")
+    assert collector._errors == {} and set(rates._seen) == {"shop:0"}
+    assert "shop:1" not in text(collector)

@@ -1,5 +1,5 @@
-"""Model-based test: random sequences of claim / start / finish / pause / resume /
-set_interval / reset / state loss / clock moves, applied to the memory, SQLite and Redis
+"""Model-based test: random sequences of claim / start / finish (or a retry's end) / pause /
+resume / set_interval / reset / state loss / clock moves, applied to the memory, SQLite and Redis
 stores side by side and to a small reference model written here from docs/design.md. Every
 answer and every state must agree, and no two authorized starts may be closer than the
 interval in force."""
@@ -22,6 +22,7 @@ from siq_celery.testing import PinnedClock
 EXAMPLES = int(os.environ.get("SIQ_HYPOTHESIS_EXAMPLES", "500"))
 INTERVALS = [10_000, 25_000, 100_000]
 TASKS = ["a", "b", "c", "d"]
+MAX_LOST = 2  # a task id whose last 2 authorized starts never finished is refused
 _run = itertools.count()
 
 
@@ -32,6 +33,7 @@ class Reference:
     clock: PinnedClock
     q: dict[str, object] | None = None
     finished: set[str] = field(default_factory=set)
+    unfinished: dict[str, int] = field(default_factory=dict)  # authorized starts since the last finish
 
     def _new(self, interval: int, epoch: str) -> dict[str, object]:
         now = self.clock.now_us
@@ -62,6 +64,8 @@ class Reference:
         q = self.q = self.q or self._new(interval, new_epoch)
         if task is not None and task in self.finished:
             return "duplicate", 0, 0
+        if task is not None and self.unfinished.get(task, 0) >= MAX_LOST:
+            return "lost", 0, 0
         if epoch != q["epoch"] or not 1 <= number <= q["ticket"] - cost + 1:  # type: ignore[operator]
             return "reclaim", 0, 0
         I, cur = q["I"], q["cur"]
@@ -78,6 +82,8 @@ class Reference:
         q["cur"] = max(cur, number + cost - 1)  # type: ignore[call-overload]
         q["last"] = now + (cost - 1) * I  # type: ignore[operator]  # c slots: the last one's
         q["anchor"] = max(q["anchor"], q["last"])  # type: ignore[call-overload]  # a line due later stays
+        if task is not None:
+            self.unfinished[task] = self.unfinished.get(task, 0) + 1
         return "authorized", 0, slot
 
     def backoff(self, hold: int, keep_first: bool) -> None:
@@ -96,7 +102,11 @@ class StoresAgree(RuleBasedStateMachine):
         self.dir = tempfile.TemporaryDirectory()
         prefix = f"hyp{run}"
         urls = [f"memory://hyp-{os.getpid()}-{run}", f"sqlite:///{self.dir.name}/siq.db", REDIS_URL[0]]
-        self.stores: list[Backend] = [backend_from_url(u, clock=self.clock, key_prefix=prefix) for u in urls]
+        # No ledger (no start here carries a record; a finish would still write one on Redis).
+        self.stores: list[Backend] = [
+            backend_from_url(u, clock=self.clock, key_prefix=prefix, max_lost_deliveries=MAX_LOST, ledger_max=0)
+            for u in urls
+        ]
         self.tickets: list[tuple[int, str]] = []
         self.epochs = (f"e{i}" for i in itertools.count())
         self.interval = INTERVALS[0]
@@ -161,10 +171,12 @@ class StoresAgree(RuleBasedStateMachine):
                 self.starts[-1] = (now, self.starts[-1][1])
         assert got == expected
 
-    @rule(task=st.sampled_from(TASKS))
-    def finish(self, task: str) -> None:
-        self._all("finish", task)
-        self.ref.finished.add(task)
+    @rule(task=st.sampled_from(TASKS), remember=st.booleans())
+    def finish(self, task: str, remember: bool) -> None:
+        self._all("finish", task, remember=remember)  # not remembered: a run that ended in a retry
+        if remember:
+            self.ref.finished.add(task)
+        self.ref.unfinished.pop(task, None)
 
     @precondition(lambda self: self.ref.q is not None)
     @rule()
@@ -210,6 +222,7 @@ class StoresAgree(RuleBasedStateMachine):
         self._all("delete")
         self.ref.q = None
         self.ref.finished.clear()
+        self.ref.unfinished.clear()
         self.backoffs.clear()
 
     @invariant()

@@ -10,7 +10,7 @@ from celery import Celery
 from hypothesis import given
 from hypothesis import strategies as st
 
-from siq_celery import ConfigurationError, IntervalTask, InvalidQueueNameError
+from siq_celery import ConfigurationError, IntervalQueue, IntervalTask, InvalidQueueNameError
 from siq_celery.backends import backend_from_url
 from siq_celery.config import SiqSettings, siq_state
 from siq_celery.messages import ticket_from_headers, ticket_headers
@@ -178,12 +178,12 @@ def test_a_worker_warns_when_the_broker_would_forget_before_the_horizon(
 ) -> None:
     from celery import Celery
 
-    from siq_celery.worker_hooks import _warn_if_broker_forgets_before_horizon
+    from siq_celery.broker_check import warn_if_broker_forgets_before_horizon
 
     app = Celery("warn", broker=broker, set_as_current=False)
     app.conf.broker_transport_options = options
     with caplog.at_level("WARNING", logger="siq_celery"):
-        _warn_if_broker_forgets_before_horizon(app, horizon)
+        warn_if_broker_forgets_before_horizon(app, horizon)
     assert ("lower siq_horizon" in caplog.text) is warns
 
 
@@ -259,3 +259,51 @@ def test_interval_tasks_are_durable_unless_the_task_or_the_app_says_otherwise() 
     def object_says() -> None: ...
 
     assert (object_says.acks_late, object_says.reject_on_worker_lost) == (True, False)
+
+
+def test_ensure_and_declare_with_another_interval_leave_the_cached_queue_as_declared(tmp_path: Any) -> None:
+    """The app caches one IntervalQueue per declaration: an ``ensure(..., reset=True)`` or a
+    ``declare(...)`` with another interval changes the store, never the cached object (the
+    worker's renewals would declare that interval for the code's)."""
+    app = make_app(siq_url=f"sqlite:///{tmp_path}/s.db")
+
+    @app.task(base=IntervalTask, shared=False, interval="200ms", interval_queue="cached")
+    def job() -> None: ...
+
+    job.siq_queue().ensure("1s", reset=True)
+    assert job.siq_queue().status().state.interval_us == 1_000_000
+    job.siq_queue().declare("2s")
+    assert job.siq_queue().status().state.interval_us == 2_000_000
+    print(f"\nthe cached queue's interval after ensure and declare: {job.siq_queue().interval_us} us")
+    assert job.siq_queue().interval_us == 200_000
+    assert job.siq_queue().declare().declared_us == 200_000, "a renewal declares the code's interval"
+    standalone = IntervalQueue("fresh", backend=job.siq_queue().backend)
+    standalone.ensure("1s")  # an object without an interval of its own takes the one it was given
+    assert standalone.interval_us == 1_000_000
+
+
+def test_an_amqp_brokers_password_never_reaches_the_error_of_a_publish() -> None:
+    app = make_app(broker="amqp://alice:s3cretpw@127.0.0.1:5672//")
+
+    @app.task(base=IntervalTask, shared=False, interval="1s")
+    def lookup() -> None: ...
+
+    with pytest.raises(ConfigurationError) as info:
+        lookup.delay()
+    assert "s3cretpw" not in str(info.value) and "amqp://alice:***@127.0.0.1:5672//" in str(info.value)
+
+
+def test_an_empty_interval_queue_is_refused_not_taken_for_the_task_name() -> None:
+    app = make_app(siq_url="memory://")
+    with pytest.raises(InvalidQueueNameError, match="empty"):
+
+        @app.task(base=IntervalTask, shared=False, interval="1s", interval_queue="", name="pkg.empty")
+        def lookup() -> None: ...
+
+        lookup.delay()  # (a lazily created task class is refused here, at its first publish)
+    with pytest.raises(InvalidQueueNameError, match="empty"):
+
+        @app.task(base=IntervalTask, shared=False, interval="1s", interval_queue=["ok", ""], name="pkg.empty2")
+        def lookup2() -> None: ...
+
+        lookup2.delay()

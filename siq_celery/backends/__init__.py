@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import UnknownBackendError
+from ..errors import UnknownBackendError, redacted_url
 from .base import Backend, ModelBackend, Transaction
 
 # Scheme -> "module:Class", imported on first use so that redis-py stays optional.
@@ -48,7 +48,7 @@ def backend_from_url(url: str, **options: Any) -> Backend:
     """Build the backend registered for ``url``'s scheme."""
     if not isinstance(url, str) or "://" not in url:
         raise UnknownBackendError(
-            f"state store URL {url!r} has no scheme; use redis://host:6379/0, sqlite:///path.db or memory://"
+            f"state store URL {redacted_url(url)!r} has no scheme; use redis://host:6379/0, sqlite:///path.db or memory://"
         )
     return backend_class(urlsplit(url).scheme.lower()).from_url(url, **options)
 

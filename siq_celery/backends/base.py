@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import json
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,6 +27,7 @@ from .. import model
 from ..errors import ConfigurationError, CorruptStateError, QueueNotFoundError, SiqError, StoreUnavailableError
 from ..keys import DEFAULT_KEY_PREFIX, QueueKeys, validate_key_prefix
 from ..ledger import DEFAULT_LEDGER_MAX, LedgerRow, StartRecord
+from ..logs import Throttle
 from ..lru import LRUCache
 from ..types import (
     ClaimResult,
@@ -39,6 +41,8 @@ from ..types import (
     Release,
     Verdict,
 )
+
+logger = logging.getLogger("siq_celery")
 
 Clock = Callable[[], int]
 #: Verdicts the store counts (the exporter's siq_duplicates_refused_total, siq_reclaims_total).
@@ -87,7 +91,9 @@ class Backend(ABC):
     SQLite and memory). Finished-task records (used to skip a redelivered copy of a task
     that already finished) are kept ``finished_retention_us`` and at most
     ``finished_max`` per queue. The ledger (:mod:`siq_celery.ledger`) keeps about the
-    last ``ledger_max`` starts per queue (0: no ledger).
+    last ``ledger_max`` starts per queue (0: no ledger). ``max_lost_deliveries`` (0: no
+    limit): a task id whose last that many authorized starts never finished is refused
+    (:func:`siq_celery.model.too_many_lost`); its count is kept like a finished record.
     """
 
     #: URL schemes this backend is registered for.
@@ -101,8 +107,10 @@ class Backend(ABC):
         finished_retention_us: int = DEFAULT_FINISHED_RETENTION_US,
         finished_max: int = DEFAULT_FINISHED_MAX,
         ledger_max: int = DEFAULT_LEDGER_MAX,
+        max_lost_deliveries: int = 0,
     ) -> None:
         self.clock = clock
+        self.max_lost_deliveries = max(int(max_lost_deliveries), 0)
         self.key_prefix = validate_key_prefix(key_prefix)
         self.finished_retention_us = finished_retention_us
         self.finished_max = finished_max
@@ -169,7 +177,9 @@ class Backend(ABC):
         """Decide (and, if authorized, record) the start of ``ticket``. A missing state is
         created with ``new_epoch`` (so the answer is RECLAIM). With ``record``, an
         authorized start is written to the ledger in the same atomic step. ``cost``: the
-        slots this start takes (see :func:`siq_celery.model.start`)."""
+        slots this start takes (see :func:`siq_celery.model.start`). With a ``task_id``,
+        an authorized start counts one more start of it without a finish, and a task id
+        with ``max_lost_deliveries`` of them is answered LOST."""
 
     def start_all(
         self,
@@ -198,7 +208,9 @@ class Backend(ABC):
     @abstractmethod
     def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
         """Record that ``task_id`` finished, so a redelivered copy is not run again (unless
-        not ``remember``), and complete its ledger record with the finish time and ``outcome``."""
+        not ``remember``: a run that ended otherwise, a retry's or a back-off's), complete
+        its ledger record with the finish time and ``outcome``, and clear its count of
+        starts without a finish."""
 
     @abstractmethod
     def ledger(self, queue: str, since_us: int | None = None, until_us: int | None = None) -> Iterator[LedgerRow]:
@@ -366,6 +378,19 @@ class Transaction(ABC):
     def finished_count(self) -> int: ...
 
     @abstractmethod
+    def unfinished_starts(self, task_id: str) -> int:
+        """Authorized starts of ``task_id`` since its last finish (0 once its last one is
+        older than the finished records' retention)."""
+
+    @abstractmethod
+    def count_unfinished(self, task_id: str) -> None:
+        """One more authorized start of ``task_id`` without a finish; older counts past
+        the retention, or beyond the most records kept, are dropped."""
+
+    @abstractmethod
+    def clear_unfinished(self, task_id: str) -> None: ...
+
+    @abstractmethod
     def record_start(self, row: LedgerRow) -> None: ...
 
     @abstractmethod
@@ -375,6 +400,15 @@ class Transaction(ABC):
     @abstractmethod
     def refusals(self) -> tuple[int, int]:
         """(duplicates refused, reclaims) counted so far."""
+
+    @abstractmethod
+    def count_start(self, added: Mapping[str, int], start_us: int) -> None:
+        """Add ``added`` to the queue's counters of authorized starts and set
+        ``model.LAST_COUNTED`` to ``start_us`` (see :func:`siq_celery.model.start_counts`)."""
+
+    @abstractmethod
+    def start_counts(self) -> dict[str, int]:
+        """The queue's counters of authorized starts, field -> number (none: empty)."""
 
     @abstractmethod
     def park(self, tasks: Sequence[ParkedTask]) -> None: ...
@@ -435,6 +469,24 @@ class ModelBackend(Backend):
         with self.transactions([queue], replace_corrupt=replace_corrupt) as (tx,):
             yield tx
 
+    @contextlib.contextmanager
+    def _following(self, queues: Sequence[str], *, replace_corrupt: bool = False) -> Iterator[list[Transaction]]:
+        """:meth:`transactions` whose states' interval follows the expiry of node
+        declarations (:func:`siq_celery.model.follow_expiry`): for the operations that
+        decide by the interval."""
+        with self.transactions(queues, replace_corrupt=replace_corrupt) as txs:
+            for tx in txs:
+                if tx.state is not None:
+                    followed = model.follow_expiry(tx.state, tx.sources(), tx.now_us)
+                    if followed is not None:
+                        tx.save_sources(followed)
+            yield txs
+
+    @contextlib.contextmanager
+    def _following_one(self, queue: str, *, replace_corrupt: bool = False) -> Iterator[Transaction]:
+        with self._following([queue], replace_corrupt=replace_corrupt) as (tx,):
+            yield tx
+
     def ensure(self, queue: str, interval_us: int, epoch: str) -> tuple[QueueState, bool]:
         with self.transaction(queue) as tx:
             if tx.state is not None:
@@ -450,7 +502,7 @@ class ModelBackend(Backend):
         return tx.state
 
     def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
-        with self.transaction(queue) as tx:
+        with self._following_one(queue) as tx:
             return model.claim(self._created(tx, queue, interval_us, epoch), count, tx.now_us)
 
     def start(
@@ -465,12 +517,17 @@ class ModelBackend(Backend):
         record: StartRecord | None = None,
         cost: int = 1,
     ) -> Decision:
-        with self.transaction(queue) as tx:
+        with self._following_one(queue) as tx:
             state = self._created(tx, queue, interval_us, new_epoch)
             finished = task_id is not None and tx.is_finished(task_id)
-            decision = model.start(state, ticket, epoch, tx.now_us, finished=finished, cost=cost)
+            lost = self._lost(tx, task_id)
+            decision = model.start(state, ticket, epoch, tx.now_us, finished=finished, cost=cost, lost=lost)
+            if task_id is not None and self.max_lost_deliveries and decision.authorized:
+                tx.count_unfinished(task_id)
             if decision.verdict in REFUSALS:
                 tx.count_refusal(decision.verdict.value)
+            if decision.authorized:
+                _count_start(tx, decision, record)
             if record is not None and self.ledger_max and decision.authorized:
                 tx.record_start(
                     LedgerRow(
@@ -493,15 +550,20 @@ class ModelBackend(Backend):
         record: StartRecord | None = None,
         cost: int = 1,
     ) -> list[Decision]:
-        with self.transactions(queues) as txs:
+        with self._following(queues) as txs:
             states = [self._created(tx, q, i, new_epoch) for tx, q, i in zip(txs, queues, interval_us, strict=True)]
             finished = task_id is not None and txs[0].is_finished(task_id)
+            lost = self._lost(txs[0], task_id)
             decisions = model.start_all(
-                states, list(tickets), list(epochs), txs[0].now_us, finished=finished, cost=cost
+                states, list(tickets), list(epochs), txs[0].now_us, finished=finished, cost=cost, lost=lost
             )
+            if task_id is not None and self.max_lost_deliveries and decisions[0].authorized:
+                txs[0].count_unfinished(task_id)
             for tx, d in zip(txs, decisions, strict=True):
                 if d.verdict in REFUSALS:
                     tx.count_refusal(d.verdict.value)
+                if d.authorized:  # in every queue, or in none
+                    _count_start(tx, d, record)
             if record is not None and self.ledger_max and decisions[0].authorized:
                 for tx, queue, state, d in zip(txs, queues, states, decisions, strict=True):
                     tx.record_start(
@@ -513,12 +575,18 @@ class ModelBackend(Backend):
                     )  # fmt: skip
             return decisions
 
+    def _lost(self, tx: Transaction, task_id: str | None) -> bool:
+        if task_id is None or not self.max_lost_deliveries:
+            return False
+        return model.too_many_lost(tx.unfinished_starts(task_id), self.max_lost_deliveries)
+
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
         with self.transaction(queue) as tx:
             return None if tx.state is None else model.restamp(tx.state, epoch, started_us, tx.now_us)
 
     def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
         with self.transaction(queue) as tx:
+            tx.clear_unfinished(task_id)
             if remember:
                 tx.add_finished(task_id)
             if self.ledger_max:
@@ -535,7 +603,7 @@ class ModelBackend(Backend):
             return _copy(self._existing(tx, queue))
 
     def resume(self, queue: str, grace_us: int = 0) -> QueueState:
-        with self.transaction(queue) as tx:
+        with self._following_one(queue) as tx:
             model.resume(self._existing(tx, queue), tx.now_us, grace_us)
             return _copy(self._existing(tx, queue))
 
@@ -566,12 +634,12 @@ class ModelBackend(Backend):
             return replace(done, created=created, old_interval_us=0 if created else done.old_interval_us)
 
     def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
-        with self.transaction(queue) as tx:
+        with self._following_one(queue) as tx:
             model.backoff(self._existing(tx, queue), tx.now_us, hold_us, keep_first)
             return _copy(self._existing(tx, queue))
 
     def reset(self, queue: str, interval_us: int | None, epoch: str, origin: str = "") -> QueueState:
-        with self.transaction(queue, replace_corrupt=True) as tx:
+        with self._following_one(queue, replace_corrupt=True) as tx:
             if tx.state is None:
                 if interval_us is None:
                     raise QueueNotFoundError(f"queue {queue!r} has no state in this store")
@@ -583,12 +651,13 @@ class ModelBackend(Backend):
             return _copy(tx.state)
 
     def status(self, queue: str) -> QueueStatus | None:
-        with self.transaction(queue) as tx:
+        with self._following_one(queue) as tx:
             if tx.state is None:
                 return None
             return QueueStatus(
-                queue, _copy(tx.state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources(), *tx.refusals()
-            )
+                queue, _copy(tx.state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources(), *tx.refusals(),
+                counts=model.counts_from_fields(tx.start_counts()),
+            )  # fmt: skip
 
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
         with self.transaction(queue) as tx:
@@ -600,7 +669,7 @@ class ModelBackend(Backend):
     def release(
         self, queue: str, horizon_us: int, limit: int = RELEASE_LIMIT, lease_us: int = RELEASE_LEASE_US
     ) -> Release:
-        with self.transaction(queue) as tx:
+        with self._following_one(queue) as tx:
             if tx.state is None:
                 return Release("", tx.now_us, [])
             state, now = tx.state, tx.now_us
@@ -625,6 +694,15 @@ class ModelBackend(Backend):
             return existed
 
 
+def _count_start(tx: Transaction, decision: Decision, record: StartRecord | None) -> None:
+    """Count an authorized start in its queue's counters (model.start_counts), in the
+    start's own transaction."""
+    last = tx.start_counts().get(model.LAST_COUNTED)
+    deferrals = record.deferrals if record is not None else 0
+    added = model.start_counts(last, decision.now_us, decision.slot_us, decision.interval_us, deferrals)
+    tx.count_start(added, decision.now_us)
+
+
 def _copy(state: QueueState) -> QueueState:
     return QueueState(**vars(state))
 
@@ -633,9 +711,27 @@ def sources_to_json(sources: IntervalSources) -> str:
     return json.dumps(asdict(sources), separators=(",", ":"))
 
 
-def sources_from_json(text: str | None) -> IntervalSources:
+#: Unreadable interval sources are logged at most once a minute per queue (a status read
+#: finds them each time until a declaration or an override writes the sources again).
+_UNREADABLE_SOURCES = Throttle(60.0)
+
+
+def log_unreadable_sources(queue: str, where: str, unreadable: Sequence[str]) -> None:
+    """Say that the queue's interval sources held what siq_celery did not write, and read
+    as none: an override there is dropped (the next write of the sources drops it for good)."""
+    if unreadable and _UNREADABLE_SOURCES.due((where, queue)) is not None:
+        logger.warning(
+            "siq_celery: queue %r: the interval sources in %s hold what siq_celery did not write (%s); read as "
+            "none, so an override or declaration kept there is dropped and the queue runs at what the live "
+            "workers declare. If an override was meant, set it again: `siq set-interval %s INTERVAL`",
+            queue, where, "; ".join(unreadable)[:500], queue,
+        )  # fmt: skip
+
+
+def sources_from_json(text: str | None, queue: str = "", where: str = "") -> IntervalSources:
     """Stored sources, or none (an unreadable record only loses the override and the
-    declarations, which the next worker start writes again)."""
+    declarations, which the next worker start writes again), logged naming ``queue``
+    and ``where`` it is stored."""
     if not text:
         return IntervalSources()
     try:
@@ -645,7 +741,8 @@ def sources_from_json(text: str | None) -> IntervalSources:
             int(raw["override_us"]), str(raw["override_by"]), int(raw["override_at_us"]),
             tuple(NodeDeclaration(str(n["node"]), int(n["interval_us"]), int(n["expires_us"])) for n in raw["nodes"]),
         )  # fmt: skip
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, AttributeError):
+        log_unreadable_sources(queue, where or "the store", [repr(text[:200])])
         return IntervalSources()
 
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from ..ledger import LedgerRow
+from ..model import LAST_COUNTED
 from ..types import IntervalSources, ParkedTask, QueueState
 from .base import ModelBackend, Transaction, _copy, match_names
 
@@ -23,12 +24,16 @@ class _Store:
     lock: threading.RLock = field(default_factory=threading.RLock)
     states: dict[str, QueueState] = field(default_factory=dict)
     finished: dict[str, OrderedDict[str, int]] = field(default_factory=dict)
+    #: per queue: task id -> (starts without a finish, time of the last), oldest first
+    unfinished: dict[str, OrderedDict[str, tuple[int, int]]] = field(default_factory=dict)
     ledgers: dict[str, deque[LedgerRow]] = field(default_factory=dict)
     #: per queue: task id -> (parked task, lease deadline or None)
     parked: dict[str, dict[str, tuple[ParkedTask, int | None]]] = field(default_factory=dict)
     sources: dict[str, IntervalSources] = field(default_factory=dict)
     #: per queue: verdict -> starts refused with it
     refusals: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: per queue: the counters of authorized starts (model.start_counts)
+    start_counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 _NAMED_STORES: dict[str, _Store] = {}
@@ -60,6 +65,24 @@ class _MemoryTransaction(Transaction):
     def finished_count(self) -> int:
         return len(self._store.finished.get(self._queue, {}))
 
+    def unfinished_starts(self, task_id: str) -> int:
+        counts = self._store.unfinished.get(self._queue)
+        starts, last_us = counts.get(task_id, (0, 0)) if counts is not None else (0, 0)
+        return starts if last_us >= self.now_us - self._backend.finished_retention_us else 0
+
+    def count_unfinished(self, task_id: str) -> None:
+        counts = self._store.unfinished.setdefault(self._queue, OrderedDict())
+        counts[task_id] = (self.unfinished_starts(task_id) + 1, self.now_us)
+        counts.move_to_end(task_id)
+        oldest_kept = self.now_us - self._backend.finished_retention_us
+        while counts and (len(counts) > self._backend.finished_max or next(iter(counts.values()))[1] < oldest_kept):
+            counts.popitem(last=False)
+
+    def clear_unfinished(self, task_id: str) -> None:
+        counts = self._store.unfinished.get(self._queue)
+        if counts is not None:
+            counts.pop(task_id, None)
+
     def record_start(self, row: LedgerRow) -> None:
         ledger = self._store.ledgers.get(self._queue)
         if ledger is None or ledger.maxlen != self._backend.ledger_max:
@@ -73,6 +96,15 @@ class _MemoryTransaction(Transaction):
     def refusals(self) -> tuple[int, int]:
         counts = self._store.refusals.get(self._queue, {})
         return counts.get("duplicate", 0), counts.get("reclaim", 0)
+
+    def count_start(self, added: Mapping[str, int], start_us: int) -> None:
+        counts = self._store.start_counts.setdefault(self._queue, {})
+        for name, n in added.items():
+            counts[name] = counts.get(name, 0) + n
+        counts[LAST_COUNTED] = start_us
+
+    def start_counts(self) -> dict[str, int]:
+        return dict(self._store.start_counts.get(self._queue, {}))
 
     def record_finish(self, task_id: str, outcome: str) -> None:
         for row in reversed(self._store.ledgers.get(self._queue, ())):
@@ -124,8 +156,10 @@ class _MemoryTransaction(Transaction):
     def delete(self) -> bool:
         self._store.sources.pop(self._queue, None)
         self._store.refusals.pop(self._queue, None)
+        self._store.start_counts.pop(self._queue, None)
         had_parked = bool(self._store.parked.pop(self._queue, None))
         had_state = self._store.states.pop(self._queue, None) is not None
+        self._store.unfinished.pop(self._queue, None)
         had_records = bool(self._store.finished.pop(self._queue, None))
         had_ledger = bool(self._store.ledgers.pop(self._queue, None))
         return had_state or had_records or had_ledger or had_parked

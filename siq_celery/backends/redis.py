@@ -22,9 +22,11 @@ from ..errors import (
     QueueNotFoundError,
     SiqError,
     StoreUnavailableError,
+    redacted,
 )
 from ..keys import QueueKeys
 from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
+from ..model import counts_from_fields
 from ..types import (
     ClaimResult,
     Decision,
@@ -37,7 +39,7 @@ from ..types import (
     Release,
     Verdict,
 )
-from .base import RELEASE_LEASE_US, RELEASE_LIMIT, Backend, PendingClaim, match_names
+from .base import RELEASE_LEASE_US, RELEASE_LIMIT, Backend, PendingClaim, log_unreadable_sources, match_names
 
 try:
     import redis
@@ -63,6 +65,44 @@ SCRIPTS = (
     "claim", "start", "restamp", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status",
     "park", "release", "unpark", "backoff", "start_all", "declare",
 )  # fmt: skip
+
+
+#: Errors of the conversation with the server rather than of one operation.
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, RedisClusterException)
+_AUTHENTICATION = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
+#: Whatever redis-py raises (its Cluster errors are not RedisErrors).
+_REDIS_ERRORS = (redis.RedisError, RedisClusterException)
+
+
+def store_error(exc: Exception, queue: str | None = None) -> Exception:
+    """The :class:`SiqError` for what redis-py raised while talking to the store: a
+    refused login, a database the server does not have, a user the ACL does not allow, no
+    answer, or options the client refused. Any other server reply (an operation's own
+    error) is returned as it is."""
+    where = f"queue {queue!r}: " if queue else ""
+    text = str(exc).split(" script:")[0]
+    if isinstance(exc, _AUTHENTICATION):  # a ConnectionError to redis-py: checked first
+        return StoreUnavailableError(
+            f"{where}the Redis state store refused the login: authentication failed ({text}); check the "
+            f"user name and password in the store URL"
+        )
+    if isinstance(exc, _UNREACHABLE):
+        return StoreUnavailableError(f"{where}cannot reach the Redis state store: {exc}")
+    if isinstance(exc, redis.ResponseError):
+        if "DB index is out of range" in text or "invalid DB index" in text:
+            return ConfigurationError(
+                f"{where}the Redis server has no database with the number in the store URL ({text}): use one "
+                f"it has, /0 to /15 unless its 'databases' setting allows more"
+            )
+        if "NOPERM" in text or "no permissions" in text:
+            return ConfigurationError(
+                f"{where}the Redis user may not run what siq_celery needs ({text}); "
+                f"grant: ACL SETUSER <user> {' '.join(ACL_RULES)}"
+            )
+        return exc
+    if isinstance(exc, _REDIS_ERRORS):  # e.g. an ssl_* option redis-py refuses when it connects
+        return ConfigurationError(f"{where}the Redis client refused the store URL: {exc}")
+    return exc
 
 
 def load_script_source(name: str) -> str:
@@ -115,18 +155,22 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
     if scheme.endswith("+sentinel"):
         path = [p for p in parts.path.split("/") if p]
         if not path:
-            raise ConfigurationError(f"sentinel URL {url!r} needs the service name: .../mymaster[/db]")
+            raise ConfigurationError(f"sentinel URL {redacted(url)!r} needs the service name: .../mymaster[/db]")
         if len(path) > 1 and not path[1].isdigit():
             raise ConfigurationError(f"sentinel URL's database {path[1]!r} is not a number")
         db = int(path[1]) if len(path) > 1 else 0
         sentinel = Sentinel(hosts, sentinel_kwargs={"password": query.get("sentinel_password")})
         return sentinel.master_for(path[0], db=db, username=username, password=password, ssl=tls, **options)
-    raise ConfigurationError(f"not a Redis URL: {url!r}")
+    raise ConfigurationError(f"not a Redis URL: {redacted(url)!r}")
 
 
 def _claim_result(reply: Sequence[Any]) -> ClaimResult:
     first, n, epoch, base, floor, interval, now = reply
     return ClaimResult(int(first), int(n), epoch.decode(), int(base), int(floor), int(interval), int(now))
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _sources(reply: Sequence[Any]) -> IntervalSources:
@@ -160,7 +204,9 @@ def _connection_query(query: Mapping[str, str], url: str) -> dict[str, Any]:
             try:
                 options[name] = float(query[name])
             except ValueError:
-                raise ConfigurationError(f"{name}={query[name]!r} in {url!r} is not a number of seconds") from None
+                raise ConfigurationError(
+                    f"{name}={query[name]!r} in {redacted(url)!r} is not a number of seconds"
+                ) from None
     return options
 
 
@@ -169,7 +215,7 @@ def _hosts(netloc: str, url: str) -> list[tuple[str, int]]:
     for item in netloc.split(","):
         host, _, port = item.rpartition(":")
         if not host or not port.isdigit():
-            raise ConfigurationError(f"cannot read host:port {item!r} in {url!r}")
+            raise ConfigurationError(f"cannot read host:port {item!r} in {redacted(url)!r}")
         hosts.append((host.strip("[]"), int(port)))
     return hosts
 
@@ -200,8 +246,8 @@ class RedisBackend(Backend):
             assert self._connect is not None
             try:
                 self._client = self._connect()
-            except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+            except (*_AUTHENTICATION, *_UNREACHABLE) as exc:
+                raise store_error(exc) from None
             except (ValueError, redis.RedisError) as exc:  # the URL itself (redis-py reads it here)
                 raise ConfigurationError(f"the Redis state store URL is not usable: {exc}") from None
         return self._client
@@ -221,11 +267,10 @@ class RedisBackend(Backend):
         try:
             return self._script(name)(keys=list(keys), args=[self._now_arg(), *args])
         except redis.ResponseError as exc:
-            raise self._translate(exc, queue, keys[0]) from None
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
-        except redis.RedisError as exc:  # e.g. an ssl_* option redis-py refuses when it connects
-            raise ConfigurationError(f"queue {queue!r}: the Redis client refused the store URL: {exc}") from None
+            error = self._translate(exc, queue, keys[0])
+            raise (store_error(exc, queue) if error is exc else error) from None
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc, queue) from None
 
     @staticmethod
     def _translate(exc: Exception, queue: str, key: str) -> Exception:
@@ -255,9 +300,10 @@ class RedisBackend(Backend):
     @staticmethod
     def _state(reply: Sequence[Any]) -> tuple[QueueState, int]:
         epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-        numbers = [int(v) for v in reply[1:8]]
-        interval, ticket, current, anchor, last_start, paused, now = numbers
-        return QueueState(epoch, interval, ticket, current, anchor, last_start, bool(paused)), now
+        numbers = [int(v) for v in reply[1:10]]
+        interval, ticket, current, anchor, last_start, paused, now, started, held = numbers
+        state = QueueState(epoch, interval, ticket, current, anchor, last_start, bool(paused), started, held)
+        return state, now
 
     # -- operations -----------------------------------------------------------------
 
@@ -282,8 +328,8 @@ class RedisBackend(Backend):
         pool = self.client.connection_pool
         try:
             conn = _connection_from(pool)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc, queue) from None
         try:
             conn.send_command(
                 "EVALSHA", script.sha, len(keys), *keys, self._now_arg(), count, interval_us, epoch,
@@ -325,16 +371,17 @@ class RedisBackend(Backend):
         cost: int = 1,
     ) -> Decision:
         k = self.keys(queue)
+        lost = self._lost_args(task_id)
         if record is not None and self.ledger_max:
             ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
         else:
-            ledger = [0, "", "", 0, 0]
+            ledger = [0, "", "", 0, record.deferrals if record is not None else 0]  # deferrals: counted anyway
         verdict, number, now, wait, slot, interval = self._run(
             "start",
             queue,
             k.all,
-            [ticket, epoch, task_id or "", interval_us, new_epoch, *ledger, cost, self.idle_expiry_us(queue)],
+            [ticket, epoch, task_id or "", interval_us, new_epoch, *ledger, cost, self.idle_expiry_us(queue), *lost],
         )
         return Decision(Verdict(verdict.decode()), int(number), int(now), int(wait), int(slot), int(interval))
 
@@ -352,13 +399,15 @@ class RedisBackend(Backend):
     ) -> list[Decision]:
         keys = [
             key for q in queues for key in (self.keys(q).state, self.keys(q).finished, self.keys(q).ledger,
-                                            self.keys(q).refused)
+                                            self.keys(q).refused, self.keys(q).intervals)
         ]  # fmt: skip
+        keys.append(self.keys(queues[0]).unfinished)
+        lost = self._lost_args(task_id)
         if record is not None and self.ledger_max:
             ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
         else:
-            ledger = [0, "", "", 0, 0]
+            ledger = [0, "", "", 0, record.deferrals if record is not None else 0]  # deferrals: counted anyway
         per_queue = [v for t, e, i in zip(tickets, epochs, interval_us, strict=True) for v in (t, e, i)]
         if isinstance(self.client, RedisCluster) and len({self.client.keyslot(k) for k in keys}) > 1:
             raise ConfigurationError(
@@ -366,11 +415,17 @@ class RedisBackend(Backend):
                 f"start them together: name them with a shared hash tag, like '{{geo}}per-second' and "
                 f"'{{geo}}per-day'"
             )
-        replies = self._run("start_all", queues[0], keys, [task_id or "", *ledger, cost, new_epoch, *per_queue])
+        replies = self._run("start_all", queues[0], keys, [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost])
         return [
             Decision(Verdict(v.decode()), int(n), int(now), int(wait), int(slot), int(interval))
             for v, n, now, wait, slot, interval in replies
         ]
+
+    def _lost_args(self, task_id: str | None) -> list[int]:
+        """The limit on starts without a finish (none without a task id of the caller's),
+        their retention and the most kept: the scripts' last three arguments."""
+        limit = self.max_lost_deliveries if task_id is not None else 0
+        return [limit, self.finished_retention_us, self.finished_max]
 
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
         now = int(self._run("restamp", queue, [self.keys(queue).state], [epoch, started_us]))
@@ -379,7 +434,9 @@ class RedisBackend(Backend):
     def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
         k = self.keys(queue)
         self._run(
-            "finish", queue, [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals],
+            "finish", queue,
+            [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.unfinished,
+             k.refused],
             [task_id, self.finished_retention_us, self.finished_max, 2 * self.ledger_max, outcome, int(remember),
              self.idle_expiry_us(queue)],
         )  # fmt: skip
@@ -400,8 +457,8 @@ class RedisBackend(Backend):
         while True:
             try:
                 entries = self.client.xrange(key, min=first, max="+", count=batch)
-            except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-                raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+            except _REDIS_ERRORS as exc:
+                raise store_error(exc, queue) from None
             for _, fields in entries:
                 yield _ledger_entry(queue, fields)
             if len(entries) < batch:
@@ -417,8 +474,10 @@ class RedisBackend(Backend):
         return self._state(self._run("resume", queue, self.keys(queue).all, args))[0]
 
     def set_interval(self, queue: str, interval_us: int | None, origin: str = "") -> QueueState:
-        k = self.keys(queue)
-        return self._state(self._run("set_interval", queue, [k.state, k.intervals], [interval_us or 0, origin]))[0]
+        args = [interval_us or 0, origin, self.idle_expiry_us(queue)]
+        reply = self._run("set_interval", queue, self.keys(queue).all, args)
+        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[8:]])
+        return self._state(reply)[0]
 
     def declare(
         self,
@@ -432,9 +491,9 @@ class RedisBackend(Backend):
         announce: bool = True,
     ) -> Declared:
         args = [interval_us, epoch, node, ttl_us, origin, int(announce), self.idle_expiry_us(queue)]
-        created, old_declared, declared, old, interval, replaced, by = self._run(
-            "declare", queue, self.keys(queue).all, args
-        )
+        reply = self._run("declare", queue, self.keys(queue).all, args)
+        created, old_declared, declared, old, interval, replaced, by = reply[:7]
+        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[7:]])
         return Declared(
             bool(created), int(old_declared), int(declared), int(old), int(interval), int(replaced), by.decode()
         )
@@ -444,9 +503,10 @@ class RedisBackend(Backend):
         return self._state(self._run("backoff", queue, self.keys(queue).all, args))[0]
 
     def reset(self, queue: str, interval_us: int | None, epoch: str, origin: str = "") -> QueueState:
-        k = self.keys(queue)
-        keys = [k.state, k.parked, k.parked_messages, k.releasing, k.intervals]
-        return self._state(self._run("reset", queue, keys, [interval_us or 0, epoch, origin]))[0]
+        args = [interval_us or 0, epoch, origin, self.idle_expiry_us(queue)]
+        reply = self._run("reset", queue, self.keys(queue).all, args)
+        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[8:]])
+        return self._state(reply)[0]
 
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
         k = self.keys(queue)
@@ -460,8 +520,9 @@ class RedisBackend(Backend):
     ) -> Release:
         k = self.keys(queue)
         reply = self._run(
-            "release", queue, [k.state, k.parked, k.parked_messages, k.releasing], [horizon_us, limit, lease_us]
-        )
+            "release", queue, [k.state, k.parked, k.parked_messages, k.releasing, k.intervals],
+            [horizon_us, limit, lease_us],
+        )  # fmt: skip
         epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         tasks = [
             (ParkedTask(int(reply[i + 1]), reply[i].decode(), reply[i + 3].decode()), int(reply[i + 2]))
@@ -480,8 +541,8 @@ class RedisBackend(Backend):
                     if value is not None:
                         ticket, _, message = value.decode().partition("|")
                         tasks.append(ParkedTask(int(ticket), task_id, message))
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc, queue) from None
         return sorted(tasks, key=lambda t: t.ticket)
 
     def unpark(self, queue: str, task_ids: Sequence[str]) -> None:
@@ -500,8 +561,12 @@ class RedisBackend(Backend):
         if not reply:
             return None
         state, now = self._state(reply)
-        finished, parked, duplicates, reclaims = (int(v) for v in reply[8:12])
-        return QueueStatus(queue, state, now, finished, parked, _sources(reply[12:]), duplicates, reclaims)
+        finished, parked, duplicates, reclaims = (int(v) for v in reply[10:14])
+        raw = reply[14]
+        counts = counts_from_fields({raw[i].decode(): int(raw[i + 1]) for i in range(0, len(raw), 2)})
+        return QueueStatus(
+            queue, state, now, finished, parked, _sources(reply[15:]), duplicates, reclaims, counts=counts
+        )
 
     #: Commands sent in one pipeline by the exporter's reads of many queues.
     PIPELINE_CHUNK = 500
@@ -509,18 +574,10 @@ class RedisBackend(Backend):
     def statuses(self, queues: Sequence[str]) -> list[QueueStatus | SiqError | None]:
         if isinstance(self.client, RedisCluster):
             return super().statuses(queues)  # a pipeline of scripts does not span cluster nodes
-        script = self._script("status")
         out: list[QueueStatus | SiqError | None] = []
         for at in range(0, len(queues), self.PIPELINE_CHUNK):
             chunk = queues[at : at + self.PIPELINE_CHUNK]
-            pipe = self.client.pipeline(transaction=False)
-            for queue in chunk:
-                script(keys=self._status_keys(queue), args=[self._now_arg()], client=pipe)
-            try:
-                replies = pipe.execute(raise_on_error=False)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
-            for queue, reply in zip(chunk, replies, strict=True):
+            for queue, reply in zip(chunk, self._status_replies(chunk), strict=True):
                 if isinstance(reply, redis.ConnectionError | redis.TimeoutError):
                     raise StoreUnavailableError(f"cannot reach the Redis state store: {reply}")
                 if isinstance(reply, Exception):
@@ -529,6 +586,34 @@ class RedisBackend(Backend):
                 else:
                     out.append(self._status(queue, reply))
         return out
+
+    def _status_replies(self, queues: Sequence[str]) -> list[Any]:
+        """The status script's reply (or error) for each of ``queues``, in one pipeline of
+        EVALSHA. redis-py's pipelined Script objects send SCRIPT EXISTS first, which the
+        documented ACL does not grant; a script the server does not hold (a restart, a
+        SCRIPT FLUSH) is loaded by SCRIPT LOAD, which it grants, and the pipeline re-sent
+        (it only reads)."""
+        script = self._script("status")
+        replies = self._status_pipeline(script.sha, queues)
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            try:
+                script.sha = self.client.script_load(script.script)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+            except redis.ResponseError as exc:
+                raise self._translate(exc, queues[0], self.keys(queues[0]).state) from None
+            replies = self._status_pipeline(script.sha, queues)
+        return replies
+
+    def _status_pipeline(self, sha: str, queues: Sequence[str]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            keys = self._status_keys(queue)
+            pipe.evalsha(sha, len(keys), *keys, self._now_arg())
+        try:
+            return list(pipe.execute(raise_on_error=False))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
 
     def starts_since(self, since: Mapping[str, int | None]) -> dict[str, list[LedgerRow]]:
         if isinstance(self.client, RedisCluster) or self.clock is not None:
@@ -544,8 +629,8 @@ class RedisBackend(Backend):
                 pipe.xrange(self.keys(queue).ledger, min=f"{max(low or 0, 0) // 1000}-0", max="+", count=batch)
             try:
                 replies = pipe.execute()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+            except _REDIS_ERRORS as exc:
+                raise store_error(exc) from None
             for queue, entries in zip(chunk, replies, strict=True):
                 if len(entries) == batch:  # more than one batch behind: read the rest in turn
                     out[queue] = list(self.ledger(queue, since_us=since[queue]))
@@ -567,8 +652,8 @@ class RedisBackend(Backend):
                 for match in matches
                 for key in self.client.scan_iter(match=match, count=1000)
             }
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc) from None
         return match_names([n for n in names if n], pattern)
 
     def parked_queues(self) -> list[str]:
@@ -579,24 +664,24 @@ class RedisBackend(Backend):
                     name = QueueKeys.queue_from_state_key(key.decode(), suffix)
                     if name:
                         names.add(name)
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc) from None
         return sorted(names)
 
     def delete(self, queue: str) -> bool:
         k = self.keys(queue)
         try:
             return bool(self.client.delete(*k.all))
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc, queue) from None
 
     def now_us(self) -> int:
         if self.clock:
             return self.clock()
         try:
             seconds, micros = self.client.time()
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc) from None
         return int(seconds) * 1_000_000 + int(micros)
 
     def warm(self) -> None:
@@ -604,8 +689,8 @@ class RedisBackend(Backend):
             for name in SCRIPTS:
                 script = self._script(name)
                 script.sha = self.client.script_load(script.script)
-        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:
+            raise store_error(exc) from None
 
     def close(self) -> None:
         if self._client is not None:

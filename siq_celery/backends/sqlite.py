@@ -20,13 +20,14 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
-from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError
+from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError, redacted
 from ..ledger import LedgerRow
+from ..model import LAST_COUNTED
 from ..types import ClaimResult, IntervalSources, ParkedTask
 from .base import ModelBackend, Transaction, match_names, sources_from_json, sources_to_json, state_from_fields
 
@@ -42,6 +43,11 @@ CREATE TABLE IF NOT EXISTS siq_finished (
     finished_us INTEGER NOT NULL, PRIMARY KEY (prefix, queue, task_id)
 );
 CREATE INDEX IF NOT EXISTS siq_finished_by_time ON siq_finished (prefix, queue, finished_us);
+CREATE TABLE IF NOT EXISTS siq_unfinished (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, task_id TEXT NOT NULL, starts INTEGER NOT NULL,
+    last_start_us INTEGER NOT NULL, PRIMARY KEY (prefix, queue, task_id)
+);
+CREATE INDEX IF NOT EXISTS siq_unfinished_by_time ON siq_unfinished (prefix, queue, last_start_us);
 CREATE TABLE IF NOT EXISTS siq_ledger (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, epoch TEXT NOT NULL, ticket INTEGER NOT NULL,
     task_id TEXT, task_name TEXT NOT NULL, slot_us INTEGER NOT NULL, start_us INTEGER NOT NULL,
@@ -58,6 +64,16 @@ CREATE INDEX IF NOT EXISTS siq_parked_by_ticket ON siq_parked (prefix, queue, ti
 CREATE TABLE IF NOT EXISTS siq_refusals (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, verdict TEXT NOT NULL, n INTEGER NOT NULL,
     PRIMARY KEY (prefix, queue, verdict)
+);
+-- When the last start was authorized and the last back-off ends (shown by the status):
+-- a table of their own, so that processes of an earlier version go on writing siq_queues.
+CREATE TABLE IF NOT EXISTS siq_queue_times (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, started_us INTEGER NOT NULL, held_until_us INTEGER NOT NULL,
+    PRIMARY KEY (prefix, queue)
+);
+CREATE TABLE IF NOT EXISTS siq_start_counts (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL,
+    PRIMARY KEY (prefix, queue, name)
 );
 CREATE TABLE IF NOT EXISTS siq_interval_sources (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, sources TEXT NOT NULL, PRIMARY KEY (prefix, queue)
@@ -88,15 +104,21 @@ class _SqliteTransaction(Transaction):
         self._key = (backend.key_prefix, queue)
         self.now_us = backend.now_us()
         row = conn.execute(
-            f"SELECT {', '.join(_FIELDS)} FROM siq_queues WHERE prefix=? AND queue=?", self._key
+            f"SELECT {', '.join('q.' + f for f in _FIELDS)}, t.started_us, t.held_until_us FROM siq_queues q "
+            f"LEFT JOIN siq_queue_times t USING (prefix, queue) WHERE q.prefix=? AND q.queue=?",
+            self._key,
         ).fetchone()
         self.state = None
+        self._times = (0, 0)
         if row is not None:
             try:
                 self.state = state_from_fields(queue, self._where(), dict(zip(_FIELDS, row, strict=False)))
             except CorruptStateError:
                 if not replace_corrupt:
                     raise
+            else:
+                self._times = (int(row[-2] or 0), int(row[-1] or 0))
+                self.state.started_us, self.state.held_until_us = self._times
 
     def _where(self) -> str:
         return f"{self._b.path}: siq_queues[prefix={self._b.key_prefix!r}, queue={self._queue!r}]"
@@ -137,6 +159,46 @@ class _SqliteTransaction(Transaction):
         rows = self._c.execute("SELECT verdict, n FROM siq_refusals WHERE prefix=? AND queue=?", self._key)
         counts = {verdict: int(n) for verdict, n in rows.fetchall()}
         return counts.get("duplicate", 0), counts.get("reclaim", 0)
+
+    def unfinished_starts(self, task_id: str) -> int:
+        row = self._c.execute(
+            "SELECT starts FROM siq_unfinished WHERE prefix=? AND queue=? AND task_id=? AND last_start_us >= ?",
+            (*self._key, task_id, self.now_us - self._b.finished_retention_us),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def count_unfinished(self, task_id: str) -> None:
+        c = self._c
+        c.execute(
+            "INSERT OR REPLACE INTO siq_unfinished VALUES (?, ?, ?, ?, ?)",
+            (*self._key, task_id, self.unfinished_starts(task_id) + 1, self.now_us),
+        )
+        c.execute(
+            "DELETE FROM siq_unfinished WHERE prefix=? AND queue=? AND last_start_us < ?",
+            (*self._key, self.now_us - self._b.finished_retention_us),
+        )
+        (n,) = c.execute("SELECT COUNT(*) FROM siq_unfinished WHERE prefix=? AND queue=?", self._key).fetchone()
+        if n > self._b.finished_max:
+            c.execute(
+                "DELETE FROM siq_unfinished WHERE rowid IN (SELECT rowid FROM siq_unfinished "
+                "WHERE prefix=? AND queue=? ORDER BY last_start_us LIMIT ?)",
+                (*self._key, n - self._b.finished_max),
+            )
+
+    def clear_unfinished(self, task_id: str) -> None:
+        self._c.execute("DELETE FROM siq_unfinished WHERE prefix=? AND queue=? AND task_id=?", (*self._key, task_id))
+
+    def count_start(self, added: Mapping[str, int], start_us: int) -> None:
+        self._c.executemany(
+            "INSERT INTO siq_start_counts (prefix, queue, name, n) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (prefix, queue, name) DO UPDATE SET n = CASE WHEN name = ? THEN excluded.n "
+            "ELSE n + excluded.n END",
+            [(*self._key, name, n, LAST_COUNTED) for name, n in (*added.items(), (LAST_COUNTED, start_us))],
+        )
+
+    def start_counts(self) -> dict[str, int]:
+        rows = self._c.execute("SELECT name, n FROM siq_start_counts WHERE prefix=? AND queue=?", self._key)
+        return {name: int(n) for name, n in rows.fetchall()}
 
     def record_start(self, row: LedgerRow) -> None:
         values = [getattr(row, name) for name in _LEDGER_COLUMNS]
@@ -203,7 +265,8 @@ class _SqliteTransaction(Transaction):
         row = self._c.execute(
             "SELECT sources FROM siq_interval_sources WHERE prefix=? AND queue=?", self._key
         ).fetchone()
-        return sources_from_json(row[0] if row else None)
+        where = f"{self._b.path}: siq_interval_sources[prefix={self._b.key_prefix!r}, queue={self._queue!r}]"
+        return sources_from_json(row[0] if row else None, self._queue, where)
 
     def save_sources(self, sources: IntervalSources) -> None:
         self._c.execute("INSERT OR REPLACE INTO siq_interval_sources VALUES (?, ?, ?)",
@@ -212,9 +275,12 @@ class _SqliteTransaction(Transaction):
     def delete(self) -> bool:
         self._c.execute("DELETE FROM siq_interval_sources WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_refusals WHERE prefix=? AND queue=?", self._key)
+        self._c.execute("DELETE FROM siq_queue_times WHERE prefix=? AND queue=?", self._key)
+        self._c.execute("DELETE FROM siq_start_counts WHERE prefix=? AND queue=?", self._key)
         removed = self._c.execute("DELETE FROM siq_parked WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_finished WHERE prefix=? AND queue=?", self._key).rowcount
+        self._c.execute("DELETE FROM siq_unfinished WHERE prefix=? AND queue=?", self._key)
         removed += self._c.execute("DELETE FROM siq_ledger WHERE prefix=? AND queue=?", self._key).rowcount
         return removed > 0
 
@@ -226,6 +292,11 @@ class _SqliteTransaction(Transaction):
             "INSERT OR REPLACE INTO siq_queues VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (*self._key, s.epoch, s.interval_us, s.ticket, s.current, s.anchor_us, s.last_start_us, int(s.paused)),
         )
+        if (s.started_us, s.held_until_us) != self._times:
+            self._c.execute(
+                "INSERT OR REPLACE INTO siq_queue_times VALUES (?, ?, ?, ?)",
+                (*self._key, s.started_us, s.held_until_us),
+            )
 
 
 LOCK_RETRY_S = 0.0001
@@ -260,11 +331,11 @@ class SqliteBackend(ModelBackend):
         parts = urlsplit(url)
         if parts.netloc:
             raise ConfigurationError(
-                f"sqlite URL {url!r} has a host part; write sqlite:///relative.db or sqlite:////abs/path.db"
+                f"sqlite URL {redacted(url)!r} has a host part; write sqlite:///relative.db or sqlite:////abs/path.db"
             )
         path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
         if "\x00" in path:
-            raise ConfigurationError(f"sqlite URL {url!r} has a NUL character in its path")
+            raise ConfigurationError(f"sqlite URL {redacted(url)!r} has a NUL character in its path")
         return cls(path, **options)
 
     def _connection(self) -> sqlite3.Connection:

@@ -5,9 +5,9 @@ build the same app: ``SIQ_TEST_BROKER``, ``SIQ_TEST_STORE`` (siq_url),
 ``SIQ_TEST_RECORD`` (Redis URL where bodies record their starts), ``SIQ_TEST_INTERVAL``,
 ``SIQ_TEST_TRANSPORT`` (JSON broker transport options), ``SIQ_TEST_QUEUE`` (the broker queue),
 ``SIQ_TEST_HORIZON`` and ``SIQ_TEST_RELEASE_EVERY`` (parking), ``SIQ_TEST_MAX_SLEEP``,
-``SIQ_TEST_MARGIN`` and ``SIQ_TEST_KEY_PREFIX`` (the siq settings of those names), and
-``SIQ_TEST_CLOCK_JUMP``: ``"+180@3"`` moves this process's wall clock 180 s ahead 3 s after
-the app is imported (a host clock jump; see :func:`jump_clock`).
+``SIQ_TEST_MARGIN``, ``SIQ_TEST_KEY_PREFIX`` and ``SIQ_TEST_DECL_TTL`` (the siq settings of
+those names), and ``SIQ_TEST_CLOCK_JUMP``: ``"+180@3"`` moves this process's wall clock 180 s
+ahead 3 s after the app is imported (a host clock jump; see :func:`jump_clock`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def make_app(env: Mapping[str, str]) -> Celery:
         siq_countdown_margin=float(env.get("SIQ_TEST_MARGIN", "0.02")),
         siq_key_prefix=env.get("SIQ_TEST_KEY_PREFIX", "siq"),
         siq_key_idle_expiry=float(env.get("SIQ_TEST_KEY_IDLE", "86400")),
+        siq_declaration_ttl=float(env.get("SIQ_TEST_DECL_TTL", "30")),
         broker_transport_options=json.loads(env.get("SIQ_TEST_TRANSPORT", "{}")),
         broker_connection_retry_on_startup=True,
         task_acks_late=True,
@@ -115,6 +116,13 @@ def make_app(env: Mapping[str, str]) -> Celery:
     def no_retries(self: Any, n: int) -> int:
         note(self, n, real_time())
         return n
+
+    @app.task(shared=False, name="geo.crash", base=IntervalTask, interval=interval, interval_queue="geo", bind=True)
+    def crash(self: Any, n: int) -> None:
+        """A poison message: its body kills the pool process running it (as running out of
+        memory or a segfault in a C extension would), every time it is delivered."""
+        note(self, n, real_time())
+        os._exit(1)
 
     @app.task(shared=False, name="geo.total", base=IntervalTask, interval=interval, interval_queue="geo", bind=True)
     def total(self: Any, numbers: list[int]) -> int:

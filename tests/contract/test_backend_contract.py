@@ -21,6 +21,7 @@ from siq_celery import (
     StoreUnavailableError,
     Verdict,
 )
+from siq_celery.ledger import StartRecord
 from siq_celery.types import Ticket
 from tests.conftest import Store
 
@@ -522,3 +523,36 @@ def test_a_hold_that_ends_during_an_outage_still_restarts_the_line_in_order(stor
     assert d.verdict is Verdict.WAIT and d.wait_us == SETTLE + I
     assert q.start(first).authorized  # the passed-over ticket: its slot came long ago
     assert q.start(second).wait_us == SETTLE
+
+
+def test_status_shows_a_weighted_starts_real_time_and_no_hold(store: Store) -> None:
+    """A start of cost 10 holds the next start 10 intervals away (the cap), but the status
+    says when it started, as the ledger does, and that no back-off holds the queue."""
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    assert q.status().state.started_us == 0  # no start yet
+    at(store, t0 + I)
+    tickets = q.claim_costs([10])
+    assert q.start(tickets[0], cost=10, record=StartRecord("search", "t1", "h", 1)).authorized
+    status = q.status()
+    assert status.state.started_us == t0 + I == next(iter(q.ledger())).start_us
+    assert status.state.last_start_us == t0 + I + 9 * I  # the cap is kept
+    assert status.next_start_us == t0 + 11 * I and status.held_until_us == 0
+    assert status.as_dict()["last_start"] == (t0 + I) / 1e6 and status.as_dict()["held_until"] is None
+    at(store, t0 + 3 * I)
+    q.backoff(2.0)
+    held = q.status()
+    assert held.held_until_us == t0 + 3 * I + 2_000_000 == held.next_start_us
+    assert held.state.started_us == t0 + I
+    q.reset()
+    assert q.status().state.started_us == t0 + I and q.status().held_until_us == held.held_until_us
+    at(store, t0 + 3 * I + 2_000_000)
+    assert q.status().held_until_us == 0  # the hold is over
+
+
+def test_an_idle_queues_next_start_is_now_not_in_the_past(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    at(store, t0 + 10_000_000)
+    status = q.status()
+    assert status.next_start_us == status.now_us == t0 + 10_000_000

@@ -6,7 +6,14 @@ Pinned store clock, nothing sleeps. Node declarations count ``TTL`` unless renew
 
 from __future__ import annotations
 
-from siq_celery import Verdict
+import logging
+import sqlite3
+
+import pytest
+
+from siq_celery import IntervalQueue, Verdict
+from siq_celery.backends.redis import redis_client_from_url
+from siq_celery.combined import CombinedQueue
 from tests.conftest import Store
 
 TTL = 30.0
@@ -141,3 +148,66 @@ def test_a_reset_with_an_interval_pins_it_against_the_renewals(store: Store) -> 
     fresh.ensure(reset=True)  # nothing declared yet: the reset's interval is the declaration
     src = fresh.status().sources
     assert (src.declared_us, src.override_us) == (30 * MS, 0)
+
+
+def test_a_killed_slower_nodes_declaration_stops_counting_at_its_ttl_though_nobody_declares(store: Store) -> None:
+    """The effective interval follows the expiry of declarations, not the next renewal: at
+    the killed node's TTL, with no declaration since, status, claims and starts already run
+    at the live node's faster interval."""
+    new, old = store.queue(interval="50ms"), store.queue(interval="100ms")
+    t0 = store.clock.now_us
+    new.declare(node="new@b", ttl=3 * TTL)  # renews later than the killed node's TTL
+    old.declare(node="old@a", ttl=TTL)  # then killed: never renewed, never withdrawn
+    at(store, t0 + TTL_US - 1)
+    assert new.status().state.interval_us == 100 * MS
+    first = new.claim()
+    assert first.interval_us == 100 * MS
+    at(store, t0 + TTL_US)
+    assert new.status().state.interval_us == 50 * MS
+    assert [n.node for n in new.status().sources.nodes] == ["new@b"]
+    started = new.start(first)
+    assert started.authorized and started.interval_us == 50 * MS
+    second = new.claim()
+    at(store, t0 + TTL_US + 50 * MS)
+    assert new.start(second).authorized  # 50 ms after the first start, not 100 ms
+
+
+def test_a_combined_start_and_a_release_follow_the_expiry_too(store: Store) -> None:
+    names = ["{g}s", "{g}d"]  # one hash slot on Redis Cluster
+    backend = store.backend()
+    fast, slow = (IntervalQueue(n, interval=i, backend=backend) for n, i in zip(names, ("50ms", "1s"), strict=True))
+    t0 = store.clock.now_us
+    fast.declare(node="new@b", ttl=3 * TTL)
+    store.queue(names[0], interval="100ms").declare(node="old@a", ttl=TTL)  # killed
+    slow.declare(node="new@b", ttl=3 * TTL)
+    at(store, t0 + TTL_US)
+    both = CombinedQueue([fast, slow])
+    tickets = both.claim_tickets(1)
+    decisions = both.ask(tickets, None, None, 1)
+    assert [d.interval_us for d in decisions] == [50 * MS, 1000 * MS]
+    assert fast.backend.release(fast.name, 1_000_000).tasks == []
+    assert fast.status().state.interval_us == 50 * MS
+
+
+def test_an_unreadable_override_is_dropped_with_a_warning_naming_the_queue(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = store.queue(interval="100ms")
+    q.declare(node="w1@a", ttl=TTL)
+    q.set_interval("200ms", origin="alice")
+    if store.kind == "memory":
+        pytest.skip("the memory store holds Python objects, it cannot be corrupted from outside")
+    if store.kind == "sqlite":
+        with sqlite3.connect(store.url.removeprefix("sqlite:///")) as conn:
+            conn.execute(
+                "UPDATE siq_interval_sources SET sources=? WHERE prefix=?", ('{"override_us": "2', store.prefix)
+            )
+        where = "siq_interval_sources"
+    else:
+        redis_client_from_url(store.url).hset(f"{store.prefix}:{{q}}:intervals", "override_us", "fast")
+        where = f"{store.prefix}:{{q}}:intervals"
+    with caplog.at_level(logging.WARNING, "siq_celery"):
+        done = q.declare(node="w1@a", ttl=TTL, announce=False)  # a renewal
+    assert done.interval_us == 100 * MS  # the override is gone: the declarations hold
+    assert "queue 'q': the interval sources in " in caplog.text
+    assert where in caplog.text and "`siq set-interval q INTERVAL`" in caplog.text, caplog.text

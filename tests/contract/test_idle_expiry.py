@@ -40,7 +40,7 @@ def test_an_idle_queue_leaves_no_keys_and_comes_back_in_a_new_epoch(store: Store
     store.clock.now_us = t0 + I
     assert q.start(ticket, task_id="t1").authorized
     q.finish("t1")
-    assert len(keys_of(client, store, "shop:1")) == 3  # state, finished, ledger
+    assert len(keys_of(client, store, "shop:1")) == 4  # state, finished, ledger, counts
     # idle after the next free slot (one interval on): 1.1 s
     assert all(1000 < client.pttl(k) <= 1100 for k in keys_of(client, store, "shop:1"))
     time.sleep(1.3)
@@ -68,7 +68,7 @@ def test_a_paused_queue_and_one_with_parked_tasks_never_expire(store: Store) -> 
     assert parking.backend.park("shop:parked", ticket.epoch, [ParkedTask(1, "t1", "{}")])
     parking.claim()  # activity after parking keeps it pinned
     time.sleep(1.2)
-    assert len(keys_of(client, store, "shop:paused")) == 3 and paused.status().state.paused  # state, finished, ledger
+    assert len(keys_of(client, store, "shop:paused")) == 4 and paused.status().state.paused  # and its counts
     assert parking.status().parked == 1
     assert all(client.pttl(k) == -1 for k in keys_of(client, store, "shop:parked"))
     paused.resume(grace=0)
@@ -105,3 +105,20 @@ def test_keys_outlive_every_commitment_of_the_queue_then_the_idle_time(store: St
     assert all(client.pttl(k) > 9_900 for k in keys_of(client, store, "shop:slow"))
     q.backoff("20s")
     assert all(client.pttl(k) > 20_900 for k in keys_of(client, store, "shop:slow"))
+
+
+def test_an_operators_override_or_reset_keeps_a_per_key_queues_idle_expiry(store: Store) -> None:
+    """`siq set-interval` and `siq reset` run in a process that does not know the queue is
+    per-key: the queue's own idle expiry, kept in its state, still applies to every key."""
+    client = redis_only(store)
+    idle_queue(store).claim()
+    operator = IntervalQueue("shop:1", backend=store.backend())  # knows no idle expiry
+    operator.set_interval("200ms")  # creates the interval sources
+    assert all(0 < client.pttl(k) <= 1_300 for k in keys_of(client, store, "shop:1"))
+    operator.backend.reset("shop:1", None, "e2")
+    keys = keys_of(client, store, "shop:1")
+    assert len(keys) == 2 and all(0 < client.pttl(k) <= 1_300 for k in keys), [client.pttl(k) for k in keys]
+    operator.backend.reset("shop:1", 300_000, "e3", "alice")  # a reset that pins an interval
+    assert all(0 < client.pttl(k) <= 1_300 for k in keys_of(client, store, "shop:1"))
+    time.sleep(1.4)
+    assert keys_of(client, store, "shop:1") == []

@@ -7,6 +7,7 @@ guarantees: the rate cap first (no gap below 0.9 x the interval), nothing lost s
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -146,3 +147,28 @@ def test_two_apps_with_different_key_prefixes_never_see_each_other(
     host_gaps_at_least(gaps_ms(mine), CAP_MS)
     host_gaps_at_least(gaps_ms(theirs), 0.9 * 70)
     assert min(combined) < CAP_MS, "the two queues did not wait for each other"
+
+
+def test_a_worker_started_while_the_store_is_down_announces_as_soon_as_it_is_back(
+    fault_run: CeleryRun, store: ControlledRedis
+) -> None:
+    """The deploy's interval applies before the first task even when the store was down at
+    the worker's start: the announcement is retried at once (not at the first renewal,
+    10 s later), and the node's tasks wait for it instead of running at the old interval."""
+    IntervalQueue("geo", url=store.url(0), interval="5ms").declare(origin="the old code")
+    store.shutdown_saving()
+    fault_run.env["SIQ_TEST_INTERVAL"] = "100ms"  # the new code, publisher included
+    worker = fault_run.start_worker("new")
+    worker.wait_ready()
+    store.start()  # with its data: the stored interval is still 5 ms
+    back = time.time()
+    publish(fault_run, range(20))
+    starts = fault_run.wait_for(lambda s: len(s) >= 20, 60, "20 starts")
+    times = sorted(s["store_start_us"] for s in starts)
+    gaps = [(b - a) / 1000 for a, b in itertools.pairwise(times)]
+    log = worker.log()
+    print(f"\nfirst start {times[0] / 1e6 - back:.2f}s after the store came back; store gaps {min(gaps):.3f}-"
+          f"{max(gaps):.3f} ms")  # fmt: skip
+    assert min(gaps) >= 100.0, "tasks ran at the interval stored before the announcement"
+    assert "could not announce this worker's interval declarations, the state store is unreachable" in log
+    assert "queue 'geo': declared interval 5ms -> 100ms by new@siq-test" in log

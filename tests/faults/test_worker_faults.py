@@ -175,3 +175,32 @@ def test_a_worker_host_clock_jumps_minutes(fault_run: CeleryRun, jump: str) -> N
     # long (-180) nor takes them early and sends them back (+180).
     assert warned and deferrals <= 10
     host_clock(took < 20.0, f"the jumped worker took {took:.1f} s")
+
+
+def test_a_task_that_kills_its_pool_process_fails_after_the_limit_and_the_queue_goes_on(
+    fault_run: CeleryRun,
+) -> None:
+    """A poison message under the durable defaults (acks_late, reject_on_worker_lost): its
+    body kills its prefork process each time it runs, so the broker hands it back each
+    time. It starts ``siq_max_lost_deliveries`` (3) times, then the next delivery is
+    refused: FAILURE in the result backend with LostDeliveriesError, one log line, never
+    started again; every other task of the queue runs once."""
+    fault_run.env.update(SIQ_TEST_RESULTS=fault_run.env["SIQ_TEST_RECORD"].rsplit("/", 1)[0] + "/1")
+    worker = fault_run.start_worker("node", 2).wait_ready()
+    poison = fault_run.app.tasks["geo.crash"].apply_async((-1,))
+    publish(fault_run, range(20))
+    deadline = time.monotonic() + 60
+    while poison.state != "FAILURE" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    finishes = wait_finished(fault_run, 20, 60)
+    time.sleep(3.0)  # long enough for a loop to show: a redelivery comes back within a second
+    crashes = [s for s in fault_run.starts() if s["n"] == -1]
+    # One ERROR line says why (Celery's own record of the outcome follows at INFO, no traceback).
+    refusals = [line for line in worker.log().splitlines() if "siq_max_lost_deliveries" in line and "ERROR" in line]
+    print(f"\npoison task: state {poison.state}, started {len(crashes)} times, {len(refusals)} refusal lines; "
+          f"{len(finishes)} other tasks finished")  # fmt: skip
+    assert poison.state == "FAILURE", f"the poison task is {poison.state} after {len(crashes)} starts"
+    assert type(poison.result).__name__ == "LostDeliveriesError" and poison.id in str(poison.result)
+    assert len(crashes) == 3, "three lost deliveries, then refused, never started again"
+    assert len(refusals) == 1, refusals
+    assert sorted(finishes) == list(range(20)) and max(finishes.values()) == 1, "every other task ran once"

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import time
 from typing import Any
 
 import pytest
 
+from siq_celery.backends import Backend, backend_from_url
 from tests.apps.geo import make_app
 from tests.integration.conftest import CeleryRun, gaps_ms
 
@@ -123,3 +125,43 @@ def test_a_rolling_deploy_never_runs_faster_than_the_old_code_until_it_stops(cel
     redeploy(celery_run, "80ms")
     synced = celery_run.siq("sync")
     assert "queue 'geo': declared interval 50ms -> 80ms by siq sync; effective stays 50ms" in synced, synced
+
+
+def live_nodes(backend: Backend) -> dict[str, int]:
+    """The live node declarations of 'geo': node -> expiry, on the store's clock."""
+    status = backend.status("geo")
+    assert status is not None
+    return {n.node: n.expires_us for n in status.sources.live(status.now_us)}
+
+
+def test_renewals_keep_a_slower_node_live_past_its_ttl_and_killed_it_stops_counting_at_its_ttl(
+    celery_run: CeleryRun,
+) -> None:
+    """Short TTLs: the old node (100 ms) declares for 2 s and renews every 0.67 s; the new
+    node (50 ms) declares for 60 s, so it does not declare again during the test: only the
+    renewals keep the old node live, and only the expiry ends its hold once it is killed."""
+    celery_run.env["SIQ_TEST_RELEASE_EVERY"] = "0.2"
+    old = celery_run.start_worker("old", env={"SIQ_TEST_INTERVAL": "100ms", "SIQ_TEST_DECL_TTL": "2"})
+    new = celery_run.start_worker("new", env={"SIQ_TEST_INTERVAL": "50ms", "SIQ_TEST_DECL_TTL": "60"})
+    old.wait_ready()
+    new.wait_ready()
+    redeploy(celery_run, "50ms")
+    backend = backend_from_url(celery_run.env["SIQ_TEST_STORE"])
+    first = live_nodes(backend)["old@siq-test"]
+    time.sleep(6.0)  # three of the old node's TTLs
+    renewed = live_nodes(backend)
+    assert sorted(renewed) == ["new@siq-test", "old@siq-test"] and renewed["old@siq-test"] >= first + 3_000_000
+    held = store_gaps_ms(run_batch(celery_run, range(10)))
+    old.kill()  # SIGKILL: no withdrawal
+    expires = live_nodes(backend)["old@siq-test"]
+    while backend.now_us() < expires:
+        time.sleep(0.01)
+    at_expiry = backend.status("geo")
+    after = store_gaps_ms(run_batch(celery_run, range(100, 120)))
+    print(f"old node renewed for {(renewed['old@siq-test'] - first) / 1e6:.1f}s past its first expiry; while live: "
+          f"store gaps {min(held):.3f}-{max(held):.3f} ms; after its TTL: {min(after):.3f}-{max(after):.3f} ms, "
+          f"median {statistics.median(after):.3f} ms")  # fmt: skip
+    assert min(held) >= 100.0
+    assert at_expiry is not None and at_expiry.state.interval_us == 50_000, "the killed node's declaration held"
+    assert min(after) >= 50.0 and statistics.median(after) < 75.0  # a gap above 50 ms: a late body, not the limit
+    assert live_nodes(backend).keys() == {"new@siq-test"}

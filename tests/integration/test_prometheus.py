@@ -4,7 +4,6 @@ queue's start rate at the interval's; every expression of the Grafana dashboard 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -20,15 +19,15 @@ from siq_celery.queue import IntervalQueue
 from tests.integration.conftest import busy_queue
 from tests.integration.test_exporter import start_exporter
 from tests.test_docker_files import dashboard_expressions
+from tests.tools import require_tool
 
-pytestmark = [
-    pytest.mark.processes,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        shutil.which("prometheus") is None,
-        reason="no prometheus server on PATH (Debian: apt-get install prometheus; .ci/run installs it)",
-    ),
-]
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def _prometheus() -> None:
+    require_tool("prometheus", "Debian: apt-get install prometheus; .ci/run installs it")
+
 
 INTERVAL = 0.1
 

@@ -2,7 +2,8 @@
 -- The last start and the anchor move so that the cap and ticket current+1 both fall
 -- then; the line behind keeps its order. Never earlier than already due.
 -- KEYS[1]  the queue's state hash
--- KEYS[2..8]  the queue's other keys (QueueKeys.all), for idle expiry
+-- KEYS[2..8]  the queue's other keys (QueueKeys.all), for idle expiry; KEYS[7] (interval
+--          sources) also for siq_follow_expiry
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  how long to hold, in microseconds (>= 0)
 -- ARGV[3]  1: keep the first slot after the hold for the task that backed off (it comes
@@ -13,7 +14,9 @@ local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then return redis.error_reply('SIQNOTFOUND') end
+siq_follow_expiry(KEYS[7], s, now)  -- saved below
 local until_us = now + tonumber(ARGV[2]) - s.interval_us
+s.held_until_us = math.max(s.held_until_us, now + tonumber(ARGV[2]))
 s.last_start_us = math.max(s.last_start_us, until_us)
 local keep = 0
 if ARGV[3] == '1' then keep = s.interval_us end

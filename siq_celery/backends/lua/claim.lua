@@ -1,6 +1,7 @@
 -- claim: issue ARGV[2] consecutive tickets of one queue.
 -- KEYS[1]  the queue's state hash, siq:{<queue>}:state
--- KEYS[2..8]  the queue's other keys (QueueKeys.all), for idle expiry
+-- KEYS[2..8]  the queue's other keys (QueueKeys.all), for idle expiry; KEYS[7] (interval
+--          sources) also for siq_follow_expiry
 -- ARGV[1]  now in microseconds, or '' for Redis TIME (tests pin the clock)
 -- ARGV[2]  count of tickets, whole number >= 1
 -- ARGV[3]  interval in microseconds for a state created here; 0 = do not create
@@ -16,6 +17,8 @@ if err then return redis.error_reply(err) end
 if not s then
   if tonumber(ARGV[3]) <= 0 then return redis.error_reply('SIQNOTFOUND') end
   s = siq_new(now, tonumber(ARGV[3]), ARGV[4])
+else
+  siq_follow_expiry(KEYS[7], s, now)  -- saved below
 end
 local first = s.ticket + 1
 local due = s.anchor_us + (first - s.current) * s.interval_us

@@ -13,7 +13,8 @@
 -- ARGV[7]  1: announce (a new declaration replaces the last one and any override); 0: renew
 -- ARGV[8]  idle expiry in microseconds (0: never; see siq_touch)
 -- Returns {created (0|1), old declared_us, declared_us, old interval_us, interval_us,
--- replaced override_us (0: none), its origin}.
+-- replaced override_us (0: none), its origin}, then each unreadable field of the sources
+-- as 'field value' (dropped here: siq_sources).
 local now = siq_now(ARGV[1])
 local interval = tonumber(ARGV[2])
 local node, ttl, origin, announce = ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7] == '1'
@@ -47,6 +48,9 @@ end
 siq_save_sources(KEYS[7], src)
 local effective = siq_effective(src)
 if effective > 0 then s.interval_us = effective end
+s.until_us = siq_until(src)
 siq_save(KEYS[1], s)
 siq_touch(KEYS, s, tonumber(ARGV[8]), now)
-return {created, old_declared, src.declared_us, old_interval, s.interval_us, replaced, replaced_by}
+local reply = {created, old_declared, src.declared_us, old_interval, s.interval_us, replaced, replaced_by}
+for _, field in ipairs(src.unreadable) do table.insert(reply, field) end
+return reply

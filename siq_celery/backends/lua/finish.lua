@@ -3,6 +3,8 @@
 -- KEYS[2]  the queue's ledger stream, siq:{<queue>}:ledger
 -- KEYS[3..7]  the queue's state hash, parked keys and interval sources, for idle expiry:
 --             in the order state, parked, parked messages, releasing, intervals
+-- KEYS[8]  the queue's starts without a finish per task id: this one's count is cleared
+-- KEYS[9]  the queue's counts, for idle expiry too (they expire with the queue, not before)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  task id
 -- ARGV[3]  retention in microseconds: older records are dropped
@@ -18,12 +20,13 @@ local function touch()
   local ttl = tonumber(ARGV[8]) or 0
   if ttl > 0 then
     local s = siq_load(KEYS[3])  -- corrupt state: touched as if running (no pause to keep)
-    siq_touch({KEYS[3], KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, s, ttl, now)
+    siq_touch({KEYS[3], KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]}, s, ttl, now)
   end
 end
 if cap > 0 then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', cap, '*', 'e', 'f', 'id', ARGV[2], 'ft', now, 'o', ARGV[6])
 end
+redis.call('ZREM', KEYS[8], ARGV[2])  -- the run ended, whichever way: no lost delivery
 if ARGV[7] == '0' then
   touch()
   return redis.call('ZCARD', KEYS[1])

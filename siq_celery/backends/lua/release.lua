@@ -5,6 +5,7 @@
 -- KEYS[2]  parked tasks not leased: sorted set, score = ticket
 -- KEYS[3]  parked messages: hash, task id -> '<ticket>|<message>'
 -- KEYS[4]  leased tasks: sorted set, score = lease deadline (us)
+-- KEYS[5]  the queue's interval sources hash (siq_follow_expiry)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  horizon in microseconds
 -- ARGV[3]  most tasks to hand out
@@ -14,6 +15,7 @@ local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then return {'', now} end
+if siq_follow_expiry(KEYS[5], s, now) then siq_save(KEYS[1], s) end
 local limit = tonumber(ARGV[3])
 local lease_until = now + tonumber(ARGV[4])
 local reply = {s.epoch, now}

@@ -13,6 +13,7 @@ if not s or s.epoch ~= ARGV[2] or s.last_start_us ~= tonumber(ARGV[3]) or now < 
   return 0
 end
 s.last_start_us = now
+s.started_us = now
 s.anchor_us = math.max(s.anchor_us, now)
 siq_save(KEYS[1], s)
 return now

@@ -1,25 +1,32 @@
 -- set_interval: an operator's override of the queue's interval (it applies from the next
 -- start and holds across worker restarts that do not change the code's declaration), or
 -- clearing it: back to what the code declares (model.py: override).
--- KEYS[1]  the queue's state hash
--- KEYS[2]  the queue's interval sources hash (see siq_sources)
+-- KEYS[1..8]  the queue's keys (QueueKeys.all): KEYS[1] its state hash, KEYS[7] its interval
+--             sources hash (see siq_sources); all of them for idle expiry
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  the override in microseconds (> 0), or 0 to clear it
 -- ARGV[3]  origin, for people: who set it (user, host, pid)
--- Returns the state as siq_reply; error SIQNOTFOUND if the queue has no state.
+-- ARGV[4]  idle expiry in microseconds, or 0: the queue's own (an operator's command does
+--          not know it; a per-key queue keeps expiring when idle: siq_touch)
+-- Returns the state as siq_reply, then each unreadable field of the sources as 'field value'
+-- (dropped here: siq_sources); error SIQNOTFOUND if the queue has no state.
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then return redis.error_reply('SIQNOTFOUND') end
-local src = siq_sources(KEYS[2], now, true)
+local src = siq_sources(KEYS[7], now, true)
 local interval = tonumber(ARGV[2])
 if interval > 0 then
   src.override_us, src.override_by, src.override_at_us = interval, ARGV[3], now
 else
   src.override_us, src.override_by, src.override_at_us = 0, '', 0
 end
-siq_save_sources(KEYS[2], src)
+siq_save_sources(KEYS[7], src)
 local effective = siq_effective(src)
 if effective > 0 then s.interval_us = effective end
+s.until_us = siq_until(src)
 siq_save(KEYS[1], s)
-return siq_reply(s, now)
+siq_touch(KEYS, s, tonumber(ARGV[4]), now)
+local reply = siq_reply(s, now)
+for _, field in ipairs(src.unreadable) do table.insert(reply, field) end
+return reply

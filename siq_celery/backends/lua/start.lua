@@ -2,8 +2,11 @@
 -- KEYS[1]  the queue's state hash, siq:{<queue>}:state
 -- KEYS[2]  the queue's finished-task sorted set, siq:{<queue>}:finished
 -- KEYS[3]  the queue's ledger stream, siq:{<queue>}:ledger
--- KEYS[4..7]  the queue's parked keys and interval sources (QueueKeys.all), for idle expiry
--- KEYS[8]  the queue's counts of refused starts (hash: duplicate, reclaim)
+-- KEYS[4..7]  the queue's parked keys and interval sources (QueueKeys.all), for idle expiry;
+--           KEYS[7] (interval sources) also for siq_follow_expiry
+-- KEYS[8]  the queue's counts: of refused starts (duplicate, reclaim) and of authorized
+--          ones (siq_count_start)
+-- KEYS[9]  the queue's starts without a finish per task id (sorted set, see siq_unfinished)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  ticket number
 -- ARGV[3]  the ticket's epoch
@@ -15,8 +18,10 @@
 -- ARGV[12]  cost: slots this start takes (tickets ARGV[2] .. ARGV[2] + cost - 1, claimed
 --           together); the next start may come cost intervals after it
 -- ARGV[13]  idle expiry in microseconds (0: never; see siq_touch)
+-- ARGV[14]  starts without a finish after which task ARGV[4] is refused ('lost'); 0: no limit
+-- ARGV[15], ARGV[16]  retention (microseconds) and most records kept of those counts
 -- Returns {verdict, ticket, now_us, wait_us, slot_us, interval_us}; verdict is one of
--- 'authorized', 'wait', 'paused', 'reclaim', 'duplicate'. With 'paused', wait_us is the
+-- 'authorized', 'wait', 'paused', 'reclaim', 'duplicate', 'lost'. With 'paused', wait_us is the
 -- ticket's distance behind the head of the line (interval x tickets ahead of it).
 local now = siq_now(ARGV[1])
 local ticket = tonumber(ARGV[2]) or 0
@@ -28,6 +33,8 @@ if not s then
   s = siq_new(now, tonumber(ARGV[5]), ARGV[6])
   siq_save(KEYS[1], s)
   siq_touch(KEYS, s, tonumber(ARGV[13]), now)
+elseif siq_follow_expiry(KEYS[7], s, now) then
+  siq_save(KEYS[1], s)
 end
 local function refused(verdict)  -- counted for the exporter; the count expires with the queue
   redis.call('HINCRBY', KEYS[8], verdict, 1)
@@ -36,6 +43,10 @@ end
 if ARGV[4] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[4]) then
   refused('duplicate')
   return {'duplicate', ticket, now, 0, 0, 0}
+end
+local max_lost = ARGV[4] ~= '' and tonumber(ARGV[14]) or 0  -- poison messages (model.too_many_lost)
+if max_lost > 0 and siq_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15])) >= max_lost then
+  return {'lost', ticket, now, 0, 0, 0}
 end
 if ticket < 1 then  -- FREE is for start_all only
   refused('reclaim')
@@ -50,6 +61,8 @@ if verdict ~= 'authorized' then
 end
 local interval = s.interval_us  -- the interval this start was measured against
 siq_commit(KEYS[1], s, ticket, cost, now)
+if max_lost > 0 then siq_count_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15]), tonumber(ARGV[16])) end
 siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11], cost)
+siq_count_start(KEYS[8], now, slot, interval, tonumber(ARGV[11]) or 0)
 siq_touch(KEYS, s, tonumber(ARGV[13]), now)
 return {'authorized', ticket, now, 0, slot, interval}

@@ -3,20 +3,29 @@
 -- KEYS[2]  the queue's finished-task sorted set
 -- KEYS[3], KEYS[4]  parked tasks not leased, and leased (sorted sets)
 -- KEYS[5]  the queue's interval sources hash
--- KEYS[6]  the queue's counts of refused starts
+-- KEYS[6]  the queue's counts (of refused starts, and siq_count_start's)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
--- Returns siq_reply followed by the finished and parked counts, the duplicates refused and
--- the reclaims, then siq_sources_reply;
+-- The interval reported is the one the next start will use (a node declaration that expired
+-- since the last recomputation no longer counts: siq_follow_expiry); nothing is written.
+-- Returns siq_reply (with when the last start was authorized and when the last back-off
+-- ends) followed by the finished and parked counts, the duplicates refused and the
+-- reclaims, the counts hash (HGETALL, one nested array), then siq_sources_reply;
 -- or an empty array if no state.
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then return {} end
+local src = siq_sources(KEYS[5], now, false)
+if s.until_us > 0 and now >= s.until_us then  -- as siq_follow_expiry will have it (read only here)
+  local effective = siq_effective(src)
+  if effective > 0 then s.interval_us = effective end
+end
 local reply = siq_reply(s, now)
 table.insert(reply, redis.call('ZCARD', KEYS[2]))
 table.insert(reply, redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4]))
 local refused = redis.call('HMGET', KEYS[6], 'duplicate', 'reclaim')
 table.insert(reply, tonumber(refused[1]) or 0)
 table.insert(reply, tonumber(refused[2]) or 0)
-for _, v in ipairs(siq_sources_reply(siq_sources(KEYS[5], now, false))) do table.insert(reply, v) end
+table.insert(reply, redis.call('HGETALL', KEYS[6]))
+for _, v in ipairs(siq_sources_reply(src)) do table.insert(reply, v) end
 return reply
