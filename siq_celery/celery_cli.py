@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
+from .app_state import siq_state
 from .cli import QUEUE_COMMANDS, SiqGroup, StoreOptions, one_line_errors
-from .config import siq_state
 from .declarations import describe, sync_app
 from .intervals import format_interval
 

@@ -13,6 +13,9 @@ one with the longest interval, the limit that binds. In the others it takes the 
 slot, as a late ticket does, and so never reserves a slot there: a paused or exhausted
 daily quota holds nothing of the per-second queue, whose other users go on at its pace.
 
+A Celery task declares one with ``interval_queue`` a list or a mapping of queues
+(:func:`declared_combined_queue`).
+
 On Redis Cluster one script can only use keys of one hash slot: give the combined queues
 a shared hash tag, ``{geo}per-second`` and ``{geo}per-day`` (see keys.py). A single Redis
 server, SQLite and memory take any names.
@@ -21,8 +24,9 @@ server, SQLite and memory take any names.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from .errors import ConfigurationError, StoreUnavailableError
 from .ledger import StartRecord
@@ -125,3 +129,24 @@ class CombinedQueue:
 
     def settle(self, decision: Decision, tickets: list[Ticket], round_trip: float) -> Decision:
         return decision  # a late reply is not re-stamped here: each queue's cap already holds
+
+
+def declared_combined_queue(
+    task: str, declared: Any, interval: Any, queue: Callable[[str, Any], IntervalQueue]
+) -> CombinedQueue:
+    """The CombinedQueue of a task declared with several interval queues: a mapping of
+    name to interval, or a list of names with ``interval`` a list of as many (or one
+    interval for all). ``queue(name, interval)`` gives each IntervalQueue (the app's,
+    app_state.SiqState.queue)."""
+    if isinstance(declared, Mapping):
+        names, intervals = list(declared), list(declared.values())
+    elif isinstance(declared, (list, tuple)):
+        names = list(declared)
+        intervals = list(interval) if isinstance(interval, (list, tuple)) else [interval] * len(names)
+    else:
+        raise ConfigurationError(f"task {task}: interval_queue={declared!r} is not a name, a list or a mapping")
+    if len(intervals) != len(names):
+        raise ConfigurationError(
+            f"task {task}: {len(names)} interval queues but {len(intervals)} intervals ({intervals!r})"
+        )
+    return CombinedQueue([queue(n, i) for n, i in zip(names, intervals, strict=True)])

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from .config import siq_state
+from .app_state import siq_state
 from .errors import SiqError, StoreUnavailableError
 from .intervals import format_interval
 from .logs import Throttle

@@ -24,8 +24,8 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore
 
+from .app_state import siq_state
 from .combined import CombinedQueue
-from .config import siq_state
 from .errors import CorruptStateError, LostDeliveriesError, QueueNotFoundError, StoreUnavailableError
 from .intervals import parse_duration
 from .ledger import StartRecord

@@ -27,8 +27,8 @@ from typing import Any
 from kombu.exceptions import EncodeError
 from kombu.utils.json import dumps, loads  # Celery's JSON: datetimes, UUIDs, Decimals
 
+from .app_state import siq_state
 from .backends.base import RELEASE_LIMIT
-from .config import siq_state
 from .lru import LRUCache
 from .messages import ticket_headers
 from .queue import IntervalQueue

@@ -25,11 +25,12 @@ from typing import Any
 from celery import signals
 from kombu.utils.uuid import uuid
 
-from .config import SiqSettings, siq_state
+from .app_state import siq_state
 from .errors import ConfigurationError, CorruptStateError, StoreUnavailableError
 from .messages import DEFERRALS, HEADER_NAMES, ticket_headers
 from .parking import park, parked_message, release_now_and_then
 from .queue import IntervalQueue, PendingTicket
+from .settings import SiqSettings
 from .task_api import IntervalTaskLike
 from .types import Ticket
 

@@ -21,8 +21,8 @@ from typing import Any, NoReturn
 
 from celery import Task
 
+from .app_state import siq_state
 from .combined import CombinedQueue
-from .config import siq_state
 from .errors import ConfigurationError, InvalidQueueNameError, LostDeliveriesError, SiqError
 from .gate import authorize, back_off, paused_countdown, record_finish, record_retry
 from .intervals import IntervalLike, parse_interval

@@ -19,8 +19,8 @@ import threading
 from collections.abc import Hashable
 from typing import Any
 
+from .app_state import siq_state
 from .clock import CLOCK
-from .config import siq_state
 from .declarations import app_declarations
 from .errors import StoreUnavailableError
 from .logs import Outage, Throttle

@@ -28,8 +28,8 @@ from typing import Any
 
 from celery import signals
 
+from .app_state import siq_state
 from .broker_check import warn_if_broker_forgets_before_horizon
-from .config import siq_state
 from .declarations import NodeDeclarations, PerKeyDeclarations, app_declarations
 from .deferral_gc import DeferralCollector
 from .upkeep import WorkerUpkeep

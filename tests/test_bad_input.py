@@ -136,7 +136,7 @@ def test_malformed_redis_urls_are_refused(url: str) -> None:
 def test_bad_metrics_settings_name_the_setting(key: str, value: object) -> None:
     from celery import Celery
 
-    from siq_celery.config import SiqSettings
+    from siq_celery.settings import SiqSettings
 
     app = Celery("bad-metrics", set_as_current=False)
     app.conf.update(siq_url="memory://bad-metrics", **{key: value})

@@ -15,9 +15,9 @@ import pytest
 from celery import Celery, signals
 
 from siq_celery import ConfigurationError, IntervalTask, worker_hooks
+from siq_celery.app_state import siq_state
 from siq_celery.backends import backend_from_url
 from siq_celery.backends.sqlite import SqliteBackend
-from siq_celery.config import siq_state
 from siq_celery.declarations import NodeDeclarations, PerKeyDeclarations, app_declarations, describe, sync_app
 from siq_celery.errors import StoreUnavailableError
 from siq_celery.queue import IntervalQueue

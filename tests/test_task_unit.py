@@ -11,9 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from siq_celery import ConfigurationError, IntervalQueue, IntervalTask, InvalidQueueNameError
+from siq_celery.app_state import siq_state
 from siq_celery.backends import backend_from_url
-from siq_celery.config import SiqSettings, siq_state
 from siq_celery.messages import ticket_from_headers, ticket_headers
+from siq_celery.settings import SiqSettings
 from siq_celery.types import Ticket
 
 

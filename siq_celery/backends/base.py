@@ -48,7 +48,7 @@ Clock = Callable[[], int]
 #: Verdicts the store counts (the exporter's siq_duplicates_refused_total, siq_reclaims_total).
 REFUSALS = (Verdict.DUPLICATE, Verdict.RECLAIM)
 #: Per-key queues whose idle expiry a client remembers; a queue in use is registered again
-#: by each use (config.SiqState.queue), so the bound never drops one that is working.
+#: by each use (app_state.SiqState.queue), so the bound never drops one that is working.
 IDLE_EXPIRY_REMEMBERED = 20_000
 """A clock returning microseconds since the Unix epoch (tests pin it)."""
 

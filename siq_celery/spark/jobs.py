@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import siq_state
+from ..app_state import siq_state
 from ..intervals import IntervalLike
 from ..queue import IntervalQueue
 

@@ -1,0 +1,102 @@
+"""What siq_celery keeps per Celery app: its settings (settings.py), the store client, one
+:class:`IntervalQueue` per queue name and one :class:`CombinedQueue` per task of several
+limits, and the worker's declarations (declarations.py).
+
+It is kept on the app (never in a module global) and built lazily, so it is rebuilt after
+a fork.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .backends import Backend, backend_from_url
+from .combined import CombinedQueue, declared_combined_queue
+from .errors import ConfigurationError
+from .intervals import IntervalLike, parse_interval
+from .lru import LRUCache
+from .queue import IntervalQueue
+from .settings import SiqSettings
+
+
+class SiqState:
+    """Per-app cache: settings, the store client and one IntervalQueue per queue name."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._settings: SiqSettings | None = None
+        self._backend: Backend | None = None
+        # Bounded (siq_key_cache_size): per-key queues may be many, and idle ones cost nothing.
+        self._queues: LRUCache[tuple[str, int | None], IntervalQueue] | None = None
+        self._by_declaration: LRUCache[tuple[str, object], IntervalQueue] | None = None
+        self._combined: dict[str, CombinedQueue] = {}
+        #: The worker node's declarations (main process) and the per-key queues' (pool
+        #: processes): declarations.py; None outside a worker.
+        self.node_declarations: Any = None
+        self.per_key_declarations: Any = None
+        self.declared_queues: list[IntervalQueue] | None = None  #: declarations.app_declarations
+
+    @property
+    def settings(self) -> SiqSettings:
+        if self._settings is None:
+            self._settings = SiqSettings.from_app(self.app)
+        return self._settings
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            s = self.settings
+            self._backend = backend_from_url(
+                s.url,
+                key_prefix=s.key_prefix,
+                finished_retention_us=round(s.finished_retention * 1e6),
+                ledger_max=s.ledger_max,
+                max_lost_deliveries=s.max_lost_deliveries,
+            )
+        return self._backend
+
+    def queue(self, name: str, interval: IntervalLike | None, *, per_key: bool = False) -> IntervalQueue:
+        """The IntervalQueue ``name``; ``interval`` (or siq_default_interval) is used only to
+        create its state. Raises ConfigurationError when neither is set. A ``per_key``
+        queue's state expires after ``siq_key_idle_expiry`` of idleness."""
+        if self._queues is None or self._by_declaration is None:
+            self._queues = LRUCache(self.settings.key_cache_size)
+            self._by_declaration = LRUCache(self.settings.key_cache_size)
+        cached = self._by_declaration.get((name, interval))
+        if cached is not None:  # the publish path: no parsing, no validation
+            if per_key:  # the store client's own bounded memory of it may have let it go
+                self.backend.expire_when_idle(name, round(self.settings.key_idle_expiry * 1e6))
+            return cached
+        interval_us = parse_interval(interval) if interval is not None else self.settings.default_interval_us
+        if interval_us is None:
+            raise ConfigurationError(
+                f"interval queue {name!r} has no interval: give the task interval='200ms' "
+                f"(or a rate like '5/s'), or set app.conf.siq_default_interval"
+            )
+        key = (name, interval_us)
+        q = self._queues.get(key)
+        if q is None:
+            idle = self.settings.key_idle_expiry if per_key else None
+            q = self._queues[key] = IntervalQueue(
+                name, interval=interval_us / 1e6, backend=self.backend, idle_expiry=idle
+            )
+        if isinstance(interval, (str, int, float, type(None))):  # hashable declarations only
+            self._by_declaration[(name, interval)] = q
+        return q
+
+    def combined(self, task: str, declared: Any, interval: Any) -> CombinedQueue:
+        """The CombinedQueue of a task declared with several interval queues (combined.py:
+        declared_combined_queue), built once: a task's declaration does not change."""
+        limits = self._combined.get(task)
+        if limits is None:
+            limits = self._combined[task] = declared_combined_queue(task, declared, interval, self.queue)
+        return limits
+
+
+def siq_state(app: Any) -> SiqState:
+    """The app's SiqState, created on first use."""
+    state: SiqState | None = getattr(app, "_siq_state", None)
+    if state is None:
+        state = SiqState(app)
+        app._siq_state = state
+    return state
