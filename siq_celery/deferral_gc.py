@@ -10,6 +10,8 @@ from __future__ import annotations
 import gc
 from typing import Any
 
+from .task_api import is_interval_task
+
 #: Full garbage collections in a worker process: one per this many deferrals.
 COLLECT_EVERY_DEFERRALS = 20
 
@@ -21,7 +23,7 @@ class DeferralCollector:
         self.every, self.since_collect = every, 0
 
     def __call__(self, sender: Any = None, state: str | None = None, **_: Any) -> None:
-        if state != "IGNORED" or not callable(getattr(sender, "siq_queue", None)):
+        if state != "IGNORED" or not is_interval_task(sender):
             return
         self.since_collect += 1
         if self.since_collect >= self.every:

@@ -1,7 +1,8 @@
 """What the two sides of an interval task use of it: the producer side (publish.py) and
 the worker side (gate.py) type against :class:`IntervalTaskLike`, and task.py, which
 builds :class:`~siq_celery.task.IntervalTask` from both, satisfies it. Neither side
-imports task.py, so the modules form no import circle."""
+imports task.py, so the modules form no import circle. The worker's signal handlers know
+an interval task by its ``siq_queue`` (:func:`is_interval_task`)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,13 @@ class IntervalTaskLike(Protocol):
     def signature_from_request(self, request: Any, args: Any, kwargs: Any, **options: Any) -> Any: ...
     def send_event(self, type_: str, retry: bool = True, retry_policy: Any = None, **fields: Any) -> None: ...
     def AsyncResult(self, task_id: str, **kwargs: Any) -> Any: ...
+
+
+def is_interval_task(task: object) -> bool:
+    """Whether ``task`` is an interval task, known by its ``siq_queue`` method (the worker's
+    signal handlers import neither the task class nor parking)."""
+    return callable(getattr(task, "siq_queue", None))
+
+
+def has_interval_tasks(app: Any) -> bool:
+    return any(is_interval_task(t) for t in list(app.tasks.values()))

@@ -330,7 +330,7 @@ def test_a_pool_process_that_stops_withdraws_its_per_key_declarations(tmp_path: 
         assert state.backend.status("shop:1").sources.nodes == ()  # type: ignore[union-attr]
     finally:
         signals.worker_shutdown.send(sender=worker)
-        worker_hooks.PER_KEY_DECLARATIONS.clear()
+        worker_hooks.WORKER.per_key_declarations.clear()
 
 
 def test_a_renewal_says_when_the_effective_interval_followed_an_expiry(

@@ -179,7 +179,7 @@ def test_a_worker_of_per_key_tasks_exports_only_its_own_queues() -> None:
 
     from siq_celery import IntervalTask
     from siq_celery.embedded import free_port
-    from siq_celery.worker_hooks import _serve_metrics, _stop_metrics
+    from siq_celery.worker_metrics import WorkerMetrics
 
     backend = backend_from_url("memory://per-key-metrics")
     for name in ("billing", "shop:1"):
@@ -193,12 +193,13 @@ def test_a_worker_of_per_key_tasks_exports_only_its_own_queues() -> None:
                   interval_queue=lambda args, kwargs: f"shop:{kwargs['shop']}")  # fmt: skip
         def call(shop: str) -> None: ...
 
-        _serve_metrics(sender=types.SimpleNamespace(app=app))
+        metrics = WorkerMetrics()
+        metrics.serve(sender=types.SimpleNamespace(app=app))
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{app.conf.siq_metrics_port}/metrics", timeout=10) as r:
                 served[str(patterns)] = r.read().decode()
         finally:
-            _stop_metrics()
+            metrics.stop()
     exported = {k: sorted(set(re.findall(r'queue="([^"]+)"', body))) for k, body in served.items()}
     print(exported)
     assert exported == {"None": [], "['shop:*']": ["shop:1"]}
