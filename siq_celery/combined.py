@@ -31,6 +31,12 @@ from .queue import IntervalQueue, logger, new_epoch, validate_cost, wait_in_line
 from .types import Decision, Ticket
 
 
+def pace_us(queue: IntervalQueue) -> float:
+    """A queue's slowest pace: its interval, or its window over its quota if longer."""
+    limits = queue.limits
+    return max(queue.interval_us or 0, limits.window_us / limits.quota if limits.quota else 0)
+
+
 class CombinedQueue:
     """Interval queues of one store that every start must pass at once."""
 
@@ -42,8 +48,10 @@ class CombinedQueue:
         if any(q.backend is not queues[0].backend for q in queues):
             raise ConfigurationError(f"the queues of a combined limit {names!r} must use one store (one backend)")
         self.queues, self.backend, self.name = queues, queues[0].backend, "+".join(names)
-        #: The queue where a start has its place in line: the longest interval (the first of equals).
-        self.primary = max(queues, key=lambda q: q.interval_us or 0)
+        #: The queue where a start has its place in line: the slowest limit (the first of equals),
+        #: by its interval or its window quota's average, whichever is longer (a daily quota
+        #: binds more than a per-second spacing).
+        self.primary = max(queues, key=pace_us)
         self._nap, self._monotonic = queues[0]._nap, queues[0]._monotonic
 
     def __repr__(self) -> str:

@@ -27,10 +27,12 @@ from ..errors import (
 from ..keys import QueueKeys
 from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
 from ..types import (
+    NO_LIMITS,
     ClaimResult,
     Decision,
     Declared,
     IntervalSources,
+    Limits,
     NodeDeclaration,
     ParkedTask,
     QueueState,
@@ -306,21 +308,28 @@ class RedisBackend(Backend):
 
     # -- operations -----------------------------------------------------------------
 
-    def ensure(self, queue: str, interval_us: int, epoch: str) -> tuple[QueueState, bool]:
+    def ensure(
+        self, queue: str, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS
+    ) -> tuple[QueueState, bool]:
+        _not_yet(limits)
         k = self.keys(queue)
         reply = self._run("ensure", queue, [k.state], [interval_us, epoch])
         return self._state(reply[1:])[0], bool(reply[0])
 
-    def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
+    def claim(self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS) -> ClaimResult:
+        _not_yet(limits)
         k = self.keys(queue)
         reply = self._run("claim", queue, k.all, [count, interval_us, epoch, self.idle_expiry_us(queue)])
         return _claim_result(reply)
 
-    def claim_later(self, queue: str, count: int, interval_us: int, epoch: str) -> PendingClaim:
+    def claim_later(
+        self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS
+    ) -> PendingClaim:
         """Write the claim's EVALSHA on a connection of its own and return; the reply is read
         by :meth:`PendingClaim.result` (a plain server only; Cluster claims at once)."""
+        _not_yet(limits)
         if isinstance(self.client, RedisCluster):
-            return super().claim_later(queue, count, interval_us, epoch)
+            return super().claim_later(queue, count, interval_us, epoch, limits=limits)
         keys = self.keys(queue).all
         key = keys[0]
         script = self._script("claim")
@@ -368,7 +377,9 @@ class RedisBackend(Backend):
         new_epoch: str,
         record: StartRecord | None = None,
         cost: int = 1,
+        limits: Limits = NO_LIMITS,
     ) -> Decision:
+        _not_yet(limits)
         k = self.keys(queue)
         lost = self._lost_args(task_id)
         if record is not None and self.ledger_max:
@@ -395,7 +406,10 @@ class RedisBackend(Backend):
         new_epoch: str,
         record: StartRecord | None = None,
         cost: int = 1,
+        limits: Sequence[Limits] | None = None,
     ) -> list[Decision]:
+        for each in limits or ():
+            _not_yet(each)
         keys = [
             key for q in queues for key in (self.keys(q).state, self.keys(q).finished, self.keys(q).ledger,
                                             self.keys(q).refused, self.keys(q).intervals)
@@ -487,7 +501,9 @@ class RedisBackend(Backend):
         ttl_us: int = 0,
         origin: str = "",
         announce: bool = True,
+        limits: Limits = NO_LIMITS,
     ) -> Declared:
+        _not_yet(limits)
         args = [interval_us, epoch, node, ttl_us, origin, int(announce), self.idle_expiry_us(queue)]
         reply = self._run("declare", queue, self.keys(queue).all, args)
         created, old_declared, declared, old, interval, replaced, by = reply[:7]
@@ -500,7 +516,9 @@ class RedisBackend(Backend):
         args = [hold_us, int(keep_first), self.idle_expiry_us(queue)]
         return self._state(self._run("backoff", queue, self.keys(queue).all, args))[0]
 
-    def reset(self, queue: str, interval_us: int | None, epoch: str, origin: str = "") -> QueueState:
+    def reset(
+        self, queue: str, interval_us: int | None, epoch: str, origin: str = "", *, limits: Limits = NO_LIMITS
+    ) -> QueueState:
         args = [interval_us or 0, epoch, origin, self.idle_expiry_us(queue)]
         reply = self._run("reset", queue, self.keys(queue).all, args)
         log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[8:]])
@@ -669,6 +687,11 @@ class RedisBackend(Backend):
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+
+def _not_yet(limits: Limits) -> None:
+    if limits != NO_LIMITS:
+        raise ConfigurationError("burst and window quotas are not yet implemented by the Redis store")
 
 
 def _connection_from(pool: Any) -> Any:
