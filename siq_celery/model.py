@@ -128,7 +128,7 @@ def cap(state: QueueState) -> int:
 
 def claim(state: QueueState, count: int, now_us: int, window: Window | None = None) -> ClaimResult:
     """Issue ``count`` tickets (mutates ``state``)."""
-    units = window_units(state, window, now_us)  # first: it may move the line (see _Units)
+    units = window_units(state, window, now_us)  # first: it may move the line (see WindowUnits)
     first = state.ticket + 1
     due_first = state.anchor_us + (first - state.current) * state.interval_us
     floor = max(now_us, cap(state))
@@ -161,7 +161,7 @@ def slot_of(state: QueueState, ticket: int) -> int:
     return max(state.anchor_us + (ticket - state.current) * state.interval_us, cap(state))
 
 
-class _Units:
+class WindowUnits:
     """The window's cost units as one sequence: the units kept (1 .. m, oldest first),
     then the units of the tickets in line (m + j: ticket current + j), each estimated to
     start at the later of its interval slot and the time the unit ``quota`` places before
@@ -213,12 +213,12 @@ class _Units:
         return max(0 if hard is None else hard + s.window_us, 0 if line is None else line + s.window_us)
 
 
-def window_units(state: QueueState, window: Window | None, now_us: int) -> _Units | None:
-    """The window read at ``now_us`` (see :class:`_Units`; mutates ``state``), or None
+def window_units(state: QueueState, window: Window | None, now_us: int) -> WindowUnits | None:
+    """The window read at ``now_us`` (see :class:`WindowUnits`; mutates ``state``), or None
     without a quota."""
     if not state.quota or window is None:
         return None
-    return _Units(state, window, now_us)
+    return WindowUnits(state, window, now_us)
 
 
 def window_slot(state: QueueState, window: Window | None, ticket: int, cost: int, now_us: int) -> int:
@@ -523,7 +523,7 @@ def restamp(state: QueueState, epoch: str, started_us: int, now_us: int) -> int 
     return now_us
 
 
-def release_cutoff(state: QueueState, now_us: int, horizon_us: int, window: Window | None = None) -> int | None:
+def release_cutoff(state: QueueState, now_us: int, horizon_us: int, units: WindowUnits | None = None) -> int | None:
     """The highest ticket whose slot is within ``horizon_us`` of now: parked tasks up to it
     go back to the broker. None while paused (no slot is known), and while the next free
     slot is itself beyond the horizon (a long back-off): every ticket, passed-over ones
@@ -536,9 +536,9 @@ def release_cutoff(state: QueueState, now_us: int, horizon_us: int, window: Wind
     before the workers return, and the returning tasks would start in arrival order.
 
     With a window quota a ticket is due by the later of its interval slot and its window
-    slot (:func:`window_slot`, as a start of cost 1): the same slot its start will meet."""
+    slot (``units``: the window read by :func:`window_units`, as a start of cost 1): the
+    same slot its start will meet."""
     reach = now_us + horizon_us
-    units = window_units(state, window, now_us)
     if state.paused or cap(state) > reach or (units is not None and units.slot(FREE, 1) > reach):
         return None
     cutoff = state.current + max((reach - state.anchor_us) // state.interval_us, 0)
@@ -554,6 +554,7 @@ def release_cutoff(state: QueueState, now_us: int, horizon_us: int, window: Wind
     return low
 
 
-def estimate_of(state: QueueState, ticket: int, now_us: int, window: Window | None = None) -> int:
-    """When ``ticket`` is expected to start (for a released task's ETA)."""
-    return max(slot_of(state, ticket), window_slot(state, window, ticket, 1, now_us), now_us)
+def estimate_of(state: QueueState, ticket: int, now_us: int, units: WindowUnits | None = None) -> int:
+    """When ``ticket`` is expected to start (for a released task's ETA; ``units``: the
+    window read by :func:`window_units`)."""
+    return max(slot_of(state, ticket), 0 if units is None else units.slot(ticket, 1), now_us)

@@ -711,9 +711,10 @@ class ModelBackend(Backend):
                 units = model.window_units(state, window, now)
                 held = 0 if units is None else units.slot(state.current + 1, 1)
                 model.shift_after_outage(state, now, horizon_us, held)
-            tasks = tx.leasable(model.release_cutoff(state, now, horizon_us, window), now, limit)
+            units = model.window_units(state, window, now)  # read again: the line may have shifted
+            tasks = tx.leasable(model.release_cutoff(state, now, horizon_us, units), now, limit)
             tx.lease([t.task_id for t in tasks], now + lease_us)
-            return Release(state.epoch, now, [(t, model.estimate_of(state, t.ticket, now, window)) for t in tasks])
+            return Release(state.epoch, now, [(t, model.estimate_of(state, t.ticket, now, units)) for t in tasks])
 
     def unpark(self, queue: str, task_ids: Sequence[str]) -> None:
         with self.transaction(queue) as tx:

@@ -165,9 +165,18 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
     raise ConfigurationError(f"not a Redis URL: {redacted(url)!r}")
 
 
+#: Values of siq_reply (the state, the store time, the status-only times, the limits).
+STATE_REPLY = 13
+
+
 def _claim_result(reply: Sequence[Any]) -> ClaimResult:
-    first, n, epoch, base, floor, interval, now = reply
-    return ClaimResult(int(first), int(n), epoch.decode(), int(base), int(floor), int(interval), int(now))
+    first, n, epoch, base, floor, interval, now = reply[:7]
+    window = tuple(int(v) for v in reply[7:])
+    return ClaimResult(int(first), int(n), epoch.decode(), int(base), int(floor), int(interval), int(now), window)
+
+
+def _limit_args(limits: Limits) -> list[int]:
+    return [limits.burst, limits.quota, limits.window_us]
 
 
 def _text(value: Any) -> str:
@@ -301,9 +310,11 @@ class RedisBackend(Backend):
     @staticmethod
     def _state(reply: Sequence[Any]) -> tuple[QueueState, int]:
         epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-        numbers = [int(v) for v in reply[1:10]]
-        interval, ticket, current, anchor, last_start, paused, now, started, held = numbers
-        state = QueueState(epoch, interval, ticket, current, anchor, last_start, bool(paused), started, held)
+        numbers = [int(v) for v in reply[1:STATE_REPLY]]
+        interval, ticket, current, anchor, last_start, paused, now, started, held, burst, quota, window = numbers
+        state = QueueState(
+            epoch, interval, ticket, current, anchor, last_start, bool(paused), started, held, burst, quota, window
+        )
         return state, now
 
     # -- operations -----------------------------------------------------------------
@@ -311,15 +322,14 @@ class RedisBackend(Backend):
     def ensure(
         self, queue: str, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS
     ) -> tuple[QueueState, bool]:
-        _not_yet(limits)
         k = self.keys(queue)
-        reply = self._run("ensure", queue, [k.state], [interval_us, epoch])
+        reply = self._run("ensure", queue, [k.state], [interval_us, epoch, *_limit_args(limits)])
         return self._state(reply[1:])[0], bool(reply[0])
 
     def claim(self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS) -> ClaimResult:
-        _not_yet(limits)
         k = self.keys(queue)
-        reply = self._run("claim", queue, k.all, [count, interval_us, epoch, self.idle_expiry_us(queue)])
+        args = [count, interval_us, epoch, self.idle_expiry_us(queue), *_limit_args(limits)]
+        reply = self._run("claim", queue, k.all, args)
         return _claim_result(reply)
 
     def claim_later(
@@ -327,7 +337,6 @@ class RedisBackend(Backend):
     ) -> PendingClaim:
         """Write the claim's EVALSHA on a connection of its own and return; the reply is read
         by :meth:`PendingClaim.result` (a plain server only; Cluster claims at once)."""
-        _not_yet(limits)
         if isinstance(self.client, RedisCluster):
             return super().claim_later(queue, count, interval_us, epoch, limits=limits)
         keys = self.keys(queue).all
@@ -341,7 +350,7 @@ class RedisBackend(Backend):
         try:
             conn.send_command(
                 "EVALSHA", script.sha, len(keys), *keys, self._now_arg(), count, interval_us, epoch,
-                self.idle_expiry_us(queue),
+                self.idle_expiry_us(queue), *_limit_args(limits),
             )  # fmt: skip
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             conn.disconnect()
@@ -379,7 +388,6 @@ class RedisBackend(Backend):
         cost: int = 1,
         limits: Limits = NO_LIMITS,
     ) -> Decision:
-        _not_yet(limits)
         k = self.keys(queue)
         lost = self._lost_args(task_id)
         if record is not None and self.ledger_max:
@@ -391,7 +399,18 @@ class RedisBackend(Backend):
             "start",
             queue,
             k.all,
-            [ticket, epoch, task_id or "", interval_us, new_epoch, *ledger, cost, self.idle_expiry_us(queue), *lost],
+            [
+                ticket,
+                epoch,
+                task_id or "",
+                interval_us,
+                new_epoch,
+                *ledger,
+                cost,
+                self.idle_expiry_us(queue),
+                *lost,
+                *_limit_args(limits),
+            ],
         )
         return Decision(Verdict(verdict.decode()), int(number), int(now), int(wait), int(slot), int(interval))
 
@@ -408,12 +427,11 @@ class RedisBackend(Backend):
         cost: int = 1,
         limits: Sequence[Limits] | None = None,
     ) -> list[Decision]:
-        for each in limits or ():
-            _not_yet(each)
         keys = [
             key for q in queues for key in (self.keys(q).state, self.keys(q).finished, self.keys(q).ledger,
-                                            self.keys(q).refused, self.keys(q).intervals)
+                                            self.keys(q).refused, self.keys(q).intervals, self.keys(q).window)
         ]  # fmt: skip
+        each = list(limits) if limits is not None else [NO_LIMITS] * len(queues)
         keys.append(self.keys(queues[0]).unfinished)
         lost = self._lost_args(task_id)
         if record is not None and self.ledger_max:
@@ -428,7 +446,9 @@ class RedisBackend(Backend):
                 f"start them together: name them with a shared hash tag, like '{{geo}}per-second' and "
                 f"'{{geo}}per-day'"
             )
-        replies = self._run("start_all", queues[0], keys, [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost])
+        per_limits = [v for lim in each for v in _limit_args(lim)]
+        args = [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost, *per_limits]
+        replies = self._run("start_all", queues[0], keys, args)
         return [
             Decision(Verdict(v.decode()), int(n), int(now), int(wait), int(slot), int(interval))
             for v, n, now, wait, slot, interval in replies
@@ -488,7 +508,7 @@ class RedisBackend(Backend):
     def set_interval(self, queue: str, interval_us: int | None, origin: str = "") -> QueueState:
         args = [interval_us or 0, origin, self.idle_expiry_us(queue)]
         reply = self._run("set_interval", queue, self.keys(queue).all, args)
-        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[8:]])
+        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[STATE_REPLY:]])
         return self._state(reply)[0]
 
     def declare(
@@ -503,8 +523,8 @@ class RedisBackend(Backend):
         announce: bool = True,
         limits: Limits = NO_LIMITS,
     ) -> Declared:
-        _not_yet(limits)
-        args = [interval_us, epoch, node, ttl_us, origin, int(announce), self.idle_expiry_us(queue)]
+        args = [interval_us, epoch, node, ttl_us, origin, int(announce), self.idle_expiry_us(queue),
+                *_limit_args(limits)]  # fmt: skip
         reply = self._run("declare", queue, self.keys(queue).all, args)
         created, old_declared, declared, old, interval, replaced, by = reply[:7]
         log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[7:]])
@@ -519,9 +539,9 @@ class RedisBackend(Backend):
     def reset(
         self, queue: str, interval_us: int | None, epoch: str, origin: str = "", *, limits: Limits = NO_LIMITS
     ) -> QueueState:
-        args = [interval_us or 0, epoch, origin, self.idle_expiry_us(queue)]
+        args = [interval_us or 0, epoch, origin, self.idle_expiry_us(queue), *_limit_args(limits)]
         reply = self._run("reset", queue, self.keys(queue).all, args)
-        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[8:]])
+        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[STATE_REPLY:]])
         return self._state(reply)[0]
 
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
@@ -536,7 +556,7 @@ class RedisBackend(Backend):
     ) -> Release:
         k = self.keys(queue)
         reply = self._run(
-            "release", queue, [k.state, k.parked, k.parked_messages, k.releasing, k.intervals],
+            "release", queue, [k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.window],
             [horizon_us, limit, lease_us],
         )  # fmt: skip
         epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
@@ -571,14 +591,15 @@ class RedisBackend(Backend):
 
     def _status_keys(self, queue: str) -> list[str]:
         k = self.keys(queue)
-        return [k.state, k.finished, k.parked, k.releasing, k.intervals, k.refused]
+        return [k.state, k.finished, k.parked, k.releasing, k.intervals, k.refused, k.window]
 
     def _status(self, queue: str, reply: Sequence[Any]) -> QueueStatus | None:
         if not reply:
             return None
         state, now = self._state(reply)
-        finished, parked, duplicates, reclaims = (int(v) for v in reply[10:14])
-        return QueueStatus(queue, state, now, finished, parked, _sources(reply[14:]), duplicates, reclaims)
+        finished, parked, duplicates, reclaims, used = (int(v) for v in reply[STATE_REPLY : STATE_REPLY + 5])
+        sources = _sources(reply[STATE_REPLY + 5 :])
+        return QueueStatus(queue, state, now, finished, parked, sources, duplicates, reclaims, used)
 
     #: Commands sent in one pipeline by the exporter's reads of many queues.
     PIPELINE_CHUNK = 500
@@ -687,11 +708,6 @@ class RedisBackend(Backend):
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
-
-
-def _not_yet(limits: Limits) -> None:
-    if limits != NO_LIMITS:
-        raise ConfigurationError("burst and window quotas are not yet implemented by the Redis store")
 
 
 def _connection_from(pool: Any) -> Any:

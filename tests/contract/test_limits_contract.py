@@ -20,12 +20,6 @@ I = 100_000
 S = 1_000_000
 
 
-@pytest.fixture(autouse=True)
-def _model_stores_only(request: pytest.FixtureRequest) -> None:
-    if "store" in request.fixturenames and request.getfixturevalue("store").kind.startswith("redis"):
-        pytest.skip("the Redis scripts do not run burst and window quotas yet")
-
-
 def queue(store: Store, name: str = "q", interval: Any = "100ms", **options: Any) -> IntervalQueue:
     return IntervalQueue(name, interval=interval, backend=store.backend(), **options)
 
