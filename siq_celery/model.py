@@ -70,6 +70,9 @@ class Window(Protocol):
     def add(self, t_us: int, cost: int) -> None:
         """A start of ``cost`` units at ``t_us``."""
 
+    def move(self, from_us: int, to_us: int) -> None:
+        """A start recorded at ``from_us`` began at ``to_us`` (a re-stamp)."""
+
 
 class ListWindow:
     """A :class:`Window` in memory (the memory store's, and the reference's)."""
@@ -97,6 +100,13 @@ class ListWindow:
     def add(self, t_us: int, cost: int) -> None:
         bisect.insort(self.entries, (t_us, cost))
         self._used += cost
+
+    def move(self, from_us: int, to_us: int) -> None:
+        at = bisect.bisect_right(self.entries, (from_us, 1 << 62)) - 1
+        if at >= 0 and self.entries[at][0] == from_us:
+            _, cost = self.entries.pop(at)
+            self._used -= cost
+            self.add(to_us, cost)
 
 
 def new_state(now_us: int, interval_us: int, epoch: str, limits: Limits = NO_LIMITS) -> QueueState:
@@ -508,18 +518,21 @@ def reset(state: QueueState, now_us: int, epoch: str, interval_us: int | None = 
     )
 
 
-def restamp(state: QueueState, epoch: str, started_us: int, now_us: int) -> int | None:
+def restamp(state: QueueState, epoch: str, started_us: int, now_us: int, window: Window | None = None) -> int | None:
     """Move the last start from ``started_us`` to ``now_us`` if it is still the last start
     of this epoch; return the new start time, else None.
 
     A caller whose authorization reply came back slowly (its process was descheduled)
     starts its body later than the store recorded; re-stamping makes the next start wait
-    a full interval from (nearly) the real start. It can only delay later starts.
+    a full interval from (nearly) the real start. It can only delay later starts. With a
+    window quota the start moves in the window too (it leaves the window later).
     """
     if state.epoch != epoch or state.last_start_us != started_us or now_us < started_us:
         return None
     state.last_start_us = state.started_us = now_us
     state.anchor_us = max(state.anchor_us, now_us)
+    if state.quota and window is not None:
+        window.move(started_us, now_us)
     return now_us
 
 

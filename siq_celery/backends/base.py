@@ -605,7 +605,9 @@ class ModelBackend(Backend):
 
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
         with self.transaction(queue) as tx:
-            return None if tx.state is None else model.restamp(tx.state, epoch, started_us, tx.now_us)
+            if tx.state is None:
+                return None
+            return model.restamp(tx.state, epoch, started_us, tx.now_us, self._window(tx, tx.state))
 
     def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
         with self.transaction(queue) as tx:

@@ -461,7 +461,8 @@ class RedisBackend(Backend):
         return [limit, self.finished_retention_us, self.finished_max]
 
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
-        now = int(self._run("restamp", queue, [self.keys(queue).state], [epoch, started_us]))
+        k = self.keys(queue)
+        now = int(self._run("restamp", queue, [k.state, k.window], [epoch, started_us]))
         return now or None
 
     def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:

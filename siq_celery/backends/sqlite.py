@@ -328,6 +328,14 @@ class _SqliteWindow:
         self._c.execute("INSERT INTO siq_window VALUES (?, ?, ?, ?)", (*self._key, t_us, cost))
         self._units = None
 
+    def move(self, from_us: int, to_us: int) -> None:
+        self._c.execute(
+            "UPDATE siq_window SET t_us=? WHERE rowid = (SELECT rowid FROM siq_window WHERE prefix=? AND queue=? "
+            "AND t_us=? ORDER BY rowid DESC LIMIT 1)",
+            (to_us, *self._key, from_us),
+        )
+        self._units = None
+
 
 LOCK_RETRY_S = 0.0001
 CHECKPOINT_EVERY = 200  # claims and finishes per connection between WAL checkpoints

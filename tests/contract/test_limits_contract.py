@@ -282,3 +282,15 @@ def test_burst_and_quota_together(store: Store) -> None:
     assert most_in_window(starts, S) <= 6  # and never more than the quota in any second
     for width in (1, I, 3 * I, S):
         assert most_in_window(starts, width) <= math.ceil(width / I) + 4
+
+
+def test_a_restamped_start_leaves_the_window_from_its_restamped_time(store: Store) -> None:
+    q = queue(store, quota="1/1s")
+    t0 = q.ensure().last_start_us
+    first = q.claim()
+    at(store, t0 + I)
+    assert q.start(first).authorized
+    at(store, t0 + I + 500)  # the body began half a millisecond later
+    assert q.backend.restamp(q.name, first.epoch, t0 + I) == t0 + I + 500
+    d = q.start(q.claim())
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + I + 500 + S
