@@ -2,16 +2,17 @@
 
 >>> store = backend_from_url(URL)  # one store (one client) for the combined queues
 >>> limits = CombinedQueue([IntervalQueue("{geo}per-second", backend=store, interval="100ms"),
-...                         IntervalQueue("{geo}per-day", backend=store, interval="10000/d")])
+...                         IntervalQueue("{geo}per-day", backend=store, quota="10000/d")])
 >>> with limits.slot():
 ...     call_api()
 
 A start is authorized in every queue in one atomic step of the store, or recorded in
 none: nothing is held in one queue while the start waits for another, so there is no
 deadlock. The start has a place in line (a ticket) in one queue only, the *primary*: the
-one with the longest interval, the limit that binds. In the others it takes the next free
-slot, as a late ticket does, and so never reserves a slot there: a paused or exhausted
-daily quota holds nothing of the per-second queue, whose other users go on at its pace.
+slowest limit, by its interval or its window quota's average pace, the limit that binds.
+In the others it takes the next free slot, as a late ticket does, and so never reserves
+a slot there: a paused or exhausted daily quota holds nothing of the per-second queue,
+whose other users go on at its pace.
 
 On Redis Cluster one script can only use keys of one hash slot: give the combined queues
 a shared hash tag, ``{geo}per-second`` and ``{geo}per-day`` (see keys.py). A single Redis
