@@ -21,6 +21,7 @@ from .errors import (
     UnknownBackendError,
 )
 from .intervals import format_interval, parse_interval
+from .limits import Limit
 from .queue import DuplicateTaskError, IntervalQueue, SlotTimeoutError
 from .task import IntervalTask
 from .types import ClaimResult, Decision, QueueState, QueueStatus, Ticket, Verdict
@@ -32,6 +33,6 @@ __all__ = [
     "ConfigurationError", "CorruptStateError", "IntervalMismatchError", "InvalidIntervalError",
     "InvalidQueueNameError", "LostDeliveriesError", "MissingDependencyError", "QueueExistsError", "QueueNotFoundError",
     "SiqError", "StoreUnavailableError", "UnknownBackendError", "DuplicateTaskError", "SlotTimeoutError",
-    "format_interval", "parse_interval", "IntervalQueue", "CombinedQueue", "IntervalTask",
+    "format_interval", "parse_interval", "Limit", "IntervalQueue", "CombinedQueue", "IntervalTask",
     "ClaimResult", "Decision", "QueueState", "QueueStatus", "Ticket", "Verdict",
 ]  # fmt: skip

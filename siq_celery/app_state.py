@@ -14,6 +14,7 @@ from .backends import Backend, backend_from_url
 from .combined import CombinedQueue, declared_combined_queue
 from .errors import ConfigurationError
 from .intervals import IntervalLike, parse_interval
+from .limits import Limit, QuotaLike, limits_of
 from .lru import LRUCache
 from .queue import IntervalQueue
 from .settings import SiqSettings
@@ -27,8 +28,8 @@ class SiqState:
         self._settings: SiqSettings | None = None
         self._backend: Backend | None = None
         # Bounded (siq_key_cache_size): per-key queues may be many, and idle ones cost nothing.
-        self._queues: LRUCache[tuple[str, int | None], IntervalQueue] | None = None
-        self._by_declaration: LRUCache[tuple[str, object], IntervalQueue] | None = None
+        self._queues: LRUCache[tuple[object, ...], IntervalQueue] | None = None
+        self._by_declaration: LRUCache[tuple[object, ...], IntervalQueue] | None = None
         self._combined: dict[str, CombinedQueue] = {}
         #: The worker node's declarations (main process) and the per-key queues' (pool
         #: processes): declarations.py; None outside a worker.
@@ -55,33 +56,48 @@ class SiqState:
             )
         return self._backend
 
-    def queue(self, name: str, interval: IntervalLike | None, *, per_key: bool = False) -> IntervalQueue:
-        """The IntervalQueue ``name``; ``interval`` (or siq_default_interval) is used only to
-        create its state. Raises ConfigurationError when neither is set. A ``per_key``
-        queue's state expires after ``siq_key_idle_expiry`` of idleness."""
+    def queue(
+        self, name: str, interval: IntervalLike | Limit | None, *, per_key: bool = False, burst: int | None = None,
+        quota: QuotaLike | None = None,
+    ) -> IntervalQueue:  # fmt: skip
+        """The IntervalQueue ``name``; ``interval`` (or siq_default_interval), ``burst`` and
+        ``quota`` (or siq_default_burst, siq_default_quota) are the code's declaration,
+        used to create its state (``interval`` may be a :class:`Limit` of all three; a
+        quota alone has no spacing). Raises ConfigurationError when no interval and no
+        quota is set. A ``per_key`` queue's state expires after ``siq_key_idle_expiry`` of
+        idleness."""
         if self._queues is None or self._by_declaration is None:
             self._queues = LRUCache(self.settings.key_cache_size)
             self._by_declaration = LRUCache(self.settings.key_cache_size)
-        cached = self._by_declaration.get((name, interval))
+        declaration = (name, interval, burst, quota)
+        cached = self._by_declaration.get(declaration)
         if cached is not None:  # the publish path: no parsing, no validation
             if per_key:  # the store client's own bounded memory of it may have let it go
                 self.backend.expire_when_idle(name, round(self.settings.key_idle_expiry * 1e6))
             return cached
-        interval_us = parse_interval(interval) if interval is not None else self.settings.default_interval_us
+        s = self.settings
+        if isinstance(interval, Limit):
+            interval_us, limits = interval.resolve(s.default_interval_us)
+        else:
+            burst = s.default_burst if burst is None else burst
+            quota = s.default_quota if quota is None else quota
+            limits = limits_of(burst, quota)
+            interval_us = parse_interval(interval) if interval is not None else s.default_interval_us
+            if interval_us is None and limits.quota:
+                interval_us = Limit(quota=quota).resolve()[0]  # a quota alone: no spacing
         if interval_us is None:
             raise ConfigurationError(
                 f"interval queue {name!r} has no interval: give the task interval='200ms' "
-                f"(or a rate like '5/s'), or set app.conf.siq_default_interval"
+                f"(or a rate like '5/s'), or quota='10000/d', or set app.conf.siq_default_interval"
             )
-        key = (name, interval_us)
+        key = (name, interval_us, limits)
         q = self._queues.get(key)
         if q is None:
             idle = self.settings.key_idle_expiry if per_key else None
-            q = self._queues[key] = IntervalQueue(
-                name, interval=interval_us / 1e6, backend=self.backend, idle_expiry=idle
-            )
-        if isinstance(interval, (str, int, float, type(None))):  # hashable declarations only
-            self._by_declaration[(name, interval)] = q
+            q = self._queues[key] = IntervalQueue(name, backend=self.backend, idle_expiry=idle)
+            q.interval_us, q.limits = interval_us, limits
+        if isinstance(interval, (str, int, float, type(None), Limit)) and not isinstance(quota, list):
+            self._by_declaration[declaration] = q  # hashable declarations only
         return q
 
     def combined(self, task: str, declared: Any, interval: Any) -> CombinedQueue:

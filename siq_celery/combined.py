@@ -2,16 +2,17 @@
 
 >>> store = backend_from_url(URL)  # one store (one client) for the combined queues
 >>> limits = CombinedQueue([IntervalQueue("{geo}per-second", backend=store, interval="100ms"),
-...                         IntervalQueue("{geo}per-day", backend=store, interval="10000/d")])
+...                         IntervalQueue("{geo}per-day", backend=store, quota="10000/d")])
 >>> with limits.slot():
 ...     call_api()
 
 A start is authorized in every queue in one atomic step of the store, or recorded in
 none: nothing is held in one queue while the start waits for another, so there is no
 deadlock. The start has a place in line (a ticket) in one queue only, the *primary*: the
-one with the longest interval, the limit that binds. In the others it takes the next free
-slot, as a late ticket does, and so never reserves a slot there: a paused or exhausted
-daily quota holds nothing of the per-second queue, whose other users go on at its pace.
+slowest limit, by its interval or its window quota's average pace, the limit that binds.
+In the others it takes the next free slot, as a late ticket does, and so never reserves
+a slot there: a paused or exhausted daily quota holds nothing of the per-second queue,
+whose other users go on at its pace.
 
 A Celery task declares one with ``interval_queue`` a list or a mapping of queues
 (:func:`declared_combined_queue`).
@@ -30,9 +31,16 @@ from typing import Any
 
 from .errors import ConfigurationError, StoreUnavailableError
 from .ledger import StartRecord
+from .limits import check_not_a_quota
 from .model import FREE
 from .queue import IntervalQueue, logger, new_epoch, validate_cost, wait_in_line
 from .types import Decision, Ticket
+
+
+def pace_us(queue: IntervalQueue) -> float:
+    """A queue's slowest pace: its interval, or its window over its quota if longer."""
+    limits = queue.limits
+    return max(queue.interval_us or 0, limits.window_us / limits.quota if limits.quota else 0)
 
 
 class CombinedQueue:
@@ -46,8 +54,10 @@ class CombinedQueue:
         if any(q.backend is not queues[0].backend for q in queues):
             raise ConfigurationError(f"the queues of a combined limit {names!r} must use one store (one backend)")
         self.queues, self.backend, self.name = queues, queues[0].backend, "+".join(names)
-        #: The queue where a start has its place in line: the longest interval (the first of equals).
-        self.primary = max(queues, key=lambda q: q.interval_us or 0)
+        #: The queue where a start has its place in line: the slowest limit (the first of equals),
+        #: by its interval or its window quota's average, whichever is longer (a daily quota
+        #: binds more than a per-second spacing).
+        self.primary = max(queues, key=pace_us)
         self._nap, self._monotonic = queues[0]._nap, queues[0]._monotonic
 
     def __repr__(self) -> str:
@@ -140,6 +150,8 @@ def declared_combined_queue(
     app_state.SiqState.queue)."""
     if isinstance(declared, Mapping):
         names, intervals = list(declared), list(declared.values())
+        for queue_name, value in declared.items():
+            check_not_a_quota(value, f"task {task}: interval_queue[{queue_name!r}]")
     elif isinstance(declared, (list, tuple)):
         names = list(declared)
         intervals = list(interval) if isinstance(interval, (list, tuple)) else [interval] * len(names)

@@ -107,10 +107,15 @@ class QueueKeys:
         return f"{self.base}:unfinished"
 
     @property
+    def window(self) -> str:
+        """The starts a window quota counts: sorted set, score = start time (siq_units in the Lua prelude)."""
+        return f"{self.base}:window"
+
+    @property
     def all(self) -> tuple[str, ...]:
         return (
             self.state, self.finished, self.ledger, self.parked, self.parked_messages, self.releasing, self.intervals,
-            self.refused, self.unfinished,
+            self.refused, self.unfinished, self.window,
         )  # fmt: skip
 
     @classmethod

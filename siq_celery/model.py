@@ -18,14 +18,34 @@ Rules (docs/design.md, "The model"):
 * a claim on a queue whose whole line is overdue re-bases the anchor so the new ticket is
   due at the first free slot (a burst after an idle period keeps ticket order);
 * a task id whose last ``max_lost`` authorized starts never finished (each time its
-  worker process died) is refused, LOST, without taking a slot (:func:`too_many_lost`).
+  worker process died) is refused, LOST, without taking a slot (:func:`too_many_lost`);
+* burst (GCRA): ``last_start + interval`` is the theoretical arrival time T; a start may
+  come ``burst`` intervals before it (:func:`cap`), then T = max(T, now) + cost x interval
+  (:func:`commit_start`); burst 0 is the spacing above, bit for bit;
+* window quota: at most ``quota`` cost units start in any sliding window of ``window_us``
+  (:func:`window_slot`), over the starts the queue's :class:`Window` keeps; ticket order
+  holds, tickets behind the head are estimated from the window's pattern.
 """
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Protocol
 
-from .types import ClaimResult, Decision, Declared, IntervalSources, NodeDeclaration, QueueState, StartCounts, Verdict
+from .types import (
+    NO_LIMITS,
+    ClaimResult,
+    Decision,
+    Declared,
+    IntervalSources,
+    Limits,
+    NodeDeclaration,
+    QueueState,
+    StartCounts,
+    Verdict,
+)
 
 #: The ticket of a start with no place in a queue's line (the other queues of a combined
 #: limit): it takes the next free slot, as a late ticket does.
@@ -35,25 +55,105 @@ FREE = 0
 OUTAGE_MIN_US = 1_000_000
 
 
-def new_state(now_us: int, interval_us: int, epoch: str) -> QueueState:
+class Window(Protocol):
+    """The starts of a queue with a window quota, oldest first: (store time, cost) each.
+    A store keeps them apart from the state (Redis: a sorted set in the queue's hash tag;
+    SQLite: a table; memory: :class:`ListWindow`)."""
+
+    def trim(self, cutoff_us: int) -> None:
+        """Forget the starts at or before ``cutoff_us`` (they left the window)."""
+
+    def used(self) -> int:
+        """Cost units of the starts kept."""
+
+    def unit_time(self, unit: int) -> int:
+        """When the ``unit``-th cost unit kept (1-based, oldest first) started."""
+
+    def add(self, t_us: int, cost: int) -> None:
+        """A start of ``cost`` units at ``t_us``."""
+
+    def move(self, from_us: int, to_us: int) -> None:
+        """A start recorded at ``from_us`` began at ``to_us`` (a re-stamp)."""
+
+
+class ListWindow:
+    """A :class:`Window` in memory (the memory store's, and the reference's)."""
+
+    def __init__(self, entries: Sequence[tuple[int, int]] = ()) -> None:
+        self.entries: list[tuple[int, int]] = sorted(entries)
+        self._used = sum(c for _, c in self.entries)
+
+    def trim(self, cutoff_us: int) -> None:
+        gone = bisect.bisect_right(self.entries, (cutoff_us, 1 << 62))
+        if gone:
+            self._used -= sum(c for _, c in self.entries[:gone])
+            del self.entries[:gone]
+
+    def used(self) -> int:
+        return self._used
+
+    def unit_time(self, unit: int) -> int:
+        for t, c in self.entries:
+            unit -= c
+            if unit <= 0:
+                return t
+        raise IndexError(unit)
+
+    def add(self, t_us: int, cost: int) -> None:
+        bisect.insort(self.entries, (t_us, cost))
+        self._used += cost
+
+    def move(self, from_us: int, to_us: int) -> None:
+        at = bisect.bisect_right(self.entries, (from_us, 1 << 62)) - 1
+        if at >= 0 and self.entries[at][0] == from_us:
+            _, cost = self.entries.pop(at)
+            self._used -= cost
+            self.add(to_us, cost)
+
+
+def new_state(now_us: int, interval_us: int, epoch: str, limits: Limits = NO_LIMITS) -> QueueState:
     # last_start = now: a state created from nothing (a new queue, or one whose store was
     # wiped) cannot know when the last start happened, so the first start waits one
-    # interval. That is the whole cost of surviving a lost state without a burst.
-    return QueueState(epoch, interval_us, 0, 0, now_us, now_us, False)
+    # interval. That is the whole cost of surviving a lost state without a burst. With a
+    # burst, the credit starts spent (T = now + (burst + 1) intervals): still one interval.
+    last = now_us + limits.burst * interval_us
+    return QueueState(epoch, interval_us, 0, 0, now_us, last, False, 0, 0, *_limit_fields(limits))
 
 
-def claim(state: QueueState, count: int, now_us: int) -> ClaimResult:
+def _limit_fields(limits: Limits) -> tuple[int, int, int]:
+    quota = limits.quota if limits.window_us > 0 else 0
+    return max(limits.burst, 0), max(quota, 0), limits.window_us if quota > 0 else 0
+
+
+def set_limits(state: QueueState, limits: Limits) -> None:
+    """The code declares other limits (mutates ``state``). A smaller burst takes its
+    credit away at once (the theoretical arrival time is kept, so the cap moves later),
+    a larger one gives credit as the line runs."""
+    state.burst, state.quota, state.window_us = _limit_fields(limits)
+
+
+def cap(state: QueueState) -> int:
+    """The rate cap: no start before it. GCRA: the theoretical arrival time
+    ``last_start + interval`` less the burst tolerance (burst 0: ``last_start + interval``)."""
+    return state.last_start_us + state.interval_us - state.burst * state.interval_us
+
+
+def claim(state: QueueState, count: int, now_us: int, window: Window | None = None) -> ClaimResult:
     """Issue ``count`` tickets (mutates ``state``)."""
+    units = window_units(state, window, now_us)  # first: it may move the line (see WindowUnits)
     first = state.ticket + 1
     due_first = state.anchor_us + (first - state.current) * state.interval_us
-    floor = max(now_us, state.last_start_us + state.interval_us)
-    if due_first < floor:
+    floor = max(now_us, cap(state))
+    # The line may be due burst intervals before the theoretical arrival time (burst 0: the cap).
+    rebase = max(now_us, state.last_start_us + state.interval_us) - state.burst * state.interval_us
+    if due_first < rebase:
         # The line is overdue (an idle queue), or its head is held by the rate cap: the
         # new ticket is due at the first free slot, and the ones claimed after it follow
         # one interval apart from there (so their estimates match the slots they get).
-        state.anchor_us += floor - due_first
-        due_first = floor
+        state.anchor_us += rebase - due_first
+        due_first = rebase
     state.ticket += count
+    slots = [] if units is None else [units.slot(t, 1) for t in range(first, first + count)]
     return ClaimResult(
         first=first,
         count=count,
@@ -62,15 +162,89 @@ def claim(state: QueueState, count: int, now_us: int) -> ClaimResult:
         floor_us=floor,
         interval_us=state.interval_us,
         now_us=now_us,
+        window_us=tuple(slots) if any(slots) else (),
     )
 
 
 def slot_of(state: QueueState, ticket: int) -> int:
-    """The earliest store time at which ``ticket`` may start."""
-    cap = state.last_start_us + state.interval_us
+    """The earliest store time at which ``ticket`` may start, by its interval (and burst)."""
     if ticket <= state.current:
-        return cap  # passed over: the next free slot
-    return max(state.anchor_us + (ticket - state.current) * state.interval_us, cap)
+        return cap(state)  # passed over: the next free slot
+    return max(state.anchor_us + (ticket - state.current) * state.interval_us, cap(state))
+
+
+class WindowUnits:
+    """The window's cost units as one sequence: the units kept (1 .. m, oldest first),
+    then the units of the tickets in line (m + j: ticket current + j), each estimated to
+    start at the later of its interval slot and the time the unit ``quota`` places before
+    it leaves the window. Memoized: a claim estimates many tickets at once.
+
+    Built first by every operation that reads the window: it forgets the starts that left
+    the window, and when the window held the head until one of them left, the line is due
+    from that time (the anchor moves there): a head the window held is not late, so
+    neither the outage shift nor the burst counts the wait as lateness."""
+
+    def __init__(self, state: QueueState, window: Window, now_us: int) -> None:
+        cutoff = now_us - state.window_us
+        # The unit whose leaving lets the head in (a full window held it): if it left, the
+        # line is due from then, not late (mutates ``state``: the anchor).
+        unit = window.used() + 1 - state.quota
+        if unit >= 1 and (left := window.unit_time(unit)) <= cutoff:
+            state.anchor_us = max(state.anchor_us, left + state.window_us - state.interval_us)
+        window.trim(cutoff)
+        self.state, self.window, self.m = state, window, window.used()
+        self._times: dict[int, int] = {}
+
+    def time(self, unit: int) -> int | None:
+        """When unit ``unit`` starts (None: before the first unit kept, long gone)."""
+        if unit < 1:
+            return None
+        if unit <= self.m:
+            return self.window.unit_time(unit)
+        s, chain = self.state, []
+        while unit > self.m and unit not in self._times:  # down the chain, a quota at a time
+            chain.append(unit)
+            unit -= s.quota
+        below = self._times.get(unit) if unit > self.m else self.time(unit)
+        for u in reversed(chain):
+            spacing = max(s.anchor_us + (u - self.m) * s.interval_us, cap(s))
+            below = spacing if below is None else max(spacing, below + s.window_us)
+            self._times[u] = below
+        return below
+
+    def slot(self, ticket: int, cost: int) -> int:
+        """When the window lets ``ticket`` start with ``cost`` (0: now): the unit ``quota``
+        places before its last unit must have left, counting the units of the tickets
+        ahead of it in line; and in any case (a ticket ahead that never came) the window
+        must hold its own cost."""
+        s = self.state
+        units = min(cost, s.quota)  # a start costlier than the quota counts as the whole quota
+        ahead = ticket - s.current - 1 if ticket > s.current else 0
+        hard = self.time(self.m + units - s.quota)
+        line = self.time(self.m + ahead + units - s.quota)
+        return max(0 if hard is None else hard + s.window_us, 0 if line is None else line + s.window_us)
+
+
+def window_units(state: QueueState, window: Window | None, now_us: int) -> WindowUnits | None:
+    """The window read at ``now_us`` (see :class:`WindowUnits`; mutates ``state``), or None
+    without a quota."""
+    if not state.quota or window is None:
+        return None
+    return WindowUnits(state, window, now_us)
+
+
+def window_slot(state: QueueState, window: Window | None, ticket: int, cost: int, now_us: int) -> int:
+    """The earliest store time at which the window quota lets ``ticket`` start with
+    ``cost`` (0: the window allows it now, or the queue has no quota)."""
+    units = window_units(state, window, now_us)
+    return 0 if units is None else units.slot(ticket, cost)
+
+
+def window_slots(state: QueueState, window: Window | None, first: int, count: int, now_us: int) -> list[int]:
+    """:func:`window_slot` of tickets ``first .. first + count - 1`` as the last unit of a
+    start (a claim's estimates: ClaimResult.window_us)."""
+    units = window_units(state, window, now_us)
+    return [] if units is None else [units.slot(t, 1) for t in range(first, first + count)]
 
 
 def outage_us(interval_us: int) -> int:
@@ -78,7 +252,7 @@ def outage_us(interval_us: int) -> int:
     return max(10 * interval_us, OUTAGE_MIN_US)
 
 
-def shift_after_outage(state: QueueState, now_us: int, overdue_us: int = 0) -> bool:
+def shift_after_outage(state: QueueState, now_us: int, overdue_us: int = 0, held_us: int = 0) -> bool:
     """After an outage (no start, and the head of the line overdue by more than
     :func:`outage_us`, or ``overdue_us`` if longer), the whole backlog shifts once so the
     head is due :func:`outage_us` from now: the returning workers and their tasks settle
@@ -88,11 +262,12 @@ def shift_after_outage(state: QueueState, now_us: int, overdue_us: int = 0) -> b
     line moves on.
 
     A task asking shifts at the threshold; a release passes its horizon as ``overdue_us``
-    (see :func:`release_cutoff`). Mutates ``state``."""
+    (see :func:`release_cutoff`). ``held_us``: when the window quota lets the head start
+    (a head the window holds is not late). Mutates ``state``."""
     if state.anchor_us > state.last_start_us + state.interval_us:  # shifted already (or resumed)
         return False  # (a back-off that keeps the first slot sets the anchor one interval on: not a shift)
     settle = outage_us(state.interval_us)
-    if state.anchor_us + state.interval_us >= now_us - max(settle, overdue_us):
+    if max(state.anchor_us + state.interval_us, held_us) >= now_us - max(settle, overdue_us):
         return False
     state.anchor_us = now_us + settle - state.interval_us
     return True
@@ -109,7 +284,7 @@ def too_many_lost(unfinished: int, max_lost: int) -> bool:
 
 def start(
     state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1,
-    lost: bool = False,
+    lost: bool = False, window: Window | None = None,
 ) -> Decision:  # fmt: skip
     """Decide whether ``ticket`` may start at ``now_us`` (mutates ``state`` if authorized).
 
@@ -119,15 +294,15 @@ def start(
     every other rule stays as it is. ``lost``: :func:`too_many_lost` holds for its task id."""
     if ticket == FREE and not finished and not lost:  # only a combined start may have no place in a line
         return Decision(Verdict.RECLAIM, ticket, now_us)
-    decision = decide(state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost)
+    decision = decide(state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost, window=window)
     if decision.authorized:
-        commit_start(state, ticket, now_us, cost)
+        commit_start(state, ticket, now_us, cost, window)
     return decision
 
 
 def decide(
     state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1,
-    lost: bool = False,
+    lost: bool = False, window: Window | None = None,
 ) -> Decision:  # fmt: skip
     """What :func:`start` would answer, without recording a start (it may still shift a
     long-overdue line: that is the state's own repair, due whatever the answer).
@@ -139,9 +314,9 @@ def decide(
     if ticket == FREE:
         if state.paused:
             return Decision(Verdict.PAUSED, ticket, now_us, interval_us=state.interval_us)
-        cap = state.last_start_us + state.interval_us
-        verdict = Verdict.AUTHORIZED if now_us >= cap else Verdict.WAIT
-        return Decision(verdict, ticket, now_us, max(cap - now_us, 0), cap, state.interval_us)
+        slot = max(cap(state), window_slot(state, window, FREE, cost, now_us))
+        verdict = Verdict.AUTHORIZED if now_us >= slot else Verdict.WAIT
+        return Decision(verdict, ticket, now_us, max(slot - now_us, 0), slot, state.interval_us)
     if epoch != state.epoch or ticket < 1 or ticket + cost - 1 > state.ticket:
         return Decision(Verdict.RECLAIM, ticket, now_us)
     if state.paused:
@@ -149,30 +324,41 @@ def decide(
         # comes back after the resume can come back in ticket order.
         offset = max(ticket - state.current - 1, 0) * state.interval_us
         return Decision(Verdict.PAUSED, ticket, now_us, wait_us=offset, interval_us=state.interval_us)
+    units = window_units(state, window, now_us)
     if ticket > state.current:
-        shift_after_outage(state, now_us)
-    slot = slot_of(state, ticket)
+        shift_after_outage(state, now_us, held_us=0 if units is None else units.slot(state.current + 1, 1))
+    slot = max(slot_of(state, ticket), 0 if units is None else units.slot(ticket, cost))
     if now_us < slot:
         return Decision(Verdict.WAIT, ticket, now_us, slot - now_us, slot, state.interval_us)
     return Decision(Verdict.AUTHORIZED, ticket, now_us, 0, slot, state.interval_us)
 
 
-def commit_start(state: QueueState, ticket: int, now_us: int, cost: int = 1) -> None:
+def commit_start(state: QueueState, ticket: int, now_us: int, cost: int = 1, window: Window | None = None) -> None:
     """Record an authorized start. The line continues from it: for a late ticket (ticket
     <= current) that means it took the slot ticket current+1 was due at, and the line
     behind it shifts by one slot, keeping its order (so does a FREE start). A line whose
     head is due later (an outage's settle, a resume's grace, a kept first slot) stays
-    where it is: a late ticket that starts before it never pulls it forward."""
+    where it is: a late ticket that starts before it never pulls it forward.
+
+    GCRA: the theoretical arrival time becomes max(T, now) + cost x interval (burst 0:
+    now + cost x interval, as the cap held now >= T). With a burst the line keeps its
+    grid, lagging the arrival time by at most ``burst`` intervals, so a late line catches
+    up by at most ``burst`` slots."""
+    i = state.interval_us
+    old_current = state.current
     if ticket != FREE:
         state.current = max(state.current, ticket + cost - 1)
     state.started_us = now_us  # what the status shows; the cap counts from the last slot used
-    state.last_start_us = now_us + (cost - 1) * state.interval_us
-    state.anchor_us = max(state.anchor_us, state.last_start_us)
+    state.last_start_us = max(state.last_start_us + i, now_us) + (cost - 1) * i
+    grid = state.anchor_us + (state.current - old_current) * i
+    state.anchor_us = max(grid, state.last_start_us - state.burst * i)
+    if state.quota and window is not None:
+        window.add(now_us, min(cost, state.quota))
 
 
 def start_all(
     states: list[QueueState], tickets: list[int], epochs: list[str], now_us: int, *, finished: bool = False,
-    cost: int = 1, lost: bool = False,
+    cost: int = 1, lost: bool = False, windows: Sequence[Window | None] | None = None,
 ) -> list[Decision]:  # fmt: skip
     """One start that must pass several queues at once (a per-second and a per-day limit):
     authorized in all of them, or recorded in none. Queues that would authorize while
@@ -181,13 +367,14 @@ def start_all(
     ticket); in the others its ticket is :data:`FREE`."""
     if all(t == FREE for t in tickets) and not finished and not lost:  # a start needs a place in some line
         return [Decision(Verdict.RECLAIM, t, now_us) for t in tickets]
+    wins = list(windows) if windows is not None else [None] * len(states)
     decisions = [
-        decide(state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost)
-        for state, ticket, epoch in zip(states, tickets, epochs, strict=True)
+        decide(state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost, window=window)
+        for state, ticket, epoch, window in zip(states, tickets, epochs, wins, strict=True)
     ]
     if all(d.authorized for d in decisions):
-        for state, ticket in zip(states, tickets, strict=True):
-            commit_start(state, ticket, now_us, cost)
+        for state, ticket, window in zip(states, tickets, wins, strict=True):
+            commit_start(state, ticket, now_us, cost, window)
         return decisions
     return [replace(d, verdict=Verdict.WAIT, wait_us=0) if d.authorized else d for d in decisions]
 
@@ -249,10 +436,11 @@ def backoff(state: QueueState, now_us: int, hold_us: int, keep_first: bool = Fal
     and the anchor move so that the cap and ticket ``current + 1`` both fall then, and the
     line behind keeps its order. Never earlier than already due: a back-off only delays.
     ``keep_first``: the first slot after the hold is kept for the task that backed off
-    (it comes back with its own, passed-over ticket), and the line follows one slot on."""
+    (it comes back with its own, passed-over ticket), and the line follows one slot on.
+    With a burst the hold spends the burst credit: the cap falls at the hold's end."""
     until = now_us + hold_us - state.interval_us
     state.held_until_us = max(state.held_until_us, now_us + hold_us)
-    state.last_start_us = max(state.last_start_us, until)
+    state.last_start_us = max(state.last_start_us, until + state.burst * state.interval_us)
     state.anchor_us = max(state.anchor_us, until + (state.interval_us if keep_first else 0))
 
 
@@ -371,8 +559,9 @@ def override(
 def reset(state: QueueState, now_us: int, epoch: str, interval_us: int | None = None) -> QueueState:
     """A new life for the queue: tickets and pause are forgotten, the last start is kept
     (so a reset never allows a burst), finished-task records are kept (so a reset never
-    lets a finished task run again)."""
-    fresh = new_state(now_us, interval_us or state.interval_us, epoch)
+    lets a finished task run again). The limits and the window's starts stay (they
+    happened)."""
+    fresh = new_state(now_us, interval_us or state.interval_us, epoch, state.limits)
     # Ticket 1 of the new life is due at once, subject to the kept rate cap.
     return replace(
         fresh,
@@ -383,22 +572,25 @@ def reset(state: QueueState, now_us: int, epoch: str, interval_us: int | None = 
     )
 
 
-def restamp(state: QueueState, epoch: str, started_us: int, now_us: int) -> int | None:
+def restamp(state: QueueState, epoch: str, started_us: int, now_us: int, window: Window | None = None) -> int | None:
     """Move the last start from ``started_us`` to ``now_us`` if it is still the last start
     of this epoch; return the new start time, else None.
 
     A caller whose authorization reply came back slowly (its process was descheduled)
     starts its body later than the store recorded; re-stamping makes the next start wait
-    a full interval from (nearly) the real start. It can only delay later starts.
+    a full interval from (nearly) the real start. It can only delay later starts. With a
+    window quota the start moves in the window too (it leaves the window later).
     """
     if state.epoch != epoch or state.last_start_us != started_us or now_us < started_us:
         return None
     state.last_start_us = state.started_us = now_us
     state.anchor_us = max(state.anchor_us, now_us)
+    if state.quota and window is not None:
+        window.move(started_us, now_us)
     return now_us
 
 
-def release_cutoff(state: QueueState, now_us: int, horizon_us: int) -> int | None:
+def release_cutoff(state: QueueState, now_us: int, horizon_us: int, units: WindowUnits | None = None) -> int | None:
     """The highest ticket whose slot is within ``horizon_us`` of now: parked tasks up to it
     go back to the broker. None while paused (no slot is known), and while the next free
     slot is itself beyond the horizon (a long back-off): every ticket, passed-over ones
@@ -408,12 +600,28 @@ def release_cutoff(state: QueueState, now_us: int, horizon_us: int) -> int | Non
     shifts it only once its head is overdue by more than the horizon. A shorter outage is
     left to the first task that comes back; a release made as the outage began (a
     stopping worker's upkeep, a producer parking) would otherwise spend the one shift
-    before the workers return, and the returning tasks would start in arrival order."""
-    if state.paused or state.last_start_us + state.interval_us > now_us + horizon_us:
+    before the workers return, and the returning tasks would start in arrival order.
+
+    With a window quota a ticket is due by the later of its interval slot and its window
+    slot (``units``: the window read by :func:`window_units`, as a start of cost 1): the
+    same slot its start will meet."""
+    reach = now_us + horizon_us
+    if state.paused or cap(state) > reach or (units is not None and units.slot(FREE, 1) > reach):
         return None
-    return state.current + max((now_us + horizon_us - state.anchor_us) // state.interval_us, 0)
+    cutoff = state.current + max((reach - state.anchor_us) // state.interval_us, 0)
+    if units is None or cutoff <= state.current:
+        return cutoff
+    low, high = state.current, cutoff  # the window slots grow with the ticket: the last one in reach
+    while low < high:
+        mid = (low + high + 1) // 2
+        if units.slot(mid, 1) <= reach:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
-def estimate_of(state: QueueState, ticket: int, now_us: int) -> int:
-    """When ``ticket`` is expected to start (for a released task's ETA)."""
-    return max(slot_of(state, ticket), now_us)
+def estimate_of(state: QueueState, ticket: int, now_us: int, units: WindowUnits | None = None) -> int:
+    """When ``ticket`` is expected to start (for a released task's ETA; ``units``: the
+    window read by :func:`window_units`)."""
+    return max(slot_of(state, ticket), 0 if units is None else units.slot(ticket, 1), now_us)

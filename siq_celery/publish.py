@@ -244,8 +244,9 @@ def eta_for(ticket: Ticket, margin: float, broker_wait_below: float = 0.0) -> da
     a node whose processes are all busy misses its slot while another node idles
     (BENCHMARKS.md, "Peers"). In the broker's queue a task reaches a process only when
     every earlier ticket has one, so its wait there is about one interval per process
-    ahead of it, well within ``siq_max_sleep``."""
-    if ticket.delay <= margin or 0 < ticket.interval_us < broker_wait_below * 1e6:
+    ahead of it, well within ``siq_max_sleep``. A ticket whose slot the window quota sets
+    (``window_bound``) is not one of those: it gets its ETA."""
+    if ticket.delay <= margin or (0 < ticket.interval_us < broker_wait_below * 1e6 and not ticket.window_bound):
         return None
     return datetime.fromtimestamp(ticket.estimated_start - margin, UTC)
 

@@ -38,6 +38,7 @@ from .errors import (
 from .intervals import IntervalLike, format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
 from .ledger import LedgerRow, StartRecord
+from .limits import Limit, QuotaLike, interval_and_limits
 from .types import ClaimResult, Decision, Declared, QueueState, QueueStatus, Ticket, Verdict
 
 logger = logging.getLogger("siq_celery")
@@ -83,13 +84,13 @@ class PendingTicket:
     """A ticket whose claim is on its way: :meth:`ticket` waits for it; :meth:`discard`
     reads and drops it (call one of the two, once, so the connection is freed)."""
 
-    def __init__(self, queue: IntervalQueue, pending: PendingClaim) -> None:
-        self.queue, self._pending = queue, pending
+    def __init__(self, queue: IntervalQueue, pending: PendingClaim, cost: int = 1) -> None:
+        self.queue, self._pending, self._cost = queue, pending, cost
 
     def ticket(self) -> Ticket:
         r = self._pending.result()
         self.queue.note_stored_interval(r.interval_us)
-        return Ticket(self.queue.name, r.first, r.epoch, r.estimate_us(r.first), r.now_us, r.interval_us)
+        return self.queue.ticket_of(r, r.first, self._cost)
 
     def discard(self) -> None:
         self._pending.discard()
@@ -123,14 +124,23 @@ class IntervalQueue:
     afresh (a new epoch, whose first start waits one interval). ``clock`` pins the store
     clock (microseconds; tests), ``sleep`` and ``monotonic`` replace the local time
     functions.
+
+    ``burst`` (0 to 10 000, default 0): up to that many starts may come closer than the
+    interval, to catch up after lateness or idleness. ``quota`` (``"10000/d"``): at most N
+    cost units start in any sliding window of the period (limits.py). Without an interval a
+    quota has no spacing of its own. ``interval`` may also be a :class:`Limit` of all three.
+    Like the interval they are declared by :meth:`declare` (a worker start) and used to
+    create the queue's state.
     """
 
     def __init__(
         self,
         name: str,
         url: str | None = None,
-        interval: IntervalLike | None = None,
+        interval: IntervalLike | Limit | None = None,
         *,
+        burst: int | None = None,
+        quota: QuotaLike | None = None,
         backend: Backend | None = None,
         key_prefix: str = DEFAULT_KEY_PREFIX,
         clock: Callable[[], int] | None = None,
@@ -140,7 +150,8 @@ class IntervalQueue:
         **backend_options: Any,
     ) -> None:
         self.name = validate_queue_name(name)
-        self.interval_us = parse_interval(interval) if interval is not None else None
+        self.interval_us: int | None
+        self.interval_us, self.limits = interval_and_limits(interval, burst, quota)
         if backend is None:
             if url is None:
                 raise ConfigurationError(
@@ -162,7 +173,10 @@ class IntervalQueue:
 
     def __repr__(self) -> str:
         interval = format_interval(self.interval_us) if self.interval_us else "stored"
-        return f"<IntervalQueue {self.name!r} interval={interval} backend={type(self.backend).__name__}>"
+        extra = f" burst={self.limits.burst}" if self.limits.burst else ""
+        if self.limits.quota:
+            extra += f" quota={self.limits.quota}/{format_interval(self.limits.window_us)}"
+        return f"<IntervalQueue {self.name!r} interval={interval}{extra} backend={type(self.backend).__name__}>"
 
     # -- state ----------------------------------------------------------------------
 
@@ -179,11 +193,19 @@ class IntervalQueue:
         """
         interval_us = self._adopt(interval, "ensure")
         if reset:
-            return self.backend.reset(self.name, interval_us, new_epoch(), who())
-        state, created = self.backend.ensure(self.name, interval_us, new_epoch())
+            return self.backend.reset(self.name, interval_us, new_epoch(), who(), limits=self.limits)
+        state, created = self.backend.ensure(self.name, interval_us, new_epoch(), limits=self.limits)
         if not created:
             if fail_if_exists:
                 raise QueueExistsError(f"queue {self.name!r} already exists (fail_if_exists=True)")
+            if state.limits != self.limits:
+                raise IntervalMismatchError(
+                    f"queue {self.name!r} is stored with burst {state.burst} and quota "
+                    f"{state.quota}/{format_interval(state.window_us) if state.quota else '-'}, not burst "
+                    f"{self.limits.burst} and quota {self.limits.quota}/"
+                    f"{format_interval(self.limits.window_us) if self.limits.quota else '-'}; the stored ones stay "
+                    f"in force. A worker start with this code (or declare()) makes them the queue's"
+                )
             if state.interval_us != interval_us:
                 raise IntervalMismatchError(
                     f"queue {self.name!r} is stored with interval {format_interval(state.interval_us)}, "
@@ -249,13 +271,13 @@ class IntervalQueue:
         interval_us = self._adopt(interval, "declare")
         return self.backend.declare(
             self.name, interval_us, new_epoch(), node=node, ttl_us=round(ttl * 1e6), origin=origin or who(node),
-            announce=announce,
+            announce=announce, limits=self.limits,
         )  # fmt: skip
 
     def reset(self) -> QueueState:
         """Start afresh: new epoch (outstanding tickets re-claim), pause cleared; the last
         start and finished-task records are kept, so no burst and no re-run follow."""
-        return self.backend.reset(self.name, self.interval_us, new_epoch(), who())
+        return self.backend.reset(self.name, self.interval_us, new_epoch(), who(), limits=self.limits)
 
     def delete(self) -> bool:
         """Remove the queue's state entirely. True if there was any."""
@@ -266,23 +288,40 @@ class IntervalQueue:
     def claim(self, cost: int = 1) -> Ticket:
         """Take the next ticket (one round trip). A ticket of ``cost`` c holds c slots: its
         start keeps the next one c intervals away (start it with the same ``cost``)."""
-        r = self.backend.claim(self.name, validate_cost(cost), self.interval_us or 0, new_epoch())
+        r = self.backend.claim(self.name, self.checked_cost(cost), self.interval_us or 0, new_epoch(),
+                               limits=self.limits)  # fmt: skip
         self.note_stored_interval(r.interval_us)
-        ticket = Ticket(self.name, r.first, r.epoch, r.estimate_us(r.first), r.now_us, r.interval_us)
+        ticket = self.ticket_of(r, r.first, cost)
         self.last_delay = ticket.delay
         return ticket
+
+    def ticket_of(self, r: ClaimResult, number: int, cost: int = 1) -> Ticket:
+        """Ticket ``number`` of a claim's reply, with its estimate (``cost``: as it starts)."""
+        estimate = r.estimate_us(number, cost)
+        window_bound = estimate > r.spacing_us(number)
+        return Ticket(self.name, number, r.epoch, estimate, r.now_us, r.interval_us, window_bound)
+
+    def checked_cost(self, cost: object) -> int:
+        """``cost`` if valid here: a whole number from 1 to 10 000, at most the quota."""
+        cost = validate_cost(cost)
+        if self.limits.quota and cost > self.limits.quota:
+            raise ConfigurationError(f"queue {self.name!r}: a cost of {cost} is more than its quota "
+                                     f"({self.limits.quota}): it could never start")  # fmt: skip
+        return cost
 
     def claim_later(self, cost: int = 1) -> PendingTicket:
         """Send a claim for one ticket now and read the answer later: the round trip
         overlaps whatever the caller does meanwhile (Redis; other stores claim at once)."""
-        pending = self.backend.claim_later(self.name, validate_cost(cost), self.interval_us or 0, new_epoch())
-        return PendingTicket(self, pending)
+        pending = self.backend.claim_later(
+            self.name, self.checked_cost(cost), self.interval_us or 0, new_epoch(), limits=self.limits
+        )
+        return PendingTicket(self, pending, cost)
 
     def claim_many(self, count: int) -> list[Ticket]:
         """Take ``count`` consecutive tickets in one round trip."""
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_CLAIM:
             raise ConfigurationError(f"claim_many(count) takes a whole number from 1 to {MAX_CLAIM}, not {count!r}")
-        result = self.backend.claim(self.name, count, self.interval_us or 0, new_epoch())
+        result = self.backend.claim(self.name, count, self.interval_us or 0, new_epoch(), limits=self.limits)
         self.note_stored_interval(result.interval_us)
         tickets = self._tickets(result)
         self.last_delay = tickets[-1].delay
@@ -291,15 +330,15 @@ class IntervalQueue:
     def claim_costs(self, costs: Sequence[int]) -> list[Ticket]:
         """One ticket per cost, consecutive, in one round trip: a ticket of cost c holds c
         slots (start it with that cost)."""
-        checked = [validate_cost(c) for c in costs]
+        checked = [self.checked_cost(c) for c in costs]
         total = sum(checked)
         if not 1 <= total <= MAX_CLAIM:
             raise ConfigurationError(f"claim_costs: {total} slots in one claim; 1 to {MAX_CLAIM} can be claimed")
-        r = self.backend.claim(self.name, total, self.interval_us or 0, new_epoch())
+        r = self.backend.claim(self.name, total, self.interval_us or 0, new_epoch(), limits=self.limits)
         self.note_stored_interval(r.interval_us)
         tickets, number = [], r.first
         for cost in checked:
-            tickets.append(Ticket(self.name, number, r.epoch, r.estimate_us(number), r.now_us, r.interval_us))
+            tickets.append(self.ticket_of(r, number, cost))
             number += cost
         self.last_delay = tickets[-1].delay
         return tickets
@@ -317,10 +356,7 @@ class IntervalQueue:
             )  # fmt: skip
 
     def _tickets(self, r: ClaimResult) -> list[Ticket]:
-        return [
-            Ticket(self.name, n, r.epoch, r.estimate_us(n), r.now_us, r.interval_us)
-            for n in range(r.first, r.first + r.count)
-        ]
+        return [self.ticket_of(r, n) for n in range(r.first, r.first + r.count)]
 
     def start(
         self, ticket: Ticket, *, task_id: str | None = None, record: StartRecord | None = None, cost: int = 1
@@ -336,6 +372,7 @@ class IntervalQueue:
             new_epoch=new_epoch(),
             record=record,
             cost=cost,
+            limits=self.limits,
         )
 
     def backoff(self, seconds: IntervalLike, *, keep_first: bool = False) -> QueueState:

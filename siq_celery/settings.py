@@ -2,6 +2,8 @@
 
 * ``siq_url`` (default: the broker URL when the broker is Redis): the state store.
 * ``siq_default_interval`` (``None``): interval of tasks that set none.
+* ``siq_default_burst`` (0) and ``siq_default_quota`` (``None``, or ``"N/period"``): burst
+  and window quota of tasks that set none (limits.py).
 * ``siq_key_prefix`` (``"siq"``): prefix of every store key (two apps on one Redis).
 * ``siq_max_sleep`` (0.1 s): waits up to this are slept in the worker process, holding a
   pool slot; longer ones go back to the broker by ETA.
@@ -57,6 +59,7 @@ from .errors import ConfigurationError, redacted_url
 from .intervals import parse_interval
 from .keys import DEFAULT_KEY_PREFIX
 from .ledger import DEFAULT_LEDGER_MAX
+from .limits import parse_quota, validate_burst
 
 REDIS_BROKER_SCHEMES = {"redis", "rediss", "unix"}
 DEFAULT_HORIZON_S = 600.0
@@ -85,6 +88,8 @@ class SiqSettings:
     metrics_port: int | None = None
     metrics_queues: tuple[str, ...] | None = None
     max_lost_deliveries: int = DEFAULT_MAX_LOST_DELIVERIES
+    default_burst: int | None = None
+    default_quota: Any = None
 
     @property
     def horizon_us(self) -> int:
@@ -131,7 +136,19 @@ class SiqSettings:
             max_lost_deliveries=_count(
                 conf, "siq_max_lost_deliveries", DEFAULT_MAX_LOST_DELIVERIES, maximum=MAX_LOST_DELIVERIES
             ),
+            default_burst=_checked_setting(conf, "siq_default_burst", validate_burst),
+            default_quota=_checked_setting(conf, "siq_default_quota", parse_quota),
         )
+
+
+def _checked_setting(conf: Any, key: str, check: Any) -> Any:
+    value = conf.get(key)
+    if value is not None:
+        try:
+            check(value)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"app.conf.{key} = {value!r}: {exc}") from None
+    return value
 
 
 def _url_from_broker(broker: object) -> str:

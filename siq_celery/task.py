@@ -27,6 +27,7 @@ from .errors import ConfigurationError, InvalidQueueNameError, LostDeliveriesErr
 from .gate import authorize, back_off, paused_countdown, record_finish, record_retry
 from .intervals import IntervalLike, parse_interval
 from .keys import validate_queue_name
+from .limits import Limit, check_not_a_quota, parse_quota, validate_burst
 from .messages import DEFERRALS, KEEP_TICKET
 from .publish import publish, publish_many
 from .queue import IntervalQueue, validate_cost
@@ -54,6 +55,18 @@ class IntervalTask(Task):  # type: ignore[misc]
     #: Several limits: a list of names (with ``interval`` a list of the same length), or a
     #: mapping of name to interval (``{"{geo}per-second": "100ms", "{geo}per-day":
     #: "10/2s"}``): every start must pass all of them at once (see combined.py).
+
+    #: Starts that may come closer than the interval to catch up after lateness or idleness
+    #: (0 to 10 000): in any window of length W at most ceil(W / interval) + burst starts.
+    #: Falls back to ``app.conf.siq_default_burst``, then 0 (strict spacing).
+    burst: int | None = None
+
+    #: At most N cost units started in any sliding window of the period: ``"10000/d"``,
+    #: ``"50/10s"`` (store clock), as fast as the interval allows; the line keeps its order
+    #: and waits for the oldest start to leave the window. Falls back to
+    #: ``app.conf.siq_default_quota``. Several limits with a quota of their own: a mapping
+    #: value ``Limit(interval="100ms", quota="10000/d")`` (limits.py).
+    quota: str | tuple[int, Any] | None = None
 
     #: Slots one start takes (a search that costs 10 points of a 100-point budget): the
     #: next start of the queue waits ``cost`` intervals. A whole number >= 1, or a callable
@@ -90,11 +103,20 @@ class IntervalTask(Task):  # type: ignore[misc]
         if isinstance(declared, Mapping):
             intervals = list(declared.values())
         for value in intervals if isinstance(intervals, (list, tuple)) else [intervals]:
-            if value is not None:
+            if value is not None and not isinstance(value, Limit):
                 try:
                     parse_interval(value)
                 except SiqError as exc:
                     raise ConfigurationError(f"task {name}: interval {value!r}: {exc}") from None
+        if isinstance(declared, Mapping) and len(declared) > 1:
+            for queue, value in declared.items():
+                check_not_a_quota(value, f"task {name}: interval_queue[{queue!r}]")
+        for option, check in (("burst", validate_burst), ("quota", parse_quota)):
+            if cls.__dict__.get(option) is not None:
+                try:
+                    check(cls.__dict__[option])
+                except SiqError as exc:
+                    raise ConfigurationError(f"task {name}: {exc}") from None
         names = list(declared) if isinstance(declared, (Mapping, list, tuple)) else [declared]
         for queue in names:
             if isinstance(queue, str):  # "" is refused, not taken for "the task's name"
@@ -119,15 +141,19 @@ class IntervalTask(Task):  # type: ignore[misc]
         limits = self.siq_limits(args, kwargs)
         if limits is not None:
             return limits.primary
+        state = siq_state(self.app)
+        if isinstance(name, Mapping):  # one queue, named with its limit
+            ((name, limit),) = name.items()
+            return state.queue(name, limit, burst=self.burst, quota=self.quota)
         if callable(name):
-            return siq_state(self.app).queue(_per_call(self, "interval_queue", name, args, kwargs), self.interval,
-                                             per_key=True)  # fmt: skip
-        return siq_state(self.app).queue(self.name if name is None else name, self.interval)
+            return state.queue(_per_call(self, "interval_queue", name, args, kwargs), self.interval, per_key=True,
+                               burst=self.burst, quota=self.quota)  # fmt: skip
+        return state.queue(self.name if name is None else name, self.interval, burst=self.burst, quota=self.quota)
 
     def siq_limits(self, args: Any = None, kwargs: Any = None) -> CombinedQueue | None:
         """The combined limit of a task with several interval queues, else None."""
         queues = declared(self, self.interval_queue)
-        if queues is None or isinstance(queues, str) or callable(queues):
+        if queues is None or isinstance(queues, str) or callable(queues) or len(queues) == 1:
             return None
         return siq_state(self.app).combined(self.name, queues, self.interval)
 

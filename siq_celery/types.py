@@ -23,6 +23,12 @@ class QueueState:
     it on). ``started_us`` is when the last start was authorized (0: none yet), and
     ``held_until_us`` when the last back-off ends: what people are shown, never part of a
     decision.
+
+    The queue's other limits (:class:`Limits`): ``burst`` starts may come closer than the
+    interval to catch up (GCRA: ``last_start_us + interval_us`` is the theoretical arrival
+    time, a start may come ``burst`` intervals before it); ``quota`` cost units at most in
+    any sliding window of ``window_us`` (0: none), counted over the starts the store keeps
+    apart from the state (the queue's window).
     """
 
     epoch: str
@@ -34,11 +40,32 @@ class QueueState:
     paused: bool
     started_us: int = 0
     held_until_us: int = 0
+    burst: int = 0
+    quota: int = 0
+    window_us: int = 0
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.burst, self.quota, self.window_us)
 
     @property
     def backlog(self) -> int:
         """Tickets claimed but not yet passed by ``current`` (some may be lost)."""
         return self.ticket - self.current
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A queue's limits beyond its interval, as the store keeps them: ``burst`` (starts that
+    may come closer than the interval, 0: strict spacing) and a window quota of ``quota``
+    cost units in any ``window_us`` (0: none). See docs/design.md, "The model" (Burst, Window quota)."""
+
+    burst: int = 0
+    quota: int = 0
+    window_us: int = 0
+
+
+NO_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
@@ -121,6 +148,7 @@ class QueueStatus:
     duplicates_refused: int = 0  #: starts refused because the task id had finished
     reclaims: int = 0  #: starts answered RECLAIM (the ticket's epoch was gone)
     counts: StartCounts = StartCounts()  #: the store's counters of authorized starts
+    window_used: int = 0  #: cost units started in the window ending now (a quota's use)
 
     @property
     def next_start_us(self) -> int:
@@ -161,6 +189,10 @@ class QueueStatus:
             "override_by": src.override_by or None,
             "override_at": src.override_at_us / US if src.override_us else None,
             "declarations": {n.node: n.interval_us / US for n in src.live(self.now_us)},
+            "burst": s.burst,
+            "quota": s.quota or None,
+            "window_s": s.window_us / US if s.quota else None,
+            "window_used": self.window_used if s.quota else None,
         }
 
 
@@ -168,7 +200,9 @@ class QueueStatus:
 class ClaimResult:
     """Tickets ``first .. first + count - 1`` of one epoch, and what is needed to estimate
     each one's slot without another round trip: ``max(base_us + (n - first) * interval_us,
-    floor_us)``."""
+    floor_us)``, and, for a queue with a window quota, the time the window lets ticket
+    ``first + i`` be the last unit of a start (``window_us[i]``; empty: the window binds
+    none of them)."""
 
     first: int
     count: int
@@ -177,9 +211,18 @@ class ClaimResult:
     floor_us: int
     interval_us: int
     now_us: int
+    window_us: tuple[int, ...] = ()
 
-    def estimate_us(self, number: int) -> int:
+    def spacing_us(self, number: int) -> int:
+        """Ticket ``number``'s estimate by the interval alone."""
         return max(self.base_us + (number - self.first) * self.interval_us, self.floor_us)
+
+    def estimate_us(self, number: int, cost: int = 1) -> int:
+        spacing = self.spacing_us(number)
+        last = number + cost - 1 - self.first  # the start's last unit is the one the window must fit
+        if 0 <= last < len(self.window_us):
+            return max(spacing, self.window_us[last])
+        return spacing
 
 
 @dataclass(frozen=True)
@@ -192,6 +235,7 @@ class Ticket:
     estimated_start_us: int  #: store clock, microseconds since the Unix epoch
     claimed_at_us: int  #: store clock at the claim
     interval_us: int = 0  #: the queue's effective interval at the claim (0: not known)
+    window_bound: bool = False  #: the window quota, not the spacing, sets the estimate
 
     @property
     def estimated_start(self) -> float:

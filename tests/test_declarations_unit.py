@@ -57,7 +57,7 @@ def test_the_app_declares_each_fixed_queue_once_and_the_slower_of_two_tasks_wins
     @app.task(base=IntervalTask, shared=False, name="b", interval="300ms", interval_queue="api")
     def b() -> None: ...
 
-    @app.task(base=IntervalTask, shared=False, name="c", interval_queue={"{g}s": "1s", "{g}d": "10/d"})
+    @app.task(base=IntervalTask, shared=False, name="c", interval_queue={"{g}s": "1s", "{g}d": "2.4h"})
     def c() -> None: ...
 
     @app.task(base=IntervalTask, shared=False, name="d", interval="1s", interval_queue=lambda a, k: f"k:{a[0]}")

@@ -1,8 +1,9 @@
 """Model-based test: random sequences of claim / start / finish (or a retry's end) / pause /
 resume / set_interval / reset / state loss / clock moves, applied to the memory, SQLite and Redis
-stores side by side and to a small reference model written here from docs/design.md. Every
-answer and every state must agree, and no two authorized starts may be closer than the
-interval in force."""
+stores side by side and to a small reference model written here from docs/design.md, on a
+queue with a burst and a window quota drawn for each example (none, most often). Every
+answer and every state must agree; without a burst no two authorized starts may be closer
+than the interval in force, and no window of the quota's length holds more than its quota."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from siq_celery.backends import Backend, backend_from_url
 from siq_celery.testing import PinnedClock
+from siq_celery.types import Limits
 
 EXAMPLES = int(os.environ.get("SIQ_HYPOTHESIS_EXAMPLES", "500"))
 INTERVALS = [10_000, 25_000, 100_000]
@@ -34,28 +36,72 @@ class Reference:
     q: dict[str, object] | None = None
     finished: set[str] = field(default_factory=set)
     unfinished: dict[str, int] = field(default_factory=dict)  # authorized starts since the last finish
+    burst: int = 0
+    quota: int = 0  # cost units in any window of `window` (0: none)
+    window: int = 0
+    win: list[list[int]] = field(default_factory=list)  # the window's starts: [time, units], by time
 
     def _new(self, interval: int, epoch: str) -> dict[str, object]:
-        now = self.clock.now_us
-        return {"epoch": epoch, "I": interval, "ticket": 0, "cur": 0, "anchor": now, "last": now, "paused": False}
+        now = self.clock.now_us  # a burst's credit starts spent: still one interval
+        return {"epoch": epoch, "I": interval, "ticket": 0, "cur": 0, "anchor": now,
+                "last": now + self.burst * interval, "paused": False}  # fmt: skip
 
     def state(self) -> tuple[object, ...] | None:
         q = self.q
         if q is None:
             return None
-        return (q["epoch"], q["I"], q["ticket"], q["cur"], q["anchor"], q["last"], q["paused"])
+        return (q["epoch"], q["I"], q["ticket"], q["cur"], q["anchor"], q["last"], q["paused"], self.burst,
+                self.quota, self.window)  # fmt: skip
 
-    def claim(self, n: int, interval: int, epoch: str) -> tuple[int, str, int, int]:
+    def cap(self) -> int:  # GCRA: the theoretical arrival time less the burst
+        q = self.q
+        return q["last"] + q["I"] - self.burst * q["I"]  # type: ignore[index, operator, no-any-return]
+
+    def read_window(self) -> list[int]:
+        """The window at now, unit by unit (oldest first); a unit whose leaving let the head
+        in makes the line due from then."""
+        q, now = self.q, self.clock.now_us
+        units = [t for t, c in self.win for _ in range(c)]
+        k = len(units) + 1 - self.quota
+        if k >= 1 and units[k - 1] <= now - self.window:
+            q["anchor"] = max(q["anchor"], units[k - 1] + self.window - q["I"])  # type: ignore[index, call-overload, operator]
+        self.win = [e for e in self.win if e[0] > now - self.window]
+        return [t for t, c in self.win for _ in range(c)]
+
+    def window_slot(self, units: list[int], memo: dict[int, int], ticket: int, cost: int) -> int:
+        q, m, n = self.q, len(units), self.quota
+
+        def at(u: int) -> int | None:  # when unit u of the window, then of the line, starts
+            if u < 1:
+                return None
+            if u <= m:
+                return units[u - 1]
+            if u not in memo:
+                spacing = max(q["anchor"] + (u - m) * q["I"], self.cap())  # type: ignore[index, operator]
+                before = at(u - n)
+                memo[u] = spacing if before is None else max(spacing, before + self.window)
+            return memo[u]
+
+        c = min(cost, n)
+        ahead = ticket - q["cur"] - 1 if ticket > q["cur"] else 0  # type: ignore[index, operator]
+        hard, line = at(m + c - n), at(m + ahead + c - n)
+        return max(0 if hard is None else hard + self.window, 0 if line is None else line + self.window)
+
+    def claim(self, n: int, interval: int, epoch: str) -> tuple[int, str, int, int, tuple[int, ...]]:
         now = self.clock.now_us
         q = self.q = self.q or self._new(interval, epoch)
+        units = self.read_window() if self.quota else None
         first = q["ticket"] + 1  # type: ignore[operator]
         due = q["anchor"] + (first - q["cur"]) * q["I"]  # type: ignore[operator]
-        free = max(now, q["last"] + q["I"])  # type: ignore[operator]
-        if due < free:  # an overdue line (or a head held by the cap): due at the first free slot
-            q["anchor"] = q["anchor"] + free - due  # type: ignore[operator]
-            due = free
+        free = max(now, self.cap())
+        rebase = max(now, q["last"] + q["I"]) - self.burst * q["I"]  # type: ignore[operator]
+        if due < rebase:  # an overdue line (or a head held by the cap): due at the first free slot
+            q["anchor"] = q["anchor"] + rebase - due  # type: ignore[operator]
+            due = rebase
         q["ticket"] = q["ticket"] + n  # type: ignore[operator]
-        return first, str(q["epoch"]), due, free
+        memo: dict[int, int] = {}
+        slots = [] if units is None else [self.window_slot(units, memo, first + i, 1) for i in range(n)]
+        return first, str(q["epoch"]), due, free, tuple(slots) if any(slots) else ()
 
     def start(
         self, number: int, epoch: str, task: str | None, interval: int, new_epoch: str, cost: int
@@ -71,17 +117,24 @@ class Reference:
         I, cur = q["I"], q["cur"]
         if q["paused"]:
             return "paused", max(number - cur - 1, 0) * I, 0  # type: ignore[operator]
+        units = self.read_window() if self.quota else None
+        memo: dict[int, int] = {}
+        held = 0 if units is None or number <= cur else self.window_slot(units, memo, cur + 1, 1)  # type: ignore[operator]
         settle = max(10 * I, 1_000_000)  # type: ignore[call-overload]
-        outage = q["anchor"] <= q["last"] + I and q["anchor"] + I < now - settle  # type: ignore[operator]
+        overdue = max(q["anchor"] + I, held) < now - settle  # type: ignore[operator]  # a head the window holds is not late
+        outage = q["anchor"] <= q["last"] + I and overdue  # type: ignore[operator]
         if number > cur and outage:  # type: ignore[operator]
             q["anchor"] = now + settle - I  # type: ignore[operator]  # a long-overdue head: the backlog shifts once
         due = q["anchor"] + (number - cur) * I if number > cur else 0  # type: ignore[operator]
-        slot = max(due, q["last"] + I)  # type: ignore[operator]
+        slot = max(due, self.cap(), 0 if units is None else self.window_slot(units, memo, number, cost))
         if now < slot:
             return "wait", slot - now, slot
         q["cur"] = max(cur, number + cost - 1)  # type: ignore[call-overload]
-        q["last"] = now + (cost - 1) * I  # type: ignore[operator]  # c slots: the last one's
-        q["anchor"] = max(q["anchor"], q["last"])  # type: ignore[call-overload]  # a line due later stays
+        q["last"] = max(q["last"] + I, now) + (cost - 1) * I  # type: ignore[operator]  # GCRA: T = max(T, now) + c I
+        q["anchor"] = max(q["anchor"] + (q["cur"] - cur) * I, q["last"] - self.burst * I)  # type: ignore[operator]
+        if self.quota:
+            self.win.append([now, min(cost, self.quota)])
+            self.win.sort(key=lambda e: e[0])
         if task is not None:
             self.unfinished[task] = self.unfinished.get(task, 0) + 1
         return "authorized", 0, slot
@@ -89,7 +142,7 @@ class Reference:
     def backoff(self, hold: int, keep_first: bool) -> None:
         q = self.q
         until = self.clock.now_us + hold - q["I"]  # type: ignore[index, operator]
-        q["last"] = max(q["last"], until)  # type: ignore[index, call-overload]
+        q["last"] = max(q["last"], until + self.burst * q["I"])  # type: ignore[index, call-overload, operator]
         q["anchor"] = max(q["anchor"], until + (q["I"] if keep_first else 0))  # type: ignore[index, call-overload, operator]
 
 
@@ -110,7 +163,9 @@ class StoresAgree(RuleBasedStateMachine):
         self.tickets: list[tuple[int, str]] = []
         self.epochs = (f"e{i}" for i in itertools.count())
         self.interval = INTERVALS[0]
+        self.limits = Limits()
         self.starts: list[tuple[int, int]] = []  # (time, least time to the next start)
+        self.window_starts: list[tuple[int, int]] = []  # (time, units) while the window is kept
         # Back-offs in force, (index of the first start after it, until): no start before
         # until. A shorter interval set later shortens a back-off by the difference, and a
         # lost state forgets it.
@@ -127,6 +182,11 @@ class StoresAgree(RuleBasedStateMachine):
         assert all(a == answers[0] for a in answers), (op, answers)
         return answers[0]
 
+    @initialize(burst=st.sampled_from([0, 0, 1, 3]), quota=st.sampled_from([None, None, (2, 150_000), (4, 600_000)]))
+    def limits_of_the_queue(self, burst: int, quota: tuple[int, int] | None) -> None:
+        self.limits = Limits(burst, *(quota or (0, 0)))
+        self.ref.burst, self.ref.quota, self.ref.window = self.limits.burst, self.limits.quota, self.limits.window_us
+
     @rule(us=st.integers(0, 250_000))
     def advance(self, us: int) -> None:
         self.clock.advance(us=us)
@@ -134,10 +194,10 @@ class StoresAgree(RuleBasedStateMachine):
     @rule(n=st.integers(1, 3))
     def claim(self, n: int) -> None:
         epoch = next(self.epochs)
-        results = [s.claim("q", n, self.interval, epoch) for s in self.stores]
+        results = [s.claim("q", n, self.interval, epoch, limits=self.limits) for s in self.stores]
         expected = self.ref.claim(n, self.interval, epoch)
         for r in results:
-            assert (r.first, r.epoch, r.base_us, r.floor_us) == expected
+            assert (r.first, r.epoch, r.base_us, r.floor_us, r.window_us) == expected
         self.tickets += [(expected[0] + i, expected[1]) for i in range(n)]
 
     @precondition(lambda self: self.tickets)
@@ -146,7 +206,16 @@ class StoresAgree(RuleBasedStateMachine):
         number, epoch = data.draw(st.sampled_from(self.tickets))
         new_epoch = next(self.epochs)
         decisions = [
-            s.start("q", number, epoch, task_id=task, interval_us=self.interval, new_epoch=new_epoch, cost=cost)
+            s.start(
+                "q",
+                number,
+                epoch,
+                task_id=task,
+                interval_us=self.interval,
+                new_epoch=new_epoch,
+                cost=cost,
+                limits=self.limits,
+            )
             for s in self.stores
         ]
         verdict, wait, slot = self.ref.start(number, epoch, task, self.interval, new_epoch, cost)
@@ -154,6 +223,8 @@ class StoresAgree(RuleBasedStateMachine):
             assert (d.verdict.value, d.wait_us, d.slot_us) == (verdict, wait, slot)
         if verdict == "authorized":  # the next start may come no sooner than cost intervals
             self.starts.append((self.clock.now_us, cost * self.ref.q["I"]))  # type: ignore[index, operator]
+            if self.limits.quota:
+                self.window_starts.append((self.clock.now_us, min(cost, self.limits.quota)))
 
     @precondition(lambda self: self.ref.q is not None)
     @rule(stale=st.booleans(), same_epoch=st.booleans())
@@ -169,6 +240,11 @@ class StoresAgree(RuleBasedStateMachine):
             q["anchor"] = max(q["anchor"], now)  # type: ignore[index, call-overload]
             if self.starts:
                 self.starts[-1] = (now, self.starts[-1][1])
+            moved = [e for e in self.ref.win if e[0] == started]
+            if self.limits.quota and moved:  # the start moves in the window too
+                moved[-1][0] = now
+                self.ref.win.sort(key=lambda e: e[0])
+                self.window_starts[-1] = (now, self.window_starts[-1][1])
         assert got == expected
 
     @rule(task=st.sampled_from(TASKS), remember=st.booleans())
@@ -223,6 +299,8 @@ class StoresAgree(RuleBasedStateMachine):
         self.ref.q = None
         self.ref.finished.clear()
         self.ref.unfinished.clear()
+        self.ref.win.clear()  # a lost state forgets its window (docs/design.md)
+        self.window_starts.clear()
         self.backoffs.clear()
 
     @invariant()
@@ -241,13 +319,26 @@ class StoresAgree(RuleBasedStateMachine):
                     st_.anchor_us,
                     st_.last_start_us,
                     st_.paused,
+                    st_.burst,
+                    st_.quota,
+                    st_.window_us,
                 )
             assert got == expected, (type(s).__name__, got, expected)
 
     @invariant()
     def starts_never_closer_than_the_interval(self) -> None:
+        if self.limits.burst:
+            return  # a burst lets starts come closer (its bound: tests/contract/test_limits_contract.py)
         for (a, least), (b, _) in zip(self.starts, self.starts[1:], strict=False):
             assert b - a >= least
+
+    @invariant()
+    def no_window_holds_more_than_the_quota(self) -> None:
+        if self.limits.quota:
+            starts = sorted(self.window_starts)
+            for a, _ in starts:
+                used = sum(c for t, c in starts if a <= t < a + self.limits.window_us)
+                assert used <= self.limits.quota, (a, starts)
 
     @invariant()
     def nothing_starts_during_a_backoff(self) -> None:

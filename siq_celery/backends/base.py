@@ -30,10 +30,12 @@ from ..ledger import DEFAULT_LEDGER_MAX, LedgerRow, StartRecord
 from ..logs import Throttle
 from ..lru import LRUCache
 from ..types import (
+    NO_LIMITS,
     ClaimResult,
     Decision,
     Declared,
     IntervalSources,
+    Limits,
     NodeDeclaration,
     ParkedTask,
     QueueState,
@@ -146,19 +148,24 @@ class Backend(ABC):
     # -- the atomic operations ------------------------------------------------------
 
     @abstractmethod
-    def ensure(self, queue: str, interval_us: int, epoch: str) -> tuple[QueueState, bool]:
-        """Create the queue's state if missing (with ``epoch``); return it and whether it
-        was created. Never changes existing state."""
+    def ensure(
+        self, queue: str, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS
+    ) -> tuple[QueueState, bool]:
+        """Create the queue's state if missing (with ``epoch`` and ``limits``); return it
+        and whether it was created. Never changes existing state."""
 
     @abstractmethod
-    def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
-        """Issue ``count`` tickets; creates the state (``interval_us``, ``epoch``) if missing."""
+    def claim(self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS) -> ClaimResult:
+        """Issue ``count`` tickets; creates the state (``interval_us``, ``epoch``,
+        ``limits``) if missing."""
 
-    def claim_later(self, queue: str, count: int, interval_us: int, epoch: str) -> PendingClaim:
+    def claim_later(
+        self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS
+    ) -> PendingClaim:
         """Send a claim now and read its answer later, so that its round trip overlaps the
         caller's own work (a Celery producer builds its message meanwhile). The base
         implementation simply claims at once."""
-        result = self.claim(queue, count, interval_us, epoch)
+        result = self.claim(queue, count, interval_us, epoch, limits=limits)
         return PendingClaim(lambda: result)
 
     @abstractmethod
@@ -173,9 +180,10 @@ class Backend(ABC):
         new_epoch: str,
         record: StartRecord | None = None,
         cost: int = 1,
+        limits: Limits = NO_LIMITS,
     ) -> Decision:
         """Decide (and, if authorized, record) the start of ``ticket``. A missing state is
-        created with ``new_epoch`` (so the answer is RECLAIM). With ``record``, an
+        created with ``new_epoch`` and ``limits`` (so the answer is RECLAIM). With ``record``, an
         authorized start is written to the ledger in the same atomic step. ``cost``: the
         slots this start takes (see :func:`siq_celery.model.start`). With a ``task_id``,
         an authorized start counts one more start of it without a finish, and a task id
@@ -192,6 +200,7 @@ class Backend(ABC):
         new_epoch: str,
         record: StartRecord | None = None,
         cost: int = 1,
+        limits: Sequence[Limits] | None = None,
     ) -> list[Decision]:
         """One start that must pass every queue of ``queues`` (ticket ``tickets[i]`` of
         epoch ``epochs[i]`` in each): authorized and recorded in all of them in one atomic
@@ -241,20 +250,25 @@ class Backend(ABC):
         ttl_us: int = 0,
         origin: str = "",
         announce: bool = True,
+        limits: Limits = NO_LIMITS,
     ) -> Declared:
         """The code declares ``interval_us`` for ``queue`` (creating its state with
         ``epoch`` if missing), atomically with recomputing the effective interval; see
-        :func:`siq_celery.model.declare` for ``node``, ``ttl_us`` and ``announce``."""
+        :func:`siq_celery.model.declare` for ``node``, ``ttl_us`` and ``announce``. An
+        announcement (or a creation) also makes ``limits`` the queue's burst and quota."""
 
     @abstractmethod
     def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
         """No start of ``queue`` before ``hold_us`` from now (see :func:`siq_celery.model.backoff`)."""
 
     @abstractmethod
-    def reset(self, queue: str, interval_us: int | None, epoch: str, origin: str = "") -> QueueState:
+    def reset(
+        self, queue: str, interval_us: int | None, epoch: str, origin: str = "", *, limits: Limits = NO_LIMITS
+    ) -> QueueState:
         """Start the queue's state afresh (see :func:`siq_celery.model.reset`); creates it
         when missing if ``interval_us`` is given, else raises QueueNotFoundError. A given
-        interval is pinned (:func:`siq_celery.model.pin`), recorded with ``origin``."""
+        interval is pinned (:func:`siq_celery.model.pin`), recorded with ``origin``. The
+        limits and the window's starts are kept (``limits``: for a state created here)."""
 
     @abstractmethod
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
@@ -367,6 +381,10 @@ class Transaction(ABC):
 
     state: QueueState | None
     now_us: int
+
+    @abstractmethod
+    def window(self) -> model.Window:
+        """The queue's window: the starts a window quota counts (kept across a reset)."""
 
     @abstractmethod
     def is_finished(self, task_id: str) -> bool: ...
@@ -487,23 +505,32 @@ class ModelBackend(Backend):
         with self._following([queue], replace_corrupt=replace_corrupt) as (tx,):
             yield tx
 
-    def ensure(self, queue: str, interval_us: int, epoch: str) -> tuple[QueueState, bool]:
+    def ensure(
+        self, queue: str, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS
+    ) -> tuple[QueueState, bool]:
         with self.transaction(queue) as tx:
             if tx.state is not None:
                 return _copy(tx.state), False
-            tx.state = model.new_state(tx.now_us, interval_us, epoch)
+            tx.state = model.new_state(tx.now_us, interval_us, epoch, limits)
             return _copy(tx.state), True
 
-    def _created(self, tx: Transaction, queue: str, interval_us: int, epoch: str) -> QueueState:
+    def _created(
+        self, tx: Transaction, queue: str, interval_us: int, epoch: str, limits: Limits = NO_LIMITS
+    ) -> QueueState:
         if tx.state is None:
             if interval_us <= 0:
                 raise QueueNotFoundError(f"queue {queue!r} has no state in this store and no interval was given")
-            tx.state = model.new_state(tx.now_us, interval_us, epoch)
+            tx.state = model.new_state(tx.now_us, interval_us, epoch, limits)
         return tx.state
 
-    def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
+    @staticmethod
+    def _window(tx: Transaction, state: QueueState) -> model.Window | None:
+        return tx.window() if state.quota else None
+
+    def claim(self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS) -> ClaimResult:
         with self._following_one(queue) as tx:
-            return model.claim(self._created(tx, queue, interval_us, epoch), count, tx.now_us)
+            state = self._created(tx, queue, interval_us, epoch, limits)
+            return model.claim(state, count, tx.now_us, self._window(tx, state))
 
     def start(
         self,
@@ -516,12 +543,16 @@ class ModelBackend(Backend):
         new_epoch: str,
         record: StartRecord | None = None,
         cost: int = 1,
+        limits: Limits = NO_LIMITS,
     ) -> Decision:
         with self._following_one(queue) as tx:
-            state = self._created(tx, queue, interval_us, new_epoch)
+            state = self._created(tx, queue, interval_us, new_epoch, limits)
             finished = task_id is not None and tx.is_finished(task_id)
             lost = self._lost(tx, task_id)
-            decision = model.start(state, ticket, epoch, tx.now_us, finished=finished, cost=cost, lost=lost)
+            decision = model.start(
+                state, ticket, epoch, tx.now_us, finished=finished, cost=cost, lost=lost,
+                window=self._window(tx, state),
+            )  # fmt: skip
             if task_id is not None and self.max_lost_deliveries and decision.authorized:
                 tx.count_unfinished(task_id)
             if decision.verdict in REFUSALS:
@@ -549,14 +580,20 @@ class ModelBackend(Backend):
         new_epoch: str,
         record: StartRecord | None = None,
         cost: int = 1,
+        limits: Sequence[Limits] | None = None,
     ) -> list[Decision]:
+        each = list(limits) if limits is not None else [NO_LIMITS] * len(queues)
         with self._following(queues) as txs:
-            states = [self._created(tx, q, i, new_epoch) for tx, q, i in zip(txs, queues, interval_us, strict=True)]
+            states = [
+                self._created(tx, q, i, new_epoch, lim)
+                for tx, q, i, lim in zip(txs, queues, interval_us, each, strict=True)
+            ]
             finished = task_id is not None and txs[0].is_finished(task_id)
             lost = self._lost(txs[0], task_id)
             decisions = model.start_all(
-                states, list(tickets), list(epochs), txs[0].now_us, finished=finished, cost=cost, lost=lost
-            )
+                states, list(tickets), list(epochs), txs[0].now_us, finished=finished, cost=cost, lost=lost,
+                windows=[self._window(tx, state) for tx, state in zip(txs, states, strict=True)],
+            )  # fmt: skip
             if task_id is not None and self.max_lost_deliveries and decisions[0].authorized:
                 txs[0].count_unfinished(task_id)
             for tx, d in zip(txs, decisions, strict=True):
@@ -582,7 +619,9 @@ class ModelBackend(Backend):
 
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
         with self.transaction(queue) as tx:
-            return None if tx.state is None else model.restamp(tx.state, epoch, started_us, tx.now_us)
+            if tx.state is None:
+                return None
+            return model.restamp(tx.state, epoch, started_us, tx.now_us, self._window(tx, tx.state))
 
     def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
         with self.transaction(queue) as tx:
@@ -623,13 +662,16 @@ class ModelBackend(Backend):
         ttl_us: int = 0,
         origin: str = "",
         announce: bool = True,
+        limits: Limits = NO_LIMITS,
     ) -> Declared:
         with self.transaction(queue) as tx:
             created = tx.state is None
-            state = self._created(tx, queue, interval_us, epoch)
+            state = self._created(tx, queue, interval_us, epoch, limits)
             sources, done = model.declare(
                 state, tx.sources(), tx.now_us, interval_us, node=node, ttl_us=ttl_us, origin=origin, announce=announce
             )
+            if announce:
+                model.set_limits(state, limits)
             tx.save_sources(sources)
             return replace(done, created=created, old_interval_us=0 if created else done.old_interval_us)
 
@@ -638,12 +680,14 @@ class ModelBackend(Backend):
             model.backoff(self._existing(tx, queue), tx.now_us, hold_us, keep_first)
             return _copy(self._existing(tx, queue))
 
-    def reset(self, queue: str, interval_us: int | None, epoch: str, origin: str = "") -> QueueState:
+    def reset(
+        self, queue: str, interval_us: int | None, epoch: str, origin: str = "", *, limits: Limits = NO_LIMITS
+    ) -> QueueState:
         with self._following_one(queue, replace_corrupt=True) as tx:
             if tx.state is None:
                 if interval_us is None:
                     raise QueueNotFoundError(f"queue {queue!r} has no state in this store")
-                tx.state = model.new_state(tx.now_us, interval_us, epoch)
+                tx.state = model.new_state(tx.now_us, interval_us, epoch, limits)
             tx.state = model.reset(tx.state, tx.now_us, epoch, interval_us)
             if interval_us:
                 tx.save_sources(model.pin(tx.sources(), tx.now_us, interval_us, origin))
@@ -654,9 +698,14 @@ class ModelBackend(Backend):
         with self._following_one(queue) as tx:
             if tx.state is None:
                 return None
+            state, used = tx.state, 0
+            if state.quota:
+                window = tx.window()
+                window.trim(tx.now_us - state.window_us)
+                used = window.used()
             return QueueStatus(
-                queue, _copy(tx.state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources(), *tx.refusals(),
-                counts=model.counts_from_fields(tx.start_counts()),
+                queue, _copy(state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources(), *tx.refusals(),
+                window_used=used, counts=model.counts_from_fields(tx.start_counts()),
             )  # fmt: skip
 
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
@@ -673,11 +722,15 @@ class ModelBackend(Backend):
             if tx.state is None:
                 return Release("", tx.now_us, [])
             state, now = tx.state, tx.now_us
-            if not state.paused:
-                model.shift_after_outage(state, now, horizon_us)  # see model.release_cutoff
-            tasks = tx.leasable(model.release_cutoff(state, now, horizon_us), now, limit)
+            window = self._window(tx, state)
+            if not state.paused:  # see model.release_cutoff
+                units = model.window_units(state, window, now)
+                held = 0 if units is None else units.slot(state.current + 1, 1)
+                model.shift_after_outage(state, now, horizon_us, held)
+            units = model.window_units(state, window, now)  # read again: the line may have shifted
+            tasks = tx.leasable(model.release_cutoff(state, now, horizon_us, units), now, limit)
             tx.lease([t.task_id for t in tasks], now + lease_us)
-            return Release(state.epoch, now, [(t, model.estimate_of(state, t.ticket, now)) for t in tasks])
+            return Release(state.epoch, now, [(t, model.estimate_of(state, t.ticket, now, units)) for t in tasks])
 
     def unpark(self, queue: str, task_ids: Sequence[str]) -> None:
         with self.transaction(queue) as tx:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from ..ledger import LedgerRow
-from ..model import LAST_COUNTED
+from ..model import LAST_COUNTED, ListWindow
 from ..types import IntervalSources, ParkedTask, QueueState
 from .base import ModelBackend, Transaction, _copy, match_names
 
@@ -34,6 +34,8 @@ class _Store:
     refusals: dict[str, dict[str, int]] = field(default_factory=dict)
     #: per queue: the counters of authorized starts (model.start_counts)
     start_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: per queue: the starts its window quota counts
+    windows: dict[str, ListWindow] = field(default_factory=dict)
 
 
 _NAMED_STORES: dict[str, _Store] = {}
@@ -47,6 +49,9 @@ class _MemoryTransaction(Transaction):
         stored = self._store.states.get(queue)
         self.state = _copy(stored) if stored is not None else None
         self.now_us = backend.now_us()
+
+    def window(self) -> ListWindow:
+        return self._store.windows.setdefault(self._queue, ListWindow())
 
     def _finished(self) -> OrderedDict[str, int]:
         return self._store.finished.setdefault(self._queue, OrderedDict())
@@ -160,6 +165,7 @@ class _MemoryTransaction(Transaction):
         had_parked = bool(self._store.parked.pop(self._queue, None))
         had_state = self._store.states.pop(self._queue, None) is not None
         self._store.unfinished.pop(self._queue, None)
+        self._store.windows.pop(self._queue, None)
         had_records = bool(self._store.finished.pop(self._queue, None))
         had_ledger = bool(self._store.ledgers.pop(self._queue, None))
         return had_state or had_records or had_ledger or had_parked

@@ -28,10 +28,12 @@ from ..keys import QueueKeys
 from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
 from ..model import counts_from_fields
 from ..types import (
+    NO_LIMITS,
     ClaimResult,
     Decision,
     Declared,
     IntervalSources,
+    Limits,
     NodeDeclaration,
     ParkedTask,
     QueueState,
@@ -164,9 +166,18 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
     raise ConfigurationError(f"not a Redis URL: {redacted(url)!r}")
 
 
+#: Values of siq_reply (the state, the store time, the status-only times, the limits).
+STATE_REPLY = 13
+
+
 def _claim_result(reply: Sequence[Any]) -> ClaimResult:
-    first, n, epoch, base, floor, interval, now = reply
-    return ClaimResult(int(first), int(n), epoch.decode(), int(base), int(floor), int(interval), int(now))
+    first, n, epoch, base, floor, interval, now = reply[:7]
+    window = tuple(int(v) for v in reply[7:])
+    return ClaimResult(int(first), int(n), epoch.decode(), int(base), int(floor), int(interval), int(now), window)
+
+
+def _limit_args(limits: Limits) -> list[int]:
+    return [limits.burst, limits.quota, limits.window_us]
 
 
 def _text(value: Any) -> str:
@@ -300,28 +311,35 @@ class RedisBackend(Backend):
     @staticmethod
     def _state(reply: Sequence[Any]) -> tuple[QueueState, int]:
         epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-        numbers = [int(v) for v in reply[1:10]]
-        interval, ticket, current, anchor, last_start, paused, now, started, held = numbers
-        state = QueueState(epoch, interval, ticket, current, anchor, last_start, bool(paused), started, held)
+        numbers = [int(v) for v in reply[1:STATE_REPLY]]
+        interval, ticket, current, anchor, last_start, paused, now, started, held, burst, quota, window = numbers
+        state = QueueState(
+            epoch, interval, ticket, current, anchor, last_start, bool(paused), started, held, burst, quota, window
+        )
         return state, now
 
     # -- operations -----------------------------------------------------------------
 
-    def ensure(self, queue: str, interval_us: int, epoch: str) -> tuple[QueueState, bool]:
+    def ensure(
+        self, queue: str, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS
+    ) -> tuple[QueueState, bool]:
         k = self.keys(queue)
-        reply = self._run("ensure", queue, [k.state], [interval_us, epoch])
+        reply = self._run("ensure", queue, [k.state], [interval_us, epoch, *_limit_args(limits)])
         return self._state(reply[1:])[0], bool(reply[0])
 
-    def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
+    def claim(self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS) -> ClaimResult:
         k = self.keys(queue)
-        reply = self._run("claim", queue, k.all, [count, interval_us, epoch, self.idle_expiry_us(queue)])
+        args = [count, interval_us, epoch, self.idle_expiry_us(queue), *_limit_args(limits)]
+        reply = self._run("claim", queue, k.all, args)
         return _claim_result(reply)
 
-    def claim_later(self, queue: str, count: int, interval_us: int, epoch: str) -> PendingClaim:
+    def claim_later(
+        self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS
+    ) -> PendingClaim:
         """Write the claim's EVALSHA on a connection of its own and return; the reply is read
         by :meth:`PendingClaim.result` (a plain server only; Cluster claims at once)."""
         if isinstance(self.client, RedisCluster):
-            return super().claim_later(queue, count, interval_us, epoch)
+            return super().claim_later(queue, count, interval_us, epoch, limits=limits)
         keys = self.keys(queue).all
         key = keys[0]
         script = self._script("claim")
@@ -333,7 +351,7 @@ class RedisBackend(Backend):
         try:
             conn.send_command(
                 "EVALSHA", script.sha, len(keys), *keys, self._now_arg(), count, interval_us, epoch,
-                self.idle_expiry_us(queue),
+                self.idle_expiry_us(queue), *_limit_args(limits),
             )  # fmt: skip
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             conn.disconnect()
@@ -369,6 +387,7 @@ class RedisBackend(Backend):
         new_epoch: str,
         record: StartRecord | None = None,
         cost: int = 1,
+        limits: Limits = NO_LIMITS,
     ) -> Decision:
         k = self.keys(queue)
         lost = self._lost_args(task_id)
@@ -381,7 +400,18 @@ class RedisBackend(Backend):
             "start",
             queue,
             k.all,
-            [ticket, epoch, task_id or "", interval_us, new_epoch, *ledger, cost, self.idle_expiry_us(queue), *lost],
+            [
+                ticket,
+                epoch,
+                task_id or "",
+                interval_us,
+                new_epoch,
+                *ledger,
+                cost,
+                self.idle_expiry_us(queue),
+                *lost,
+                *_limit_args(limits),
+            ],
         )
         return Decision(Verdict(verdict.decode()), int(number), int(now), int(wait), int(slot), int(interval))
 
@@ -396,11 +426,13 @@ class RedisBackend(Backend):
         new_epoch: str,
         record: StartRecord | None = None,
         cost: int = 1,
+        limits: Sequence[Limits] | None = None,
     ) -> list[Decision]:
         keys = [
             key for q in queues for key in (self.keys(q).state, self.keys(q).finished, self.keys(q).ledger,
-                                            self.keys(q).refused, self.keys(q).intervals)
+                                            self.keys(q).refused, self.keys(q).intervals, self.keys(q).window)
         ]  # fmt: skip
+        each = list(limits) if limits is not None else [NO_LIMITS] * len(queues)
         keys.append(self.keys(queues[0]).unfinished)
         lost = self._lost_args(task_id)
         if record is not None and self.ledger_max:
@@ -415,7 +447,9 @@ class RedisBackend(Backend):
                 f"start them together: name them with a shared hash tag, like '{{geo}}per-second' and "
                 f"'{{geo}}per-day'"
             )
-        replies = self._run("start_all", queues[0], keys, [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost])
+        per_limits = [v for lim in each for v in _limit_args(lim)]
+        args = [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost, *per_limits]
+        replies = self._run("start_all", queues[0], keys, args)
         return [
             Decision(Verdict(v.decode()), int(n), int(now), int(wait), int(slot), int(interval))
             for v, n, now, wait, slot, interval in replies
@@ -428,7 +462,8 @@ class RedisBackend(Backend):
         return [limit, self.finished_retention_us, self.finished_max]
 
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
-        now = int(self._run("restamp", queue, [self.keys(queue).state], [epoch, started_us]))
+        k = self.keys(queue)
+        now = int(self._run("restamp", queue, [k.state, k.window], [epoch, started_us]))
         return now or None
 
     def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
@@ -476,7 +511,7 @@ class RedisBackend(Backend):
     def set_interval(self, queue: str, interval_us: int | None, origin: str = "") -> QueueState:
         args = [interval_us or 0, origin, self.idle_expiry_us(queue)]
         reply = self._run("set_interval", queue, self.keys(queue).all, args)
-        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[8:]])
+        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[STATE_REPLY:]])
         return self._state(reply)[0]
 
     def declare(
@@ -489,8 +524,10 @@ class RedisBackend(Backend):
         ttl_us: int = 0,
         origin: str = "",
         announce: bool = True,
+        limits: Limits = NO_LIMITS,
     ) -> Declared:
-        args = [interval_us, epoch, node, ttl_us, origin, int(announce), self.idle_expiry_us(queue)]
+        args = [interval_us, epoch, node, ttl_us, origin, int(announce), self.idle_expiry_us(queue),
+                *_limit_args(limits)]  # fmt: skip
         reply = self._run("declare", queue, self.keys(queue).all, args)
         created, old_declared, declared, old, interval, replaced, by = reply[:7]
         log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[7:]])
@@ -502,10 +539,12 @@ class RedisBackend(Backend):
         args = [hold_us, int(keep_first), self.idle_expiry_us(queue)]
         return self._state(self._run("backoff", queue, self.keys(queue).all, args))[0]
 
-    def reset(self, queue: str, interval_us: int | None, epoch: str, origin: str = "") -> QueueState:
-        args = [interval_us or 0, epoch, origin, self.idle_expiry_us(queue)]
+    def reset(
+        self, queue: str, interval_us: int | None, epoch: str, origin: str = "", *, limits: Limits = NO_LIMITS
+    ) -> QueueState:
+        args = [interval_us or 0, epoch, origin, self.idle_expiry_us(queue), *_limit_args(limits)]
         reply = self._run("reset", queue, self.keys(queue).all, args)
-        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[8:]])
+        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[STATE_REPLY:]])
         return self._state(reply)[0]
 
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
@@ -520,7 +559,7 @@ class RedisBackend(Backend):
     ) -> Release:
         k = self.keys(queue)
         reply = self._run(
-            "release", queue, [k.state, k.parked, k.parked_messages, k.releasing, k.intervals],
+            "release", queue, [k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.window],
             [horizon_us, limit, lease_us],
         )  # fmt: skip
         epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
@@ -555,17 +594,18 @@ class RedisBackend(Backend):
 
     def _status_keys(self, queue: str) -> list[str]:
         k = self.keys(queue)
-        return [k.state, k.finished, k.parked, k.releasing, k.intervals, k.refused]
+        return [k.state, k.finished, k.parked, k.releasing, k.intervals, k.refused, k.window]
 
     def _status(self, queue: str, reply: Sequence[Any]) -> QueueStatus | None:
         if not reply:
             return None
         state, now = self._state(reply)
-        finished, parked, duplicates, reclaims = (int(v) for v in reply[10:14])
-        raw = reply[14]
+        finished, parked, duplicates, reclaims, used = (int(v) for v in reply[STATE_REPLY : STATE_REPLY + 5])
+        raw = reply[STATE_REPLY + 5]
         counts = counts_from_fields({raw[i].decode(): int(raw[i + 1]) for i in range(0, len(raw), 2)})
+        sources = _sources(reply[STATE_REPLY + 6 :])
         return QueueStatus(
-            queue, state, now, finished, parked, _sources(reply[15:]), duplicates, reclaims, counts=counts
+            queue, state, now, finished, parked, sources, duplicates, reclaims, window_used=used, counts=counts
         )
 
     #: Commands sent in one pipeline by the exporter's reads of many queues.

@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlsplit
 from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError, redacted
 from ..ledger import LedgerRow
 from ..model import LAST_COUNTED
-from ..types import ClaimResult, IntervalSources, ParkedTask
+from ..types import NO_LIMITS, ClaimResult, IntervalSources, Limits, ParkedTask
 from .base import ModelBackend, Transaction, match_names, sources_from_json, sources_to_json, state_from_fields
 
 _SCHEMA = """
@@ -75,6 +75,16 @@ CREATE TABLE IF NOT EXISTS siq_start_counts (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL,
     PRIMARY KEY (prefix, queue, name)
 );
+-- A queue's burst and window quota, and the starts its window counts (model.Window): tables
+-- of their own too. A reset keeps both; a deleted queue loses both.
+CREATE TABLE IF NOT EXISTS siq_queue_limits (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, burst INTEGER NOT NULL, quota INTEGER NOT NULL,
+    window_us INTEGER NOT NULL, PRIMARY KEY (prefix, queue)
+);
+CREATE TABLE IF NOT EXISTS siq_window (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, t_us INTEGER NOT NULL, cost INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS siq_window_by_time ON siq_window (prefix, queue, t_us);
 CREATE TABLE IF NOT EXISTS siq_interval_sources (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, sources TEXT NOT NULL, PRIMARY KEY (prefix, queue)
 );
@@ -104,12 +114,15 @@ class _SqliteTransaction(Transaction):
         self._key = (backend.key_prefix, queue)
         self.now_us = backend.now_us()
         row = conn.execute(
-            f"SELECT {', '.join('q.' + f for f in _FIELDS)}, t.started_us, t.held_until_us FROM siq_queues q "
-            f"LEFT JOIN siq_queue_times t USING (prefix, queue) WHERE q.prefix=? AND q.queue=?",
+            f"SELECT {', '.join('q.' + f for f in _FIELDS)}, t.started_us, t.held_until_us, l.burst, l.quota, "
+            f"l.window_us FROM siq_queues q LEFT JOIN siq_queue_times t USING (prefix, queue) "
+            f"LEFT JOIN siq_queue_limits l USING (prefix, queue) WHERE q.prefix=? AND q.queue=?",
             self._key,
         ).fetchone()
         self.state = None
         self._times = (0, 0)
+        self._limits = (0, 0, 0)
+        self._window: _SqliteWindow | None = None
         if row is not None:
             try:
                 self.state = state_from_fields(queue, self._where(), dict(zip(_FIELDS, row, strict=False)))
@@ -117,8 +130,15 @@ class _SqliteTransaction(Transaction):
                 if not replace_corrupt:
                     raise
             else:
-                self._times = (int(row[-2] or 0), int(row[-1] or 0))
+                self._times = (int(row[-5] or 0), int(row[-4] or 0))
                 self.state.started_us, self.state.held_until_us = self._times
+                self._limits = (int(row[-3] or 0), int(row[-2] or 0), int(row[-1] or 0))
+                self.state.burst, self.state.quota, self.state.window_us = self._limits
+
+    def window(self) -> _SqliteWindow:
+        if self._window is None:
+            self._window = _SqliteWindow(self._c, self._key)
+        return self._window
 
     def _where(self) -> str:
         return f"{self._b.path}: siq_queues[prefix={self._b.key_prefix!r}, queue={self._queue!r}]"
@@ -277,6 +297,8 @@ class _SqliteTransaction(Transaction):
         self._c.execute("DELETE FROM siq_refusals WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_queue_times WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_start_counts WHERE prefix=? AND queue=?", self._key)
+        self._c.execute("DELETE FROM siq_queue_limits WHERE prefix=? AND queue=?", self._key)
+        self._c.execute("DELETE FROM siq_window WHERE prefix=? AND queue=?", self._key)
         removed = self._c.execute("DELETE FROM siq_parked WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_finished WHERE prefix=? AND queue=?", self._key).rowcount
@@ -297,6 +319,52 @@ class _SqliteTransaction(Transaction):
                 "INSERT OR REPLACE INTO siq_queue_times VALUES (?, ?, ?, ?)",
                 (*self._key, s.started_us, s.held_until_us),
             )
+        if (s.burst, s.quota, s.window_us) != self._limits:
+            self._c.execute(
+                "INSERT OR REPLACE INTO siq_queue_limits VALUES (?, ?, ?, ?, ?)",
+                (*self._key, s.burst, s.quota, s.window_us),
+            )
+
+
+class _SqliteWindow:
+    """The queue's window (model.Window) in table siq_window, inside the transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, key: tuple[str, str]) -> None:
+        self._c, self._key = conn, key
+        self._units: list[tuple[int, int]] | None = None  # (time, cost), oldest first, read once
+
+    def trim(self, cutoff_us: int) -> None:
+        self._c.execute("DELETE FROM siq_window WHERE prefix=? AND queue=? AND t_us <= ?", (*self._key, cutoff_us))
+        self._units = None
+
+    def used(self) -> int:
+        (n,) = self._c.execute(
+            "SELECT COALESCE(SUM(cost), 0) FROM siq_window WHERE prefix=? AND queue=?", self._key
+        ).fetchone()
+        return int(n)
+
+    def unit_time(self, unit: int) -> int:
+        if self._units is None:
+            self._units = self._c.execute(
+                "SELECT t_us, cost FROM siq_window WHERE prefix=? AND queue=? ORDER BY t_us", self._key
+            ).fetchall()
+        for t, c in self._units:
+            unit -= c
+            if unit <= 0:
+                return int(t)
+        raise IndexError(unit)
+
+    def add(self, t_us: int, cost: int) -> None:
+        self._c.execute("INSERT INTO siq_window VALUES (?, ?, ?, ?)", (*self._key, t_us, cost))
+        self._units = None
+
+    def move(self, from_us: int, to_us: int) -> None:
+        self._c.execute(
+            "UPDATE siq_window SET t_us=? WHERE rowid = (SELECT rowid FROM siq_window WHERE prefix=? AND queue=? "
+            "AND t_us=? ORDER BY rowid DESC LIMIT 1)",
+            (to_us, *self._key, from_us),
+        )
+        self._units = None
 
 
 LOCK_RETRY_S = 0.0001
@@ -394,8 +462,8 @@ class SqliteBackend(ModelBackend):
             self._connection().execute("PRAGMA wal_checkpoint(PASSIVE)")
         return True
 
-    def claim(self, queue: str, count: int, interval_us: int, epoch: str) -> ClaimResult:
-        result = super().claim(queue, count, interval_us, epoch)
+    def claim(self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS) -> ClaimResult:
+        result = super().claim(queue, count, interval_us, epoch, limits=limits)
         self._checkpoint()
         return result
 

@@ -3,6 +3,7 @@ tasks, and backing off the whole queue on a 429."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import statistics
 import threading
@@ -241,3 +242,42 @@ def test_two_limits_on_one_task_are_never_exceeded_and_a_paused_one_holds_no_slo
     host_gaps_at_least(gaps_ms(shared), 0.9 * 100)  # the 100 ms limit held for both tasks together
     assert during == [], "nothing started in a paused limit"
     assert len(alone_during) >= 15, "the other queue kept its own pace: no slot held for the paused one"
+
+
+def test_a_window_quota_with_spacing_on_three_nodes(celery_run: CeleryRun) -> None:
+    """The README's "10 a second and 10,000 a day", scaled: 50 ms spacing and at most 50
+    starts in any 10 s window; 120 tasks published at once on 3 nodes x -c 2."""
+    celery_run.start_workers(3, 2)
+    task = celery_run.app.tasks["geo.windowed"]
+    published = time.time()
+    for n in range(120):
+        task.delay(n)
+    starts = celery_run.wait_for_count(120, timeout=90)
+    store = sorted(s["store_start_us"] for s in starts)
+    window, spacing = 10_000_000, 50_000
+    most = max(bisect.bisect_left(store, t + window) - i for i, t in enumerate(store))  # any [t, t + 10 s)
+    bodies = sorted(s["t"] for s in starts)
+    most_bodies = max(bisect.bisect_left(bodies, t + 10.0) - i for i, t in enumerate(bodies))
+    # Bodies start after their authorization by a varying delay (the reply, the process):
+    # measured as the spacing is, within 0.1 x 50 ms (a window of 10 s less 5 ms).
+    most_bodies_tol = max(bisect.bisect_left(bodies, t + 9.995) - i for i, t in enumerate(bodies))
+    least_span = min(b - a for a, b in zip(bodies, bodies[50:], strict=False)) * 1000
+    store_gaps = [(b - a) / 1000 for a, b in itertools.pairwise(store)]
+    body_gaps = [(b - a) * 1000 for a, b in itertools.pairwise(bodies)]
+    first, second, third = store[:50], store[50:100], store[100:]
+    rel = [(t - store[0]) / 1e6 for t in (first[-1], second[0], second[-1], third[0], third[-1])]
+    deferrals = len({s["task_id"] for s in starts}) - len(starts)
+    print(f"\n120 tasks, published {store[0] / 1e6 - published:.2f} s before the first start; store clock, from the "
+          f"first start: 50th at {rel[0]:.2f} s, 51st at {rel[1]:.2f} s, 100th at {rel[2]:.2f} s, 101st at "
+          f"{rel[3]:.2f} s, last at {rel[4]:.2f} s; most starts in any 10 s window: store {most}, bodies "
+          f"{most_bodies} (in 10 s less 5 ms: {most_bodies_tol}; body k to k + 50 at least {least_span:.2f} ms); "
+          f"smallest gap: store {min(store_gaps):.2f} ms, bodies {min(body_gaps):.2f} ms; "
+          f"median gap in the first 50: {statistics.median(store_gaps[:49]):.1f} ms")  # fmt: skip
+    assert len(starts) == 120 and len({s["n"] for s in starts}) == 120 and deferrals == 0, "every task runs once"
+    assert most <= 50, "no 10 s window on the store's clock holds more than 50 starts"
+    assert min(store_gaps) >= 50.0, "and none closer than 50 ms"
+    assert second[0] - first[0] >= window and third[0] - second[0] >= window  # the rest as the window frees
+    assert second[0] - first[0] <= window + 1_000_000, "the 51st starts as the first leaves the window"
+    host_clock(statistics.median(store_gaps[:49]) <= 1.3 * spacing / 1000, "the first 50 run near 50 ms apart")
+    host_clock(min(body_gaps) >= 0.9 * spacing / 1000, f"bodies {min(body_gaps):.2f} ms apart: below 0.9 x 50 ms")
+    host_clock(most_bodies_tol <= 50, f"{most_bodies_tol} bodies in a window of 10 s less 5 ms")

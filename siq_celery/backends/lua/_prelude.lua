@@ -10,6 +10,9 @@
 -- and two that may be missing (read as 0): until_us, when the earliest live node declaration
 -- expires (the interval is recomputed then: siq_follow_expiry), and idle_us, the queue's
 -- idle expiry (siq_touch), so that an operator's reset or override keeps it.
+-- The limits beyond the interval (absent means 0; model.py): burst, quota and window_us, and
+-- w_used, the cost units in the queue's window (a sorted set of starts: siq_units), w_seq
+-- numbering its members.
 
 local function siq_now(arg)
   if arg ~= nil and arg ~= '' then
@@ -26,7 +29,7 @@ local SIQ_NUMBERS = {'interval_us', 'ticket', 'current', 'anchor_us', 'last_star
 local function siq_load(key)
   local raw = redis.call('HMGET', key, 'epoch', 'interval_us', 'ticket', 'current',
                          'anchor_us', 'last_start_us', 'paused', 'started_us', 'held_until_us',
-                         'until_us', 'idle_us')
+                         'until_us', 'idle_us', 'burst', 'quota', 'window_us', 'w_used')
   local present = false
   for i = 1, 7 do
     if raw[i] then present = true end
@@ -48,38 +51,58 @@ local function siq_load(key)
   s.started_us = tonumber(raw[8]) or 0
   s.held_until_us = tonumber(raw[9]) or 0
   s.until_us, s.idle_us = tonumber(raw[10]) or 0, tonumber(raw[11]) or 0
+  s.burst, s.quota, s.window_us = tonumber(raw[12]) or 0, tonumber(raw[13]) or 0, tonumber(raw[14]) or 0
+  s.w_used = tonumber(raw[15]) or 0
   return s, nil
 end
 
 -- A state created from nothing waits one interval before its first start: it cannot
 -- know when the last start was, and that is the price of never bursting after a loss.
-local function siq_new(now, interval, epoch)
+-- With a burst the credit starts spent (model.py: new_state): still one interval.
+local function siq_new(now, interval, epoch, burst, quota, window)
+  burst, quota, window = math.max(tonumber(burst) or 0, 0), tonumber(quota) or 0, tonumber(window) or 0
+  if window <= 0 then quota = 0 end
+  if quota <= 0 then quota, window = 0, 0 end
   return {epoch = epoch, interval_us = interval, ticket = 0, current = 0,
-          anchor_us = now, last_start_us = now, paused = 0, started_us = 0, held_until_us = 0,
-          until_us = 0, idle_us = 0}
+          anchor_us = now, last_start_us = now + burst * interval, paused = 0, started_us = 0,
+          held_until_us = 0, until_us = 0, idle_us = 0, burst = burst, quota = quota, window_us = window,
+          w_used = 0}
+end
+
+-- The code declares other limits (model.py: set_limits).
+local function siq_set_limits(s, burst, quota, window)
+  local fresh = siq_new(0, 1, '', burst, quota, window)
+  s.burst, s.quota, s.window_us = fresh.burst, fresh.quota, fresh.window_us
 end
 
 local function siq_save(key, s)
   redis.call('HSET', key, 'epoch', s.epoch, 'interval_us', s.interval_us, 'ticket', s.ticket,
              'current', s.current, 'anchor_us', s.anchor_us, 'last_start_us', s.last_start_us,
              'paused', s.paused, 'started_us', s.started_us, 'held_until_us', s.held_until_us,
-             'until_us', s.until_us, 'idle_us', s.idle_us)
+             'until_us', s.until_us, 'idle_us', s.idle_us, 'burst', s.burst, 'quota', s.quota,
+             'window_us', s.window_us, 'w_used', s.w_used)
 end
 
 -- The flat reply shared by the control scripts: state fields, the store time, then the
--- times only the status shows.
+-- times only the status shows, then the limits (13 values: redis.py STATE_REPLY).
 local function siq_reply(s, now)
   return {s.epoch, s.interval_us, s.ticket, s.current, s.anchor_us, s.last_start_us,
-          s.paused, now, s.started_us, s.held_until_us}
+          s.paused, now, s.started_us, s.held_until_us, s.burst, s.quota, s.window_us}
+end
+
+-- The rate cap (model.py: cap): GCRA's theoretical arrival time less the burst tolerance.
+local function siq_cap(s)
+  return s.last_start_us + s.interval_us - s.burst * s.interval_us
 end
 
 -- After an outage (no start, head overdue by more than max(10 intervals, 1 s), or than
 -- overdue if longer: a release passes its horizon) the backlog shifts once so the head is
 -- due max(10 intervals, 1 s) from now (model.py: shift_after_outage).
-local function siq_shift_after_outage(s, now, overdue)
+-- held: when the window quota lets the head start (a head the window holds is not late).
+local function siq_shift_after_outage(s, now, overdue, held)
   local settle = math.max(10 * s.interval_us, 1000000)
   if s.anchor_us > s.last_start_us + s.interval_us then return false end  -- shifted already
-  if s.anchor_us + s.interval_us >= now - math.max(settle, overdue) then return false end
+  if math.max(s.anchor_us + s.interval_us, held or 0) >= now - math.max(settle, overdue) then return false end
   s.anchor_us = now + settle - s.interval_us
   return true
 end
@@ -105,6 +128,7 @@ local function siq_touch(keys, s, ttl_us, now)
   if s ~= nil then
     local busy = math.max(s.last_start_us + s.interval_us,
                           s.anchor_us + math.max(s.ticket - s.current, 0) * s.interval_us)
+    if s.quota > 0 then busy = math.max(busy, s.started_us + s.window_us) end  -- the window's starts
     keep = math.max(keep, busy - now + ttl_us)
   end
   for i = 1, #keys do
@@ -116,14 +140,103 @@ local function siq_touch(keys, s, ttl_us, now)
   end
 end
 
+-- The window quota (model.py: WindowUnits). The queue's window is a sorted set of its
+-- starts, score = store time, member '<seq>:<cost>'; s.w_used sums their costs. A reader
+-- sees the window's cost units as one sequence: the units kept (1 .. m, oldest first), then
+-- the units of the tickets in line (m + j: ticket current + j), each estimated at the later
+-- of its interval slot and the time the unit quota places before it leaves the window.
+local function siq_member_cost(member)
+  return tonumber(string.sub(member, string.find(member, ':', 1, true) + 1))
+end
+
+-- When the unit-th cost unit kept started (oldest first): by rank when every start cost 1.
+local function siq_unit_time(u, unit)
+  if u.ones == nil then u.ones = redis.call('ZCARD', u.key) == u.s.w_used end
+  if u.ones then
+    return tonumber(redis.call('ZRANGE', u.key, unit - 1, unit - 1, 'WITHSCORES')[2])
+  end
+  if not u.list then u.list = redis.call('ZRANGE', u.key, 0, -1, 'WITHSCORES') end
+  for j = 1, #u.list, 2 do
+    unit = unit - siq_member_cost(u.list[j])
+    if unit <= 0 then return tonumber(u.list[j + 1]) end
+  end
+  return nil
+end
+
+-- Read the window at now (nil without a quota): forget the starts that left it, and when
+-- the window held the head until one of them left, the line is due from then (the anchor
+-- moves; written to the state hash at once, as is w_used).
+local function siq_units(wkey, skey, s, now)
+  if s.quota <= 0 then return nil end
+  local u = {key = wkey, s = s, times = {}}
+  local cutoff = now - s.window_us
+  local unit = s.w_used + 1 - s.quota
+  if unit >= 1 then
+    local left = siq_unit_time(u, unit)
+    if left and left <= cutoff then
+      s.anchor_us = math.max(s.anchor_us, left + s.window_us - s.interval_us)
+      redis.call('HSET', skey, 'anchor_us', s.anchor_us)
+    end
+  end
+  local gone = redis.call('ZRANGEBYSCORE', wkey, '-inf', cutoff)
+  if #gone > 0 then
+    local units = 0
+    for _, member in ipairs(gone) do units = units + siq_member_cost(member) end
+    redis.call('ZREMRANGEBYSCORE', wkey, '-inf', cutoff)
+    s.w_used = math.max(s.w_used - units, 0)
+    redis.call('HSET', skey, 'w_used', s.w_used)
+    u.ones, u.list = nil, nil
+  end
+  u.m = s.w_used
+  return u
+end
+
+-- When unit 'unit' of the sequence starts (nil: before the first unit kept).
+local function siq_unit_at(u, unit)
+  if unit < 1 then return nil end
+  if unit <= u.m then return siq_unit_time(u, unit) end
+  local s, chain = u.s, {}
+  while unit > u.m and u.times[unit] == nil do  -- down the chain, a quota at a time
+    table.insert(chain, unit)
+    unit = unit - s.quota
+  end
+  local below
+  if unit > u.m then below = u.times[unit] else below = siq_unit_at(u, unit) end
+  for k = #chain, 1, -1 do
+    local v = chain[k]
+    local spacing = math.max(s.anchor_us + (v - u.m) * s.interval_us, siq_cap(s))
+    if below == nil then below = spacing else below = math.max(spacing, below + s.window_us) end
+    u.times[v] = below
+  end
+  return below
+end
+
+-- When the window lets ticket start with cost (0: now): the unit quota places before its
+-- last unit must have left, counting the tickets ahead of it; and in any case the window
+-- must hold its own cost.
+local function siq_window_slot(u, ticket, cost)
+  if u == nil then return 0 end
+  local s = u.s
+  local units = math.min(cost, s.quota)
+  local ahead = 0
+  if ticket > s.current then ahead = ticket - s.current - 1 end
+  local hard = siq_unit_at(u, u.m + units - s.quota)
+  local line = siq_unit_at(u, u.m + ahead + units - s.quota)
+  local slot = 0
+  if hard then slot = hard + s.window_us end
+  if line then slot = math.max(slot, line + s.window_us) end
+  return slot
+end
+
 -- May ticket start now (model.decide; ticket 0 is FREE: no place in the line, the next
 -- free slot)? Returns verdict, wait_us, slot_us; the state is
 -- saved if the line shifted after an outage (that repair is due whatever the answer).
--- With 'paused', wait_us is the ticket's distance behind the head of the line.
-local function siq_decide(key, s, ticket, epoch, cost, now)
+-- With 'paused', wait_us is the ticket's distance behind the head of the line. wkey: the
+-- queue's window (its quota's starts).
+local function siq_decide(key, s, ticket, epoch, cost, now, wkey)
   if ticket == 0 then  -- FREE: no place in this queue's line; the next free slot
     if s.paused == 1 then return 'paused', 0, 0 end
-    local cap = s.last_start_us + s.interval_us
+    local cap = math.max(siq_cap(s), siq_window_slot(siq_units(wkey, key, s, now), 0, cost))
     if now < cap then return 'wait', cap - now, cap end
     return 'authorized', 0, cap
   end
@@ -133,10 +246,13 @@ local function siq_decide(key, s, ticket, epoch, cost, now)
   if s.paused == 1 then
     return 'paused', math.max(ticket - s.current - 1, 0) * s.interval_us, 0
   end
-  if ticket > s.current and siq_shift_after_outage(s, now, 0) then siq_save(key, s) end
+  local u = siq_units(wkey, key, s, now)
+  if ticket > s.current and siq_shift_after_outage(s, now, 0, siq_window_slot(u, s.current + 1, 1)) then
+    siq_save(key, s)
+  end
   local due = 0  -- a ticket passed over by current takes the next free slot
   if ticket > s.current then due = s.anchor_us + (ticket - s.current) * s.interval_us end
-  local slot = math.max(due, s.last_start_us + s.interval_us)
+  local slot = math.max(due, siq_cap(s), siq_window_slot(u, ticket, cost))
   if now < slot then return 'wait', slot - now, slot end
   return 'authorized', 0, slot
 end
@@ -144,12 +260,20 @@ end
 -- Record an authorized start (model.commit_start): the line continues from it (a late
 -- ticket takes the slot current+1 was due at, and the line behind shifts one slot; a line
 -- due later stays where it is); a start of cost c is recorded as if its last slot were
--- used c - 1 intervals from now.
-local function siq_commit(key, s, ticket, cost, now)
+-- used c - 1 intervals from now. GCRA: T = max(T, now) + cost intervals; with a burst the
+-- line keeps its grid, at most burst intervals behind. With a quota the start joins the
+-- window (wkey).
+local function siq_commit(key, s, ticket, cost, now, wkey)
+  local i, old = s.interval_us, s.current
   if ticket > 0 and ticket + cost - 1 > s.current then s.current = ticket + cost - 1 end
   s.started_us = now  -- what the status shows; the cap counts from the last slot used
-  s.last_start_us = now + (cost - 1) * s.interval_us
-  s.anchor_us = math.max(s.anchor_us, s.last_start_us)
+  s.last_start_us = math.max(s.last_start_us + i, now) + (cost - 1) * i
+  s.anchor_us = math.max(s.anchor_us + (s.current - old) * i, s.last_start_us - s.burst * i)
+  if s.quota > 0 then
+    local units = math.min(cost, s.quota)
+    redis.call('ZADD', wkey, now, redis.call('HINCRBY', key, 'w_seq', 1) .. ':' .. units)
+    s.w_used = s.w_used + units
+  end
   siq_save(key, s)
 end
 

@@ -17,7 +17,7 @@ if not s then return redis.error_reply('SIQNOTFOUND') end
 siq_follow_expiry(KEYS[7], s, now)  -- saved below
 local until_us = now + tonumber(ARGV[2]) - s.interval_us
 s.held_until_us = math.max(s.held_until_us, now + tonumber(ARGV[2]))
-s.last_start_us = math.max(s.last_start_us, until_us)
+s.last_start_us = math.max(s.last_start_us, until_us + s.burst * s.interval_us)  -- spends the burst credit
 local keep = 0
 if ARGV[3] == '1' then keep = s.interval_us end
 s.anchor_us = math.max(s.anchor_us, until_us + keep)

@@ -7,8 +7,11 @@
 -- ARGV[3]  interval in microseconds for a state created here; 0 = do not create
 -- ARGV[4]  epoch for a state created here
 -- ARGV[5]  idle expiry in microseconds (0: never; see siq_touch)
+-- ARGV[6..8]  burst, quota, window (microseconds) for a state created here
+-- KEYS[10]  the queue's window (siq_units)
 -- Returns {first, count, epoch, base_us, floor_us, interval_us, now_us}: ticket n is
--- estimated to start at max(base_us + (n - first) * interval_us, floor_us).
+-- estimated to start at max(base_us + (n - first) * interval_us, floor_us); then, when the
+-- window quota binds any of them, one window slot per ticket (ClaimResult.window_us).
 -- Errors: SIQNOTFOUND (no state and ARGV[3] = 0), SIQCORRUPT <field> <value>.
 local now = siq_now(ARGV[1])
 local count = tonumber(ARGV[2])
@@ -16,21 +19,34 @@ local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then
   if tonumber(ARGV[3]) <= 0 then return redis.error_reply('SIQNOTFOUND') end
-  s = siq_new(now, tonumber(ARGV[3]), ARGV[4])
+  s = siq_new(now, tonumber(ARGV[3]), ARGV[4], ARGV[6], ARGV[7], ARGV[8])
 else
   siq_follow_expiry(KEYS[7], s, now)  -- saved below
 end
+local u = siq_units(KEYS[10], KEYS[1], s, now)  -- first: it may move the line
 local first = s.ticket + 1
 local due = s.anchor_us + (first - s.current) * s.interval_us
-local floor = math.max(now, s.last_start_us + s.interval_us)
-if due < floor then
+local floor = math.max(now, siq_cap(s))
+local rebase = math.max(now, s.last_start_us + s.interval_us) - s.burst * s.interval_us
+if due < rebase then
   -- The line is overdue (an idle queue), or its head is held by the rate cap: the new
   -- ticket is due at the first free slot and later claims follow one interval apart, so
   -- a burst of claims keeps its ticket order and every estimate matches its slot.
-  s.anchor_us = s.anchor_us + (floor - due)
-  due = floor
+  s.anchor_us = s.anchor_us + (rebase - due)
+  due = rebase
 end
 s.ticket = s.ticket + count
+local reply = {first, count, s.epoch, due, floor, s.interval_us, now}
+if u then
+  local slots, bound = {}, false
+  for t = first, first + count - 1 do
+    slots[#slots + 1] = siq_window_slot(u, t, 1)
+    if slots[#slots] > 0 then bound = true end
+  end
+  if bound then
+    for _, v in ipairs(slots) do reply[#reply + 1] = v end
+  end
+end
 siq_save(KEYS[1], s)
 siq_touch(KEYS, s, tonumber(ARGV[5]), now)
-return {first, count, s.epoch, due, floor, s.interval_us, now}
+return reply

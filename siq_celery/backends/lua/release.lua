@@ -6,6 +6,8 @@
 -- KEYS[3]  parked messages: hash, task id -> '<ticket>|<message>'
 -- KEYS[4]  leased tasks: sorted set, score = lease deadline (us)
 -- KEYS[5]  the queue's interval sources hash (siq_follow_expiry)
+-- KEYS[6]  the queue's window (siq_units): a ticket is due by the later of its interval
+--          slot and its window slot, as a start of cost 1
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  horizon in microseconds
 -- ARGV[3]  most tasks to hand out
@@ -22,14 +24,28 @@ local reply = {s.epoch, now}
 local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, limit)
 -- After an outage longer than the horizon the line restarts from now; a shorter one is
 -- left to the first task that comes back (model.py: release_cutoff).
-if s.paused == 0 and siq_shift_after_outage(s, now, tonumber(ARGV[2])) then siq_save(KEYS[1], s) end
+if s.paused == 0 then
+  local held = siq_window_slot(siq_units(KEYS[6], KEYS[1], s, now), s.current + 1, 1)
+  if siq_shift_after_outage(s, now, tonumber(ARGV[2]), held) then siq_save(KEYS[1], s) end
+end
+local u = siq_units(KEYS[6], KEYS[1], s, now)  -- read again: the line may have shifted
 local due = {}
--- Nothing is due while paused, or while the next free slot (the cap) is itself beyond the
--- horizon (a long back-off): no ticket, passed-over ones included, starts before it.
-local cap_in_reach = s.last_start_us + s.interval_us <= now + tonumber(ARGV[2])
-if s.paused == 0 and cap_in_reach and #expired < limit then
-  local ahead = math.floor((now + tonumber(ARGV[2]) - s.anchor_us) / s.interval_us)
+-- Nothing is due while paused, or while the next free slot (the cap, or the window's) is
+-- itself beyond the horizon (a long back-off): no ticket, passed-over ones included,
+-- starts before it.
+local reach = now + tonumber(ARGV[2])
+local in_reach = siq_cap(s) <= reach and siq_window_slot(u, 0, 1) <= reach
+if s.paused == 0 and in_reach and #expired < limit then
+  local ahead = math.floor((reach - s.anchor_us) / s.interval_us)
   local cutoff = s.current + math.max(ahead, 0)
+  if u and cutoff > s.current then  -- the window slots grow with the ticket: the last one in reach
+    local low, high = s.current, cutoff
+    while low < high do
+      local mid = math.floor((low + high + 1) / 2)
+      if siq_window_slot(u, mid, 1) <= reach then low = mid else high = mid - 1 end
+    end
+    cutoff = low
+  end
   due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', cutoff, 'LIMIT', 0, limit - #expired)
 end
 local function hand_out(id)
@@ -41,7 +57,7 @@ local function hand_out(id)
   end
   local bar = string.find(v, '|', 1, true)
   local ticket = tonumber(string.sub(v, 1, bar - 1))
-  local slot = s.last_start_us + s.interval_us
+  local slot = math.max(siq_cap(s), siq_window_slot(u, ticket, 1))
   if ticket > s.current then slot = math.max(s.anchor_us + (ticket - s.current) * s.interval_us, slot) end
   redis.call('ZADD', KEYS[4], lease_until, id)
   table.insert(reply, id)

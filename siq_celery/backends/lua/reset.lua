@@ -12,23 +12,28 @@
 -- ARGV[4]  origin, for people: who reset it with that interval
 -- ARGV[5]  idle expiry in microseconds, or 0: the queue's own (an operator's command does
 --          not know it; a per-key queue keeps expiring when idle: siq_touch)
+-- ARGV[6..8]  burst, quota, window (microseconds) for a state created here; an existing
+--          state keeps its limits and its window (KEYS[10]: the starts happened)
 -- Returns the state as siq_reply, then each unreadable field of the sources as 'field value'
 -- (dropped here: siq_sources); error SIQNOTFOUND if there is no state and ARGV[2] = 0.
 local now = siq_now(ARGV[1])
 local interval = tonumber(ARGV[2])
 local s = siq_load(KEYS[1])  -- corrupt state is replaced, not reported
-local last_start, started, held, until_us, idle = now, 0, 0, 0, 0
+local seq = redis.call('HGET', KEYS[1], 'w_seq')
+local old = s
 if s then
   siq_follow_expiry(KEYS[7], s, now)
-  last_start, started, held = s.last_start_us, s.started_us, s.held_until_us
-  until_us, idle = s.until_us, s.idle_us
   if interval <= 0 then interval = s.interval_us end
 elseif interval <= 0 then
   return redis.error_reply('SIQNOTFOUND')  -- missing (or corrupt) state and no interval given
+else
+  old = siq_new(now, interval, ARGV[3], ARGV[6], ARGV[7], ARGV[8])
 end
 redis.call('DEL', KEYS[1])
-s = siq_new(now, interval, ARGV[3])
-s.last_start_us, s.until_us, s.idle_us = last_start, until_us, idle
+s = siq_new(now, interval, ARGV[3], old.burst, old.quota, old.window_us)
+s.last_start_us, s.until_us, s.idle_us, s.w_used = old.last_start_us, old.until_us, old.idle_us, old.w_used
+local started, held = old.started_us, old.held_until_us
+if seq then redis.call('HSET', KEYS[1], 'w_seq', seq) end
 s.started_us, s.held_until_us = started, held  -- kept, as the last start is
 s.anchor_us = now - interval  -- ticket 1 of the new life is due at once
 local parked = {}

@@ -2,6 +2,7 @@
 -- reply came back slowly, so its body starts later than the store recorded). Only ever
 -- delays later starts.
 -- KEYS[1]  the queue's state hash
+-- KEYS[2]  the queue's window (siq_units): with a quota the start moves there too
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  the caller's epoch
 -- ARGV[3]  the caller's authorized start, microseconds
@@ -15,5 +16,16 @@ end
 s.last_start_us = now
 s.started_us = now
 s.anchor_us = math.max(s.anchor_us, now)
+if s.quota > 0 then
+  local at = redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[3], ARGV[3])
+  if #at > 0 then  -- the latest start recorded then (members sort by their number)
+    local newest, seq = at[1], -1
+    for _, member in ipairs(at) do
+      local n = tonumber(string.sub(member, 1, string.find(member, ':', 1, true) - 1))
+      if n > seq then newest, seq = member, n end
+    end
+    redis.call('ZADD', KEYS[2], now, newest)
+  end
+end
 siq_save(KEYS[1], s)
 return now

@@ -20,6 +20,8 @@
 -- ARGV[13]  idle expiry in microseconds (0: never; see siq_touch)
 -- ARGV[14]  starts without a finish after which task ARGV[4] is refused ('lost'); 0: no limit
 -- ARGV[15], ARGV[16]  retention (microseconds) and most records kept of those counts
+-- ARGV[17..19]  burst, quota, window (microseconds) for a state created here
+-- KEYS[10]  the queue's window (siq_units)
 -- Returns {verdict, ticket, now_us, wait_us, slot_us, interval_us}; verdict is one of
 -- 'authorized', 'wait', 'paused', 'reclaim', 'duplicate', 'lost'. With 'paused', wait_us is the
 -- ticket's distance behind the head of the line (interval x tickets ahead of it).
@@ -30,7 +32,7 @@ local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then
   if tonumber(ARGV[5]) <= 0 then return redis.error_reply('SIQNOTFOUND') end
-  s = siq_new(now, tonumber(ARGV[5]), ARGV[6])
+  s = siq_new(now, tonumber(ARGV[5]), ARGV[6], ARGV[17], ARGV[18], ARGV[19])
   siq_save(KEYS[1], s)
   siq_touch(KEYS, s, tonumber(ARGV[13]), now)
 elseif siq_follow_expiry(KEYS[7], s, now) then
@@ -52,7 +54,7 @@ if ticket < 1 then  -- FREE is for start_all only
   refused('reclaim')
   return {'reclaim', ticket, now, 0, 0, 0}
 end
-local verdict, wait, slot = siq_decide(KEYS[1], s, ticket, ARGV[3], cost, now)
+local verdict, wait, slot = siq_decide(KEYS[1], s, ticket, ARGV[3], cost, now, KEYS[10])
 if verdict == 'reclaim' then refused('reclaim') end
 if verdict ~= 'authorized' then
   local interval = s.interval_us
@@ -60,7 +62,7 @@ if verdict ~= 'authorized' then
   return {verdict, ticket, now, wait, slot, interval}
 end
 local interval = s.interval_us  -- the interval this start was measured against
-siq_commit(KEYS[1], s, ticket, cost, now)
+siq_commit(KEYS[1], s, ticket, cost, now, KEYS[10])
 if max_lost > 0 then siq_count_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15]), tonumber(ARGV[16])) end
 siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11], cost)
 siq_count_start(KEYS[8], now, slot, interval, tonumber(ARGV[11]) or 0)

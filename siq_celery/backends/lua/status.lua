@@ -4,12 +4,14 @@
 -- KEYS[3], KEYS[4]  parked tasks not leased, and leased (sorted sets)
 -- KEYS[5]  the queue's interval sources hash
 -- KEYS[6]  the queue's counts (of refused starts, and siq_count_start's)
+-- KEYS[7]  the queue's window (siq_units)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- The interval reported is the one the next start will use (a node declaration that expired
 -- since the last recomputation no longer counts: siq_follow_expiry); nothing is written.
 -- Returns siq_reply (with when the last start was authorized and when the last back-off
--- ends) followed by the finished and parked counts, the duplicates refused and the
--- reclaims, the counts hash (HGETALL, one nested array), then siq_sources_reply;
+-- ends) followed by the finished and parked counts, the duplicates refused, the
+-- reclaims, the cost units in the window ending now, the counts hash (HGETALL, one nested
+-- array), then siq_sources_reply;
 -- or an empty array if no state.
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
@@ -26,6 +28,13 @@ table.insert(reply, redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4]))
 local refused = redis.call('HMGET', KEYS[6], 'duplicate', 'reclaim')
 table.insert(reply, tonumber(refused[1]) or 0)
 table.insert(reply, tonumber(refused[2]) or 0)
+local used = s.w_used
+if s.quota > 0 then  -- the starts that left the window, not yet forgotten
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now - s.window_us)) do
+    used = used - siq_member_cost(member)
+  end
+end
+table.insert(reply, math.max(used, 0))
 table.insert(reply, redis.call('HGETALL', KEYS[6]))
 for _, v in ipairs(siq_sources_reply(src)) do table.insert(reply, v) end
 return reply

@@ -1,0 +1,130 @@
+"""The limit kinds beyond spacing, as users write them: ``burst=`` and ``quota=``.
+
+* ``burst=B`` (a whole number, 0 to 10 000; default 0): up to B starts may come closer than
+  the interval to catch up after lateness or idleness. In any half-open window of length W
+  at most ceil(W / interval) + B starts (store clock). 0 is strict spacing.
+* ``quota="N/period"`` (``"10000/d"``, ``"50/10s"``, or a pair ``(N, period)``): at most N
+  cost units start in any sliding window of that period, on the store's clock, as fast as
+  the other limits allow. (For ``interval=`` the same text keeps meaning spacing, one start
+  per period / N, as Celery's ``rate_limit`` does.)
+
+:class:`Limit` bundles an interval with them, for one queue of several limits
+(``interval_queue={"{geo}api": Limit(interval="100ms", quota="10000/d")}``). A limit with a
+quota and no interval has no spacing of its own: only the window binds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TypeAlias
+
+from .errors import ConfigurationError, InvalidIntervalError
+from .intervals import _NUMBER, _UNIT, _UNITS_US, IntervalLike, parse_duration, parse_interval
+from .types import NO_LIMITS, Limits
+
+QuotaLike: TypeAlias = str | tuple[int, IntervalLike]
+
+#: The interval stored for a queue without spacing of its own (a quota alone): 1 µs.
+NO_SPACING_US = 1
+MAX_BURST = 10_000
+MAX_QUOTA = 10_000_000
+MIN_WINDOW_US = 1_000  # 1 ms
+MAX_WINDOW_US = 31 * 86_400_000_000  # 31 days
+#: In a mapping of several limits, an interval written as a rate whose period is longer than
+#: this is refused: it reads as a quota ("10000/d") but would space starts (8.64 s apart).
+RATE_READS_AS_QUOTA_US = 3_600_000_000
+
+_RATE = re.compile(rf"^\s*([0-9]+)\s*/\s*{_NUMBER}?\s*{_UNIT}\s*$")
+_ANY_RATE = re.compile(rf"^\s*{_NUMBER}\s*/\s*{_NUMBER}?\s*{_UNIT}\s*$")
+
+
+def parse_quota(value: QuotaLike) -> tuple[int, int]:
+    """``"N/period"`` or ``(N, period)`` as (N cost units, window in microseconds)."""
+    if isinstance(value, tuple) and len(value) == 2:
+        count, period = value
+        window_us = parse_duration(period)
+    elif isinstance(value, str) and (m := _RATE.match(value)):
+        count = int(m.group(1))
+        window_us = round(float(m.group(2) or 1) * _UNITS_US[m.group(3)])
+    else:
+        raise ConfigurationError(
+            f"quota {value!r}: write it as 'N/period', like '10000/d', '50/10s' or '600/h' (N a whole number)"
+        )
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_QUOTA:
+        raise ConfigurationError(f"quota {value!r}: N is a whole number from 1 to {MAX_QUOTA}")
+    if not MIN_WINDOW_US <= window_us <= MAX_WINDOW_US:
+        raise ConfigurationError(f"quota {value!r}: the period is from 1 ms to 31 days")
+    return count, window_us
+
+
+def validate_burst(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BURST:
+        raise ConfigurationError(f"burst {value!r}: a whole number of starts from 0 to {MAX_BURST}")
+    return value
+
+
+def limits_of(burst: int | None, quota: QuotaLike | None) -> Limits:
+    """The store's :class:`Limits` for ``burst=`` and ``quota=`` (None: none)."""
+    if burst is None and quota is None:
+        return NO_LIMITS
+    count, window_us = parse_quota(quota) if quota is not None else (0, 0)
+    return Limits(validate_burst(burst or 0), count, window_us)
+
+
+def check_not_a_quota(value: object, where: str) -> None:
+    """Refuse an interval that reads as a quota among several limits: ``"10000/d"`` spaces
+    starts 8.64 s apart, where a provider's "10,000 a day" means at most 10,000 in any day."""
+    if isinstance(value, str) and (m := _ANY_RATE.match(value)):
+        count, period = float(m.group(1)), float(m.group(2) or 1) * _UNITS_US[m.group(3)]
+        if count > 1 and period > RATE_READS_AS_QUOTA_US:
+            raise ConfigurationError(
+                f"{where}: interval {value!r} would space starts {period / count / 1e6:g} s apart, one at a time. "
+                f"For at most {m.group(1)} in any {value.split('/', 1)[1].strip()}, write "
+                f"Limit(quota={value!r}) (or quota={value!r} with the queue's interval); for spacing, write the "
+                f"interval as a duration"
+            )
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One queue's limits: an ``interval`` (spacing: seconds, ``"100ms"``, a rate
+    ``"10/s"``; None with a quota: no spacing), a ``burst`` and a window ``quota``
+    (``"10000/d"``). A value of ``interval_queue={name: ...}``, or of IntervalQueue's
+    ``limit=``."""
+
+    interval: IntervalLike | None = None
+    burst: int | None = None
+    quota: QuotaLike | None = None
+
+    def __post_init__(self) -> None:
+        if self.interval is None and self.quota is None:
+            raise ConfigurationError("Limit() needs an interval, a quota, or both")
+        self.resolve()  # refuses what cannot be parsed, where it is written
+
+    def resolve(self, default_interval_us: int | None = None) -> tuple[int | None, Limits]:
+        """(interval in microseconds, or ``default_interval_us`` if none, or no spacing
+        with a quota; the store's Limits)."""
+        limits = limits_of(self.burst, self.quota)
+        if self.interval is not None:
+            try:
+                return parse_interval(self.interval), limits
+            except InvalidIntervalError as exc:
+                raise ConfigurationError(f"{self!r}: {exc}") from None
+        return (NO_SPACING_US if limits.quota else default_interval_us), limits
+
+
+def interval_and_limits(
+    interval: IntervalLike | Limit | None, burst: int | None, quota: QuotaLike | None
+) -> tuple[int | None, Limits]:
+    """An IntervalQueue's interval (None: the stored one) and limits, from its options. A
+    quota without an interval means no spacing."""
+    if isinstance(interval, Limit):
+        if burst is not None or quota is not None:
+            raise ConfigurationError("give burst= and quota= inside the Limit, or without one")
+        return interval.resolve()
+    limits = limits_of(burst, quota)
+    if isinstance(interval, timedelta | int | float | str):
+        return parse_interval(interval), limits
+    return (NO_SPACING_US if limits.quota else None), limits

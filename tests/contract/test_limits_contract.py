@@ -1,0 +1,296 @@
+"""Burst and window quota, alone and with the other rules, on every store (pinned clock).
+
+Interval ``I`` = 100 ms unless said; a window quota of N per ``W`` counts cost units over a
+sliding window on the store's clock; burst B lets B starts come closer than the interval
+(docs/design.md, "The model": Burst, Window quota).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from siq_celery import CombinedQueue, ConfigurationError, IntervalQueue, Limit, Verdict
+from siq_celery.types import Ticket
+from tests.conftest import Store
+
+I = 100_000
+S = 1_000_000
+
+
+def queue(store: Store, name: str = "q", interval: Any = "100ms", **options: Any) -> IntervalQueue:
+    return IntervalQueue(name, interval=interval, backend=store.backend(), **options)
+
+
+def at(store: Store, t_us: int) -> None:
+    store.clock.now_us = t_us
+
+
+def run_line(store: Store, q: IntervalQueue, tickets: list[Ticket], until_us: int, step_us: int) -> list[int]:
+    """Every waiting ticket asks at every step, head first; the start times."""
+    starts, waiting = [], list(tickets)
+    while waiting and store.clock.now_us <= until_us:
+        for ticket in list(waiting):
+            if q.start(ticket).authorized:
+                starts.append(store.clock.now_us)
+                waiting.remove(ticket)
+        store.clock.advance(us=step_us)
+    return starts
+
+
+def most_in_window(starts: list[int], width_us: int) -> int:
+    """The most starts in any half-open window [x, x + width)."""
+    starts = sorted(starts)
+    return max(sum(1 for s in starts[i:] if s < a + width_us) for i, a in enumerate(starts))
+
+
+# -- window quota ---------------------------------------------------------------------
+
+
+def test_a_full_window_holds_the_head_until_its_oldest_start_leaves(store: Store) -> None:
+    q = queue(store, quota="3/1s")
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(5)
+    for n in range(3):
+        at(store, t0 + (n + 1) * I)
+        assert q.start(tickets[n]).authorized
+    at(store, t0 + 4 * I)  # its interval slot: the window is full
+    d = q.start(tickets[3])
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + I + S and d.wait_us == t0 + I + S - store.clock.now_us
+    at(store, t0 + I + S - 1)
+    assert q.start(tickets[3]).verdict is Verdict.WAIT
+    at(store, t0 + I + S)
+    assert q.start(tickets[3]).authorized
+    assert q.status().window_used == 3  # the first start left, the fourth came in
+
+
+def test_the_line_behind_a_window_bound_head_waits_in_order(store: Store) -> None:
+    q = queue(store, quota="3/1s")
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(6)
+    for n in range(3):
+        at(store, t0 + (n + 1) * I)
+        assert q.start(tickets[n]).authorized
+    at(store, t0 + I + S)  # ticket 4's window slot: ticket 5 must not take it
+    d = q.start(tickets[4])
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 2 * I + S
+    assert q.start(tickets[3]).authorized
+    at(store, t0 + 2 * I + S)
+    assert q.start(tickets[5]).verdict is Verdict.WAIT  # behind ticket 5
+    assert q.start(tickets[4]).authorized
+    at(store, t0 + 3 * I + S)
+    assert q.start(tickets[5]).authorized
+
+
+def test_a_ticket_that_never_starts_costs_one_unit_of_the_window_and_no_more(store: Store) -> None:
+    q = queue(store, quota="2/1s")
+    t0 = q.ensure().last_start_us
+    t1, t2, _lost, t4 = q.claim_many(4)
+    at(store, t0 + I)
+    assert q.start(t1).authorized
+    at(store, t0 + 2 * I)
+    assert q.start(t2).authorized
+    at(store, t0 + I + S)  # the lost ticket's window slot: ticket 4 waits for its own
+    d = q.start(t4)
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 2 * I + S
+    at(store, t0 + 2 * I + S)
+    assert q.start(t4).authorized
+
+
+def test_cost_counts_units_of_the_window(store: Store) -> None:
+    q = queue(store, interval="1ms", quota="5/1s")
+    t0 = q.ensure().last_start_us
+    heavy = q.claim(cost=3)
+    at(store, t0 + 1_000)
+    assert q.start(heavy, cost=3).authorized
+    light, heavier = q.claim(cost=2), q.claim(cost=3)
+    at(store, t0 + 10_000)
+    assert q.start(light, cost=2).authorized  # 3 + 2 = 5 units
+    d = q.start(heavier, cost=3)  # 5 + 3 > 5: the first start's 3 units must leave
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 1_000 + S
+    at(store, t0 + 1_000 + S)
+    assert q.start(heavier, cost=3).authorized
+    assert q.status().window_used == 5
+    with pytest.raises(ConfigurationError, match="more than its quota"):
+        q.claim(cost=6)
+
+
+def test_a_quota_alone_has_no_spacing(store: Store) -> None:
+    q = queue(store, interval=Limit(quota="3/1s"))
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(4)
+    for n in range(3):  # back to back: "no spacing" is one microsecond
+        at(store, t0 + 10 + n)
+        assert q.start(tickets[n]).authorized
+    d = q.start(tickets[3])
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 10 + S
+
+
+def test_claim_estimates_follow_the_window_pattern(store: Store) -> None:
+    q = queue(store, quota="3/1s")
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(9)
+    expected = [t0 + r * S + k * I for r in range(3) for k in (1, 2, 3)]
+    assert [t.estimated_start_us for t in tickets] == expected
+    assert [t.window_bound for t in tickets] == [False] * 3 + [True] * 6
+    for ticket in tickets:  # each starts exactly at its estimate, not before
+        at(store, ticket.estimated_start_us - 1)
+        assert q.start(ticket).verdict is Verdict.WAIT
+        at(store, ticket.estimated_start_us)
+        assert q.start(ticket).authorized
+    late = q.claim()  # claimed later, on a window kept: its estimate is the window's
+    assert late.estimated_start_us == t0 + 3 * S + I
+
+
+def test_a_head_the_window_holds_is_not_an_outage(store: Store) -> None:
+    q = queue(store, quota="2/10s")
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(3)
+    for n in range(2):
+        at(store, t0 + (n + 1) * I)
+        assert q.start(tickets[n]).authorized
+    at(store, t0 + 9 * S)  # the head's interval slot is 9 s past, but the window holds it
+    d = q.start(tickets[2])
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + I + 10 * S
+    at(store, t0 + I + 10 * S)
+    assert q.start(tickets[2]).authorized  # at the window's slot, not a settle later
+
+
+def test_parked_tickets_are_released_by_their_window_slot(store: Store) -> None:
+    q = queue(store, quota="2/1h")
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(3)
+    for n in range(2):
+        at(store, t0 + (n + 1) * I)
+        assert q.start(tickets[n]).authorized
+    assert tickets[2].estimated_start_us == t0 + I + 3600 * S
+    from siq_celery.types import ParkedTask
+
+    assert q.backend.park(q.name, tickets[2].epoch, [ParkedTask(3, "t3", "{}")])
+    horizon = 600 * S
+    at(store, t0 + I + 3600 * S - horizon - 1)
+    assert q.backend.release(q.name, horizon).tasks == []
+    at(store, t0 + I + 3600 * S - horizon)
+    released = q.backend.release(q.name, horizon).tasks
+    assert [(p.ticket, eta) for p, eta in released] == [(3, t0 + I + 3600 * S)]
+
+
+def test_pause_resume_and_reset_keep_the_window(store: Store) -> None:
+    q = queue(store, quota="2/1s")
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(2)
+    for n in range(2):
+        at(store, t0 + (n + 1) * I)
+        assert q.start(tickets[n]).authorized
+    q.pause()
+    at(store, t0 + 5 * I)
+    q.resume(grace=0)
+    d = q.start(q.claim())
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + I + S
+    state = q.reset()
+    assert (state.quota, state.window_us) == (2, S)
+    d = q.start(q.claim())
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + I + S
+    assert q.status().window_used == 2
+
+
+def test_a_quota_in_a_combined_start_is_atomic(store: Store) -> None:
+    backend = store.backend()
+    fast = IntervalQueue("{geo}per-second", interval="100ms", backend=backend)
+    daily = IntervalQueue("{geo}per-day", interval=Limit(quota="2/d"), backend=backend)
+    both = CombinedQueue([fast, daily])
+    assert both.primary is daily  # the limit that binds: 2 a day
+    t0 = fast.ensure().last_start_us
+    daily.ensure()
+    for n in range(2):
+        at(store, t0 + (n + 1) * I)
+        assert all(d.authorized for d in both.start(both.claim()))
+    at(store, t0 + 3 * I)
+    ticket = both.claim()
+    decisions = both.start(ticket)
+    assert [d.verdict for d in decisions] == [Verdict.WAIT, Verdict.WAIT]
+    assert decisions[1].slot_us == t0 + I + 86_400 * S
+    assert fast.status().state.started_us == t0 + 2 * I, "nothing recorded in the queue that would allow it"
+    assert fast.start(fast.claim()).authorized  # the per-second queue alone goes on
+
+
+def test_a_rate_with_a_long_period_among_several_limits_is_refused() -> None:
+    from siq_celery.limits import check_not_a_quota
+
+    with pytest.raises(ConfigurationError, match=r"Limit\(quota='10000/d'\)"):
+        check_not_a_quota("10000/d", "task geo")
+    check_not_a_quota("10/2s", "task geo")
+    check_not_a_quota("1/d", "task geo")
+
+
+# -- burst ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("burst", [0, 2])
+def test_a_burst_bounds_every_window_by_its_width_over_the_interval_plus_burst(store: Store, burst: int) -> None:
+    q = queue(store, burst=burst)
+    t0 = q.ensure().last_start_us
+    at(store, t0 + 10 * S)  # idle
+    starts = run_line(store, q, q.claim_many(20), t0 + 20 * S, 10_000)
+    assert len(starts) == 20
+    for width in (1, 50_000, I, 150_000, 2 * I, 250_000, 5 * I, 10 * I):
+        assert most_in_window(starts, width) <= math.ceil(width / I) + burst
+    assert starts[: burst + 1] == [t0 + 10 * S] * (burst + 1)  # after idleness, burst + 1 at once
+    assert most_in_window(starts, 1) == burst + 1
+
+
+def test_a_late_line_catches_up_by_at_most_the_burst(store: Store) -> None:
+    for burst, caught_up in ((0, 0), (2, 2), (10, 5)):
+        q = queue(store, f"late{burst}", burst=burst)
+        q.ensure()
+        tickets = q.claim_many(12)
+        head_due = tickets[0].estimated_start_us
+        at(store, head_due + 5 * I)  # the whole line is 5 intervals late
+        starts = run_line(store, q, tickets, head_due + 20 * S, 10_000)
+        by_end = sum(1 for s in starts if s <= head_due + 10 * I)  # slots due by then: 11
+        assert by_end == 11 - 5 + caught_up, (burst, starts)
+        assert most_in_window(starts, 1) == min(burst, 5) + 1
+
+
+def test_a_new_state_and_a_back_off_leave_no_burst_credit(store: Store) -> None:
+    q = queue(store, burst=3)
+    t0 = store.clock.now_us
+    q.ensure()
+    tickets = q.claim_many(3)
+    at(store, t0 + I - 1)
+    assert q.start(tickets[0]).verdict is Verdict.WAIT  # a new state waits one interval
+    at(store, t0 + I)
+    assert q.start(tickets[0]).authorized
+    at(store, t0 + 10 * S)
+    q.backoff(1.0)
+    at(store, t0 + 11 * S - 1)
+    assert q.start(tickets[1]).verdict is Verdict.WAIT
+    at(store, t0 + 11 * S)
+    assert q.start(tickets[1]).authorized
+    assert q.start(tickets[2]).verdict is Verdict.WAIT  # the hold spent the credit
+
+
+def test_burst_and_quota_together(store: Store) -> None:
+    q = queue(store, burst=4, quota="6/1s")
+    t0 = q.ensure().last_start_us
+    at(store, t0 + 10 * S)
+    starts = run_line(store, q, q.claim_many(14), t0 + 14 * S, 10_000)
+    assert len(starts) == 14
+    assert most_in_window(starts, 1) == 5  # burst + 1 at once
+    assert most_in_window(starts, S) <= 6  # and never more than the quota in any second
+    for width in (1, I, 3 * I, S):
+        assert most_in_window(starts, width) <= math.ceil(width / I) + 4
+
+
+def test_a_restamped_start_leaves_the_window_from_its_restamped_time(store: Store) -> None:
+    q = queue(store, quota="1/1s")
+    t0 = q.ensure().last_start_us
+    first = q.claim()
+    at(store, t0 + I)
+    assert q.start(first).authorized
+    at(store, t0 + I + 500)  # the body began half a millisecond later
+    assert q.backend.restamp(q.name, first.epoch, t0 + I) == t0 + I + 500
+    d = q.start(q.claim())
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + I + 500 + S
