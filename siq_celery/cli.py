@@ -81,30 +81,26 @@ def _one_line_usage() -> Iterator[None]:
         raise OneLineUsageError(exc.format_message(), exc.ctx) from None
 
 
-class SiqCommand(click.Command):
-    """A command whose usage errors are one line (:class:`OneLineUsageError`)."""
+class _OneLineUsage:
+    """Usage errors of parsing and of invoking become one line (:class:`OneLineUsageError`)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         with _one_line_usage():
-            return super().parse_args(ctx, args)
+            return super().parse_args(ctx, args)  # type: ignore[misc, no-any-return]
 
     def invoke(self, ctx: click.Context) -> Any:
         with _one_line_usage():
-            return super().invoke(ctx)
+            return super().invoke(ctx)  # type: ignore[misc]
 
 
-class SiqGroup(click.Group):
+class SiqCommand(_OneLineUsage, click.Command):
+    """A command whose usage errors are one line."""
+
+
+class SiqGroup(_OneLineUsage, click.Group):
     """The ``siq`` groups: usage errors of the group and of its commands are one line."""
 
     command_class = SiqCommand
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        with _one_line_usage():
-            return super().parse_args(ctx, args)
-
-    def invoke(self, ctx: click.Context) -> Any:
-        with _one_line_usage():
-            return super().invoke(ctx)
 
 
 #: Commands whose arguments may be negative numbers ("-5s"): they reach the value's own

@@ -28,6 +28,13 @@ def at(store: Store, t_us: int) -> None:
     store.clock.now_us = t_us
 
 
+def fill_window(store: Store, q: IntervalQueue, t0: int, tickets: list[Ticket]) -> None:
+    """Tickets 1-3 start one interval apart from ``t0``: a quota of 3 is full."""
+    for n in range(3):
+        at(store, t0 + (n + 1) * I)
+        assert q.start(tickets[n]).authorized
+
+
 def run_line(store: Store, q: IntervalQueue, tickets: list[Ticket], until_us: int, step_us: int) -> list[int]:
     """Every waiting ticket asks at every step, head first; the start times."""
     starts, waiting = [], list(tickets)
@@ -53,9 +60,7 @@ def test_a_full_window_holds_the_head_until_its_oldest_start_leaves(store: Store
     q = queue(store, quota="3/1s")
     t0 = q.ensure().last_start_us
     tickets = q.claim_many(5)
-    for n in range(3):
-        at(store, t0 + (n + 1) * I)
-        assert q.start(tickets[n]).authorized
+    fill_window(store, q, t0, tickets)
     at(store, t0 + 4 * I)  # its interval slot: the window is full
     d = q.start(tickets[3])
     assert d.verdict is Verdict.WAIT and d.slot_us == t0 + I + S and d.wait_us == t0 + I + S - store.clock.now_us
@@ -70,9 +75,7 @@ def test_the_line_behind_a_window_bound_head_waits_in_order(store: Store) -> Non
     q = queue(store, quota="3/1s")
     t0 = q.ensure().last_start_us
     tickets = q.claim_many(6)
-    for n in range(3):
-        at(store, t0 + (n + 1) * I)
-        assert q.start(tickets[n]).authorized
+    fill_window(store, q, t0, tickets)
     at(store, t0 + I + S)  # ticket 4's window slot: ticket 5 must not take it
     d = q.start(tickets[4])
     assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 2 * I + S
