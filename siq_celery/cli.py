@@ -30,6 +30,7 @@ from .errors import CorruptStateError, QueueNotFoundError, SiqError, redacted
 from .export import FORMATS, format_for, ledger_rows, parse_time, write_parked, write_rows
 from .intervals import format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
+from .limits import NO_SPACING_US
 from .queue import RESUME_GRACE_S, IntervalQueue, new_epoch, who
 from .types import QueueStatus
 
@@ -126,16 +127,34 @@ def _next_start(st: QueueStatus) -> str:
     return "now" if st.next_start_us <= st.now_us else _when(st.next_start_us, st.now_us)
 
 
+def _spacing(st: QueueStatus) -> str:
+    """The interval; 'none' for a queue that only has a quota (no spacing of its own)."""
+    return "none" if st.state.interval_us <= NO_SPACING_US else format_interval(st.state.interval_us)
+
+
+def _limits(st: QueueStatus) -> str:
+    """What binds beyond the interval: the quota's use of its window now, and the burst."""
+    s, parts = st.state, []
+    if s.quota:
+        parts.append(f"{st.window_used}/{s.quota} in {format_interval(s.window_us)}")
+    if s.burst:
+        parts.append(f"burst {s.burst}")
+    return ", ".join(parts) or "-"
+
+
 def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
+    """The status table; a ``limits`` column only when a queue has a quota or a burst."""
+    limits = any(st.state.quota or st.state.burst for st in statuses)
     rows = [[
-        "queue", "interval", "declared", "override", "ticket", "current", "backlog", "parked", "paused", "last start",
-        "next start",
+        "queue", "interval", *(["limits"] if limits else []), "declared", "override", "ticket", "current", "backlog",
+        "parked", "paused", "last start", "next start",
     ]]  # fmt: skip
     for st in statuses:
         s = st.state
         rows.append([
-            st.queue, format_interval(s.interval_us), _declared(st), _override(st), str(s.ticket), str(s.current),
-            str(s.backlog), str(st.parked), "yes" if s.paused else "no", _last_start(st), _next_start(st),
+            st.queue, _spacing(st), *([_limits(st)] if limits else []), _declared(st), _override(st),
+            str(s.ticket), str(s.current), str(s.backlog), str(st.parked), "yes" if s.paused else "no",
+            _last_start(st), _next_start(st),
         ])  # fmt: skip
     return rows
 

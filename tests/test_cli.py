@@ -233,3 +233,24 @@ def test_status_shows_the_real_last_start_now_for_a_free_slot_and_utc(url: str) 
     code, out = run(url, "status", "w")
     assert out.strip().splitlines()[1].rstrip().endswith(" now"), out
     assert "UTC" in out, out
+
+
+def test_status_shows_what_binds_beyond_the_interval_only_where_a_queue_has_it(url: str) -> None:
+    from siq_celery import Limit
+
+    IntervalQueue("plain", url=url, interval="1s").ensure()
+    code, out = run(url, "status")
+    assert code == 0 and "limits" not in out.splitlines()[0], out
+    q = IntervalQueue("geo", url=url, interval="10ms", quota="5/1s", burst=2)
+    q.ensure()
+    for _ in range(3):
+        with q.slot():
+            pass
+    IntervalQueue("day", url=url, interval=Limit(quota="10000/d")).ensure()
+    code, out = run(url, "status")
+    rows = {line.split()[0]: line for line in out.strip().splitlines()}
+    print(out)
+    assert code == 0 and "limits" in rows["queue"]
+    assert "3/5 in 1s, burst 2" in rows["geo"]
+    assert rows["day"].split()[1:4] == ["none", "0/10000", "in"]  # a quota alone: no spacing
+    assert rows["plain"].split()[1:3] == ["1s", "-"]
