@@ -143,6 +143,14 @@ class StoreCollector:
                         ((st.queue, held_until(st) / US) for st in sts))  # fmt: skip
             yield gauge("siq_queue_drain_seconds", "Estimated seconds until the backlog has started",
                         ((st.queue, drain_seconds(st)) for st in sts))  # fmt: skip
+            yield gauge("siq_queue_quota_units", "A window quota's cost units per window (queues with a quota)",
+                        ((st.queue, st.state.quota) for st in sts if st.state.quota))  # fmt: skip
+            yield gauge("siq_queue_quota_window_seconds", "A window quota's window (queues with a quota)",
+                        ((st.queue, st.state.window_us / US) for st in sts if st.state.quota))  # fmt: skip
+            yield gauge("siq_queue_quota_used_units", "Cost units started in the window ending now",
+                        ((st.queue, st.window_used) for st in sts if st.state.quota))  # fmt: skip
+            yield gauge("siq_queue_burst", "Starts that may come closer than the interval (queues with a burst)",
+                        ((st.queue, st.state.burst) for st in sts if st.state.burst))  # fmt: skip
             epochs = GaugeMetricFamily("siq_queue_epoch_info", "The queue's current epoch", labels=["queue", "epoch"])
             for st in sts:
                 epochs.add_metric([st.queue, st.state.epoch], 1)

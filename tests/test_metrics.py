@@ -228,3 +228,22 @@ def test_queues_no_longer_seen_are_forgotten_by_the_exporter_and_top(tmp_path: P
     print(f"remembered: errors {sorted(collector._errors)}, rates {sorted(rates._seen)}")
     assert collector._errors == {} and set(rates._seen) == {"shop:0"}
     assert "shop:1" not in text(collector)
+
+
+def test_the_exporter_shows_a_quotas_use_of_its_window_and_the_burst() -> None:
+    from siq_celery import IntervalQueue
+
+    clock = PinnedClock()
+    backend = backend_from_url("memory://quota-metrics", clock=clock)
+    q = IntervalQueue("api", interval="100ms", quota="5/1s", burst=2, backend=backend)
+    q.ensure()
+    IntervalQueue("plain", interval="100ms", backend=backend).ensure()
+    for _ in range(3):
+        clock.advance(us=I)
+        assert q.start(q.claim()).authorized
+    samples = {(s.name, s.labels["queue"]): s.value for family in text_string_to_metric_families(
+        text(StoreCollector(backend))) for s in family.samples if "queue" in s.labels}  # fmt: skip
+    print({k: v for k, v in samples.items() if "quota" in k[0] or "burst" in k[0]})
+    assert samples[("siq_queue_quota_used_units", "api")] == 3 and samples[("siq_queue_quota_units", "api")] == 5
+    assert samples[("siq_queue_quota_window_seconds", "api")] == 1.0 and samples[("siq_queue_burst", "api")] == 2
+    assert ("siq_queue_quota_units", "plain") not in samples and ("siq_queue_burst", "plain") not in samples
