@@ -297,3 +297,16 @@ def test_a_restamped_start_leaves_the_window_from_its_restamped_time(store: Stor
     assert q.backend.restamp(q.name, first.epoch, t0 + I) == t0 + I + 500
     d = q.start(q.claim())
     assert d.verdict is Verdict.WAIT and d.slot_us == t0 + I + 500 + S
+
+
+def test_a_combined_start_creates_each_queue_with_its_own_limits(store: Store) -> None:
+    backend = store.backend()
+    slow = IntervalQueue("{g}slow", interval="1s", backend=backend)
+    fast = IntervalQueue("{g}fast", interval="10ms", burst=3, quota="50/s", backend=backend)
+    both = CombinedQueue([slow, fast])
+    t0 = store.clock.now_us
+    ticket = both.claim()  # a fresh store: the claim creates the primary, the start the secondary
+    at(store, t0 + 10 * S)
+    both.start(ticket)
+    state = fast.status().state
+    assert (state.burst, state.quota, state.window_us) == (3, 50, S)
