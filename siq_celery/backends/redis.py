@@ -363,7 +363,7 @@ class RedisBackend(Backend):
                 reply = conn.read_response()
             except redis.exceptions.NoScriptError:
                 pool.release(conn)  # the script was flushed: the failed call claimed nothing
-                return self.claim(queue, count, interval_us, epoch)
+                return self.claim(queue, count, interval_us, epoch, limits=limits)
             except redis.ResponseError as exc:
                 pool.release(conn)
                 raise self._translate(exc, queue, key) from None

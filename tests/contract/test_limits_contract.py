@@ -310,3 +310,15 @@ def test_a_combined_start_creates_each_queue_with_its_own_limits(store: Store) -
     both.start(ticket)
     state = fast.status().state
     assert (state.burst, state.quota, state.window_us) == (3, 50, S)
+
+
+def test_a_claim_retried_after_a_script_flush_keeps_the_limits(store: Store) -> None:
+    if store.kind != "redis":
+        pytest.skip("a pipelined claim, retried when the server lost its scripts, is a plain Redis path")
+    import redis
+
+    q = queue(store, burst=2, quota="5/1s")
+    redis.Redis.from_url(store.url).script_flush()
+    q.backend.claim_later(q.name, 1, I, "e1", limits=q.limits).result()
+    state = q.status().state
+    assert (state.burst, state.quota, state.window_us) == (2, 5, S)
