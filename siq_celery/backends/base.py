@@ -699,10 +699,8 @@ class ModelBackend(Backend):
             if tx.state is None:
                 return None
             state, used = tx.state, 0
-            if state.quota:
-                window = tx.window()
-                window.trim(tx.now_us - state.window_us)
-                used = window.used()
+            if state.quota:  # read only: what a status read forgot would not move the anchor
+                used = model.window_used(tx.window(), tx.now_us - state.window_us)
             return QueueStatus(
                 queue, _copy(state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources(), *tx.refusals(),
                 window_used=used, counts=model.counts_from_fields(tx.start_counts()),

@@ -322,3 +322,18 @@ def test_a_claim_retried_after_a_script_flush_keeps_the_limits(store: Store) -> 
     q.backend.claim_later(q.name, 1, I, "e1", limits=q.limits).result()
     state = q.status().state
     assert (state.burst, state.quota, state.window_us) == (2, 5, S)
+
+
+@pytest.mark.parametrize("read_status", [False, True])
+def test_a_status_read_between_starts_changes_no_decision(store: Store, read_status: bool) -> None:
+    q = queue(store, interval="50ms", quota="5/1s")
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(6)
+    for n in range(5):
+        at(store, t0 + (n + 1) * 50_000)
+        assert q.start(tickets[n]).authorized
+    at(store, t0 + 5 * 50_000 + 1_300_000)  # the window held the head until t0 + 1.05 s: not late
+    if read_status:
+        assert q.status().window_used == 0  # every start left the window
+    d = q.start(tickets[5])
+    assert (d.verdict, d.wait_us) == (Verdict.AUTHORIZED, 0)
