@@ -641,7 +641,8 @@ class RedisBackend(Backend):
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
             except redis.ResponseError as exc:
-                raise self._translate(exc, queues[0], self.keys(queues[0]).state) from None
+                translated = self._translate(exc, queues[0], self.keys(queues[0]).state)
+                raise (store_error(exc) if translated is exc else translated) from None
             replies = self._status_pipeline(script.sha, queues)
         return replies
 
@@ -652,8 +653,8 @@ class RedisBackend(Backend):
             pipe.evalsha(sha, len(keys), *keys, self._now_arg())
         try:
             return list(pipe.execute(raise_on_error=False))
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:  # a database the server lacks, a user the ACL refuses: one line
+            raise store_error(exc) from None
 
     def starts_since(self, since: Mapping[str, int | None]) -> dict[str, list[LedgerRow]]:
         if isinstance(self.client, RedisCluster) or self.clock is not None:
