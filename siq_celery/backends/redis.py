@@ -324,7 +324,7 @@ class RedisBackend(Backend):
         self, queue: str, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS
     ) -> tuple[QueueState, bool]:
         k = self.keys(queue)
-        reply = self._run("ensure", queue, [k.state], [interval_us, epoch, *_limit_args(limits)])
+        reply = self._run("ensure", queue, [k.state, k.window], [interval_us, epoch, *_limit_args(limits)])
         return self._state(reply[1:])[0], bool(reply[0])
 
     def claim(self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS) -> ClaimResult:
@@ -471,7 +471,7 @@ class RedisBackend(Backend):
         self._run(
             "finish", queue,
             [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.unfinished,
-             k.refused],
+             k.refused, k.window],
             [task_id, self.finished_retention_us, self.finished_max, 2 * self.ledger_max, outcome, int(remember),
              self.idle_expiry_us(queue)],
         )  # fmt: skip

@@ -337,3 +337,55 @@ def test_a_status_read_between_starts_changes_no_decision(store: Store, read_sta
         assert q.status().window_used == 0  # every start left the window
     d = q.start(tickets[5])
     assert (d.verdict, d.wait_us) == (Verdict.AUTHORIZED, 0)
+
+
+def lose_state(store: Store, q: IntervalQueue) -> None:
+    """The queue's state is lost (evicted, deleted by hand), its window's starts not."""
+    if store.kind == "memory":
+        q.backend.store.states.pop(q.name)  # type: ignore[attr-defined]
+    elif store.kind == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(store.url.removeprefix("sqlite:///")) as conn:
+            conn.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", (store.prefix, q.name))
+    else:
+        from siq_celery.backends.redis import redis_client_from_url
+
+        redis_client_from_url(store.url).delete(f"{store.prefix}:{{{q.name}}}:state")
+
+
+def test_a_lost_state_forgets_its_window(store: Store) -> None:
+    q = queue(store, quota="2/1s")
+    t0 = q.ensure().last_start_us
+    at(store, t0 + I)
+    assert q.start(q.claim(cost=2), cost=2).authorized  # the quota is full
+    lose_state(store, q)
+    at(store, t0 + 3 * I)
+    new = q.claim_many(3)  # a new life: it waits one interval, then may use a whole quota
+    for n in range(2):
+        at(store, t0 + (n + 4) * I)
+        assert q.start(new[n]).authorized
+    at(store, t0 + 6 * I)
+    d = q.start(new[2])
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 4 * I + S  # the new life's first start leaves
+    assert q.status().window_used == 2
+
+
+def test_a_window_whose_starts_vanished_counts_none(store: Store) -> None:
+    if not store.kind.startswith("redis"):
+        pytest.skip("only Redis keeps the window apart from its count (w_used), in a key that can expire")
+    from siq_celery.backends.redis import redis_client_from_url
+
+    q = queue(store, quota="2/1s")
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(5)
+    for n in range(2):
+        at(store, t0 + (n + 1) * I)
+        assert q.start(tickets[n]).authorized
+    redis_client_from_url(store.url).delete(f"{store.prefix}:{{{q.name}}}:window")  # expired before the state
+    for n in range(2, 4):
+        at(store, t0 + (n + 1) * I)
+        assert q.start(tickets[n]).authorized
+    at(store, t0 + 5 * I)
+    d = q.start(tickets[4])
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 3 * I + S
