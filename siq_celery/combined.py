@@ -79,7 +79,7 @@ class CombinedQueue:
             [q.name for q in self.queues], [ticket.number if m else FREE for m in mine],
             [ticket.epoch if m else "" for m in mine], task_id=task_id,
             interval_us=[q.interval_us or 0 for q in self.queues], new_epoch=new_epoch(), record=record,
-            cost=validate_cost(cost),
+            cost=validate_cost(cost), limits=[q.limits for q in self.queues],
         )  # fmt: skip
 
     def wait_for_turn(

@@ -225,6 +225,20 @@ class WindowUnits:
         return max(0 if hard is None else hard + s.window_us, 0 if line is None else line + s.window_us)
 
 
+def window_used(window: Window, cutoff_us: int) -> int:
+    """Cost units of the starts after ``cutoff_us`` (the window ending now), read only: a
+    reader forgets nothing, since the starts that left decide where the anchor moves (see
+    :class:`WindowUnits`)."""
+    lo, hi = 0, window.used()  # the units at or before the cutoff: 1 .. lo (oldest first)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if window.unit_time(mid) <= cutoff_us:
+            lo = mid
+        else:
+            hi = mid - 1
+    return window.used() - lo
+
+
 def window_units(state: QueueState, window: Window | None, now_us: int) -> WindowUnits | None:
     """The window read at ``now_us`` (see :class:`WindowUnits`; mutates ``state``), or None
     without a quota."""

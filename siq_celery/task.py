@@ -111,6 +111,13 @@ class IntervalTask(Task):  # type: ignore[misc]
         if isinstance(declared, Mapping) and len(declared) > 1:
             for queue, value in declared.items():
                 check_not_a_quota(value, f"task {name}: interval_queue[{queue!r}]")
+        several = isinstance(declared, (Mapping, list, tuple)) and len(declared) > 1
+        for option in ("burst", "quota"):
+            if several and cls.__dict__.get(option) is not None:  # it would bind no queue
+                raise ConfigurationError(
+                    f"task {name}: {option}= applies to one interval queue, not to several: give each "
+                    f"queue its own in the mapping, interval_queue={{'name': Limit(interval=..., {option}=...)}}"
+                )
         for option, check in (("burst", validate_burst), ("quota", parse_quota)):
             if cls.__dict__.get(option) is not None:
                 try:

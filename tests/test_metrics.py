@@ -247,3 +247,11 @@ def test_the_exporter_shows_a_quotas_use_of_its_window_and_the_burst() -> None:
     assert samples[("siq_queue_quota_used_units", "api")] == 3 and samples[("siq_queue_quota_units", "api")] == 5
     assert samples[("siq_queue_quota_window_seconds", "api")] == 1.0 and samples[("siq_queue_burst", "api")] == 2
     assert ("siq_queue_quota_units", "plain") not in samples and ("siq_queue_burst", "plain") not in samples
+
+
+def test_a_redis_database_the_server_lacks_is_siq_up_0_not_a_traceback(redis_url: str) -> None:
+    backend = backend_from_url(redis_url.rsplit("/", 1)[0] + "/999")
+    collector = StoreCollector(backend, ("shop", "other"))  # fixed names: read, not listed
+    scrape = collector.scrape()
+    assert not scrape.up
+    assert "siq_up 0.0" in text(collector)

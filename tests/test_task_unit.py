@@ -308,3 +308,15 @@ def test_an_empty_interval_queue_is_refused_not_taken_for_the_task_name() -> Non
         def lookup2() -> None: ...
 
         lookup2.delay()
+
+
+@pytest.mark.parametrize("option", [{"quota": "100/d"}, {"burst": 3}])
+@pytest.mark.parametrize("queues", [["{g}a", "{g}b"], {"{g}a": "1s", "{g}b": "10ms"}])
+def test_a_task_wide_burst_or_quota_on_several_queues_is_refused_at_definition(queues: Any, option: Any) -> None:
+    app = make_app(siq_url="memory://")
+    with pytest.raises(ConfigurationError, match=r"Limit\("):
+
+        @app.task(base=IntervalTask, shared=False, interval_queue=queues, interval="1s", **option)
+        def several() -> None: ...
+
+        several.name  # noqa: B018 (the task is defined when the app finalizes it)

@@ -511,7 +511,7 @@ class ModelBackend(Backend):
         with self.transaction(queue) as tx:
             if tx.state is not None:
                 return _copy(tx.state), False
-            tx.state = model.new_state(tx.now_us, interval_us, epoch, limits)
+            tx.state = _new_state(tx, interval_us, epoch, limits)
             return _copy(tx.state), True
 
     def _created(
@@ -520,7 +520,7 @@ class ModelBackend(Backend):
         if tx.state is None:
             if interval_us <= 0:
                 raise QueueNotFoundError(f"queue {queue!r} has no state in this store and no interval was given")
-            tx.state = model.new_state(tx.now_us, interval_us, epoch, limits)
+            tx.state = _new_state(tx, interval_us, epoch, limits)
         return tx.state
 
     @staticmethod
@@ -687,7 +687,7 @@ class ModelBackend(Backend):
             if tx.state is None:
                 if interval_us is None:
                     raise QueueNotFoundError(f"queue {queue!r} has no state in this store")
-                tx.state = model.new_state(tx.now_us, interval_us, epoch, limits)
+                tx.state = _new_state(tx, interval_us, epoch, limits)
             tx.state = model.reset(tx.state, tx.now_us, epoch, interval_us)
             if interval_us:
                 tx.save_sources(model.pin(tx.sources(), tx.now_us, interval_us, origin))
@@ -699,10 +699,8 @@ class ModelBackend(Backend):
             if tx.state is None:
                 return None
             state, used = tx.state, 0
-            if state.quota:
-                window = tx.window()
-                window.trim(tx.now_us - state.window_us)
-                used = window.used()
+            if state.quota:  # read only: what a status read forgot would not move the anchor
+                used = model.window_used(tx.window(), tx.now_us - state.window_us)
             return QueueStatus(
                 queue, _copy(state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources(), *tx.refusals(),
                 window_used=used, counts=model.counts_from_fields(tx.start_counts()),
@@ -754,6 +752,13 @@ def _count_start(tx: Transaction, decision: Decision, record: StartRecord | None
     deferrals = record.deferrals if record is not None else 0
     added = model.start_counts(last, decision.now_us, decision.slot_us, decision.interval_us, deferrals)
     tx.count_start(added, decision.now_us)
+
+
+def _new_state(tx: Transaction, interval_us: int, epoch: str, limits: Limits) -> QueueState:
+    """A state created from nothing, with an empty window: a lost state forgets its window's
+    starts as it forgets its last start (docs/design.md, "The window across a lost state")."""
+    tx.window().trim(1 << 62)
+    return model.new_state(tx.now_us, interval_us, epoch, limits)
 
 
 def _copy(state: QueueState) -> QueueState:

@@ -324,7 +324,7 @@ class RedisBackend(Backend):
         self, queue: str, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS
     ) -> tuple[QueueState, bool]:
         k = self.keys(queue)
-        reply = self._run("ensure", queue, [k.state], [interval_us, epoch, *_limit_args(limits)])
+        reply = self._run("ensure", queue, [k.state, k.window], [interval_us, epoch, *_limit_args(limits)])
         return self._state(reply[1:])[0], bool(reply[0])
 
     def claim(self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS) -> ClaimResult:
@@ -363,7 +363,7 @@ class RedisBackend(Backend):
                 reply = conn.read_response()
             except redis.exceptions.NoScriptError:
                 pool.release(conn)  # the script was flushed: the failed call claimed nothing
-                return self.claim(queue, count, interval_us, epoch)
+                return self.claim(queue, count, interval_us, epoch, limits=limits)
             except redis.ResponseError as exc:
                 pool.release(conn)
                 raise self._translate(exc, queue, key) from None
@@ -471,7 +471,7 @@ class RedisBackend(Backend):
         self._run(
             "finish", queue,
             [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.unfinished,
-             k.refused],
+             k.refused, k.window],
             [task_id, self.finished_retention_us, self.finished_max, 2 * self.ledger_max, outcome, int(remember),
              self.idle_expiry_us(queue)],
         )  # fmt: skip
@@ -641,7 +641,8 @@ class RedisBackend(Backend):
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
             except redis.ResponseError as exc:
-                raise self._translate(exc, queues[0], self.keys(queues[0]).state) from None
+                translated = self._translate(exc, queues[0], self.keys(queues[0]).state)
+                raise (store_error(exc) if translated is exc else translated) from None
             replies = self._status_pipeline(script.sha, queues)
         return replies
 
@@ -652,8 +653,8 @@ class RedisBackend(Backend):
             pipe.evalsha(sha, len(keys), *keys, self._now_arg())
         try:
             return list(pipe.execute(raise_on_error=False))
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailableError(f"cannot reach the Redis state store: {exc}") from exc
+        except _REDIS_ERRORS as exc:  # a database the server lacks, a user the ACL refuses: one line
+            raise store_error(exc) from None
 
     def starts_since(self, since: Mapping[str, int | None]) -> dict[str, list[LedgerRow]]:
         if isinstance(self.client, RedisCluster) or self.clock is not None:

@@ -297,3 +297,95 @@ def test_a_restamped_start_leaves_the_window_from_its_restamped_time(store: Stor
     assert q.backend.restamp(q.name, first.epoch, t0 + I) == t0 + I + 500
     d = q.start(q.claim())
     assert d.verdict is Verdict.WAIT and d.slot_us == t0 + I + 500 + S
+
+
+def test_a_combined_start_creates_each_queue_with_its_own_limits(store: Store) -> None:
+    backend = store.backend()
+    slow = IntervalQueue("{g}slow", interval="1s", backend=backend)
+    fast = IntervalQueue("{g}fast", interval="10ms", burst=3, quota="50/s", backend=backend)
+    both = CombinedQueue([slow, fast])
+    t0 = store.clock.now_us
+    ticket = both.claim()  # a fresh store: the claim creates the primary, the start the secondary
+    at(store, t0 + 10 * S)
+    both.start(ticket)
+    state = fast.status().state
+    assert (state.burst, state.quota, state.window_us) == (3, 50, S)
+
+
+def test_a_claim_retried_after_a_script_flush_keeps_the_limits(store: Store) -> None:
+    if store.kind != "redis":
+        pytest.skip("a pipelined claim, retried when the server lost its scripts, is a plain Redis path")
+    import redis
+
+    q = queue(store, burst=2, quota="5/1s")
+    redis.Redis.from_url(store.url).script_flush()
+    q.backend.claim_later(q.name, 1, I, "e1", limits=q.limits).result()
+    state = q.status().state
+    assert (state.burst, state.quota, state.window_us) == (2, 5, S)
+
+
+@pytest.mark.parametrize("read_status", [False, True])
+def test_a_status_read_between_starts_changes_no_decision(store: Store, read_status: bool) -> None:
+    q = queue(store, interval="50ms", quota="5/1s")
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(6)
+    for n in range(5):
+        at(store, t0 + (n + 1) * 50_000)
+        assert q.start(tickets[n]).authorized
+    at(store, t0 + 5 * 50_000 + 1_300_000)  # the window held the head until t0 + 1.05 s: not late
+    if read_status:
+        assert q.status().window_used == 0  # every start left the window
+    d = q.start(tickets[5])
+    assert (d.verdict, d.wait_us) == (Verdict.AUTHORIZED, 0)
+
+
+def lose_state(store: Store, q: IntervalQueue) -> None:
+    """The queue's state is lost (evicted, deleted by hand), its window's starts not."""
+    if store.kind == "memory":
+        q.backend.store.states.pop(q.name)  # type: ignore[attr-defined]
+    elif store.kind == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(store.url.removeprefix("sqlite:///")) as conn:
+            conn.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", (store.prefix, q.name))
+    else:
+        from siq_celery.backends.redis import redis_client_from_url
+
+        redis_client_from_url(store.url).delete(f"{store.prefix}:{{{q.name}}}:state")
+
+
+def test_a_lost_state_forgets_its_window(store: Store) -> None:
+    q = queue(store, quota="2/1s")
+    t0 = q.ensure().last_start_us
+    at(store, t0 + I)
+    assert q.start(q.claim(cost=2), cost=2).authorized  # the quota is full
+    lose_state(store, q)
+    at(store, t0 + 3 * I)
+    new = q.claim_many(3)  # a new life: it waits one interval, then may use a whole quota
+    for n in range(2):
+        at(store, t0 + (n + 4) * I)
+        assert q.start(new[n]).authorized
+    at(store, t0 + 6 * I)
+    d = q.start(new[2])
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 4 * I + S  # the new life's first start leaves
+    assert q.status().window_used == 2
+
+
+def test_a_window_whose_starts_vanished_counts_none(store: Store) -> None:
+    if not store.kind.startswith("redis"):
+        pytest.skip("only Redis keeps the window apart from its count (w_used), in a key that can expire")
+    from siq_celery.backends.redis import redis_client_from_url
+
+    q = queue(store, quota="2/1s")
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(5)
+    for n in range(2):
+        at(store, t0 + (n + 1) * I)
+        assert q.start(tickets[n]).authorized
+    redis_client_from_url(store.url).delete(f"{store.prefix}:{{{q.name}}}:window")  # expired before the state
+    for n in range(2, 4):
+        at(store, t0 + (n + 1) * I)
+        assert q.start(tickets[n]).authorized
+    at(store, t0 + 5 * I)
+    d = q.start(tickets[4])
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 3 * I + S

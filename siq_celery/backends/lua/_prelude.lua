@@ -69,6 +69,11 @@ local function siq_new(now, interval, epoch, burst, quota, window)
           w_used = 0}
 end
 
+-- A state created from nothing forgets the window's starts, as it forgets its last start.
+local function siq_new_window(wkey)
+  redis.call('DEL', wkey)
+end
+
 -- The code declares other limits (model.py: set_limits).
 local function siq_set_limits(s, burst, quota, window)
   local fresh = siq_new(0, 1, '', burst, quota, window)
@@ -168,6 +173,10 @@ end
 -- moves; written to the state hash at once, as is w_used).
 local function siq_units(wkey, skey, s, now)
   if s.quota <= 0 then return nil end
+  if s.w_used > 0 and redis.call('ZCARD', wkey) == 0 then  -- its starts expired: none to count
+    s.w_used = 0
+    redis.call('HSET', skey, 'w_used', 0)
+  end
   local u = {key = wkey, s = s, times = {}}
   local cutoff = now - s.window_us
   local unit = s.w_used + 1 - s.quota

@@ -20,6 +20,7 @@ if err then return redis.error_reply(err) end
 if not s then
   if tonumber(ARGV[3]) <= 0 then return redis.error_reply('SIQNOTFOUND') end
   s = siq_new(now, tonumber(ARGV[3]), ARGV[4], ARGV[6], ARGV[7], ARGV[8])
+  siq_new_window(KEYS[10])
 else
   siq_follow_expiry(KEYS[7], s, now)  -- saved below
 end

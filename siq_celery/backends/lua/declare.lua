@@ -4,6 +4,7 @@
 -- KEYS[1]  the queue's state hash (created here if missing)
 -- KEYS[2..6]  the queue's other keys (QueueKeys.all), for idle expiry
 -- KEYS[7]  the queue's interval sources hash (see siq_sources); KEYS[8]  its refused-start counts
+-- KEYS[10]  the queue's window (siq_units): emptied for a state created here
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  the declared interval in microseconds (> 0)
 -- ARGV[3]  epoch for a state created here
@@ -25,6 +26,7 @@ if err then return redis.error_reply(err) end
 local created, old_interval = 0, 0
 if not s then
   s = siq_new(now, interval, ARGV[3], ARGV[9], ARGV[10], ARGV[11])
+  siq_new_window(KEYS[10])
   created = 1
 else
   old_interval = s.interval_us

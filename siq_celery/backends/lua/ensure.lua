@@ -1,5 +1,6 @@
 -- ensure: create a queue's state if it has none; never change existing state.
 -- KEYS[1]  the queue's state hash
+-- KEYS[2]  the queue's window (siq_units): emptied for a state created here
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  interval in microseconds
 -- ARGV[3]  epoch for the new state
@@ -12,6 +13,7 @@ if err then return redis.error_reply(err) end
 local created = 0
 if not s then
   s = siq_new(now, tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+  siq_new_window(KEYS[2])
   siq_save(KEYS[1], s)
   created = 1
 end

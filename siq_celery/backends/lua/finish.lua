@@ -5,6 +5,8 @@
 --             in the order state, parked, parked messages, releasing, intervals
 -- KEYS[8]  the queue's starts without a finish per task id: this one's count is cleared
 -- KEYS[9]  the queue's counts, for idle expiry too (they expire with the queue, not before)
+-- KEYS[10]  the queue's window (siq_units), for idle expiry too (it must not expire before
+--           the state, whose w_used counts its starts)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  task id
 -- ARGV[3]  retention in microseconds: older records are dropped
@@ -20,7 +22,7 @@ local function touch()
   local ttl = tonumber(ARGV[8]) or 0
   if ttl > 0 then
     local s = siq_load(KEYS[3])  -- corrupt state: touched as if running (no pause to keep)
-    siq_touch({KEYS[3], KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]}, s, ttl, now)
+    siq_touch({KEYS[3], KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]}, s, ttl, now)
   end
 end
 if cap > 0 then

@@ -28,6 +28,7 @@ elseif interval <= 0 then
   return redis.error_reply('SIQNOTFOUND')  -- missing (or corrupt) state and no interval given
 else
   old = siq_new(now, interval, ARGV[3], ARGV[6], ARGV[7], ARGV[8])
+  siq_new_window(KEYS[10])
 end
 redis.call('DEL', KEYS[1])
 s = siq_new(now, interval, ARGV[3], old.burst, old.quota, old.window_us)

@@ -33,6 +33,7 @@ if err then return redis.error_reply(err) end
 if not s then
   if tonumber(ARGV[5]) <= 0 then return redis.error_reply('SIQNOTFOUND') end
   s = siq_new(now, tonumber(ARGV[5]), ARGV[6], ARGV[17], ARGV[18], ARGV[19])
+  siq_new_window(KEYS[10])
   siq_save(KEYS[1], s)
   siq_touch(KEYS, s, tonumber(ARGV[13]), now)
 elseif siq_follow_expiry(KEYS[7], s, now) then

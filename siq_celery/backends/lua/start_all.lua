@@ -34,6 +34,7 @@ for i = 1, n do
     if interval <= 0 then return redis.error_reply('SIQNOTFOUND') end
     local at = limit_args + 3 * (i - 1)
     s = siq_new(now, interval, ARGV[9], ARGV[at], ARGV[at + 1], ARGV[at + 2])
+    siq_new_window(KEYS[6 * i])
     siq_save(key, s)
   elseif siq_follow_expiry(KEYS[6 * i - 1], s, now) then
     siq_save(key, s)

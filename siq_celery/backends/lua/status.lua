@@ -29,6 +29,7 @@ local refused = redis.call('HMGET', KEYS[6], 'duplicate', 'reclaim')
 table.insert(reply, tonumber(refused[1]) or 0)
 table.insert(reply, tonumber(refused[2]) or 0)
 local used = s.w_used
+if redis.call('ZCARD', KEYS[7]) == 0 then used = 0 end  -- its starts expired (siq_units)
 if s.quota > 0 then  -- the starts that left the window, not yet forgotten
   for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now - s.window_us)) do
     used = used - siq_member_cost(member)
