@@ -105,10 +105,15 @@ class CombinedQueue:
     def max_lost_deliveries(self) -> int:
         return self.backend.max_lost_deliveries
 
-    def finish(self, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
-        """Record the finish in every queue (a redelivered copy is then not started)."""
+    def finish(self, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = "") -> None:
+        """Record the finish in every queue (a redelivered copy is then not started), and
+        give back the concurrency ``lease`` in each queue that holds it."""
         for q in self.queues:
-            q.backend.finish(q.name, task_id, outcome, remember=remember)
+            q.backend.finish(q.name, task_id, outcome, remember=remember, lease=lease)
+
+    def renew_leases(self, leases: Sequence[str]) -> int:
+        """The bodies holding ``leases`` still run: renew them in every queue."""
+        return sum(q.backend.renew_leases(q.name, leases) for q in self.queues)
 
     @contextmanager
     def slot(
@@ -125,7 +130,7 @@ class CombinedQueue:
             outcome = "SUCCESS"
         finally:
             try:
-                self.finish(ledger_id, outcome, remember=task_id is not None)
+                self.finish(ledger_id, outcome, remember=task_id is not None, lease=decision.lease)
             except StoreUnavailableError as exc:  # the body ran; only its record is missing
                 logger.warning("%r: could not record the finish of %s: %s", self, ledger_id, exc)
 

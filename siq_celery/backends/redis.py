@@ -177,6 +177,8 @@ def _claim_result(reply: Sequence[Any]) -> ClaimResult:
 
 
 def _limit_args(limits: Limits) -> list[int]:
+    if limits.concurrency:
+        raise ConfigurationError("the Redis store does not keep a concurrency cap yet")
     return [limits.burst, limits.quota, limits.window_us]
 
 
@@ -388,6 +390,7 @@ class RedisBackend(Backend):
         record: StartRecord | None = None,
         cost: int = 1,
         limits: Limits = NO_LIMITS,
+        lease: str = "",
     ) -> Decision:
         k = self.keys(queue)
         lost = self._lost_args(task_id)
@@ -427,6 +430,7 @@ class RedisBackend(Backend):
         record: StartRecord | None = None,
         cost: int = 1,
         limits: Sequence[Limits] | None = None,
+        lease: str = "",
     ) -> list[Decision]:
         keys = [
             key for q in queues for key in (self.keys(q).state, self.keys(q).finished, self.keys(q).ledger,
@@ -466,7 +470,9 @@ class RedisBackend(Backend):
         now = int(self._run("restamp", queue, [k.state, k.window], [epoch, started_us]))
         return now or None
 
-    def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
+    def finish(
+        self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = ""
+    ) -> None:
         k = self.keys(queue)
         self._run(
             "finish", queue,
