@@ -22,12 +22,6 @@ S = 1_000_000
 TIMEOUT = 3 * S
 
 
-@pytest.fixture(autouse=True)
-def _model_stores(store: Store) -> None:
-    if store.kind.startswith("redis"):
-        pytest.skip("the Redis scripts keep the cap from the next change on")
-
-
 def queue(
     store: Store, name: str = "q", interval: Any = None, *, timeout: int = TIMEOUT, **options: Any
 ) -> IntervalQueue:
