@@ -132,14 +132,15 @@ def _next_start(st: QueueStatus) -> str:
 
 def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
     rows = [[
-        "queue", "interval", "declared", "override", "ticket", "current", "backlog", "parked", "paused", "last start",
-        "next start",
+        "queue", "interval", "declared", "override", "ticket", "current", "backlog", "parked", "paused", "in flight",
+        "last start", "next start",
     ]]  # fmt: skip
     for st in statuses:
         s = st.state
         rows.append([
             st.queue, format_interval(s.interval_us), _declared(st), _override(st), str(s.ticket), str(s.current),
-            str(s.backlog), str(st.parked), "yes" if s.paused else "no", _last_start(st), _next_start(st),
+            str(s.backlog), str(st.parked), "yes" if s.paused else "no",
+            f"{st.in_flight}/{s.concurrency}" if s.concurrency else "-", _last_start(st), _next_start(st),
         ])  # fmt: skip
     return rows
 

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .errors import ConfigurationError, StoreUnavailableError
+from .leases import KEEPER
 from .ledger import StartRecord
 from .limits import check_not_a_quota
 from .model import FREE
@@ -125,10 +126,13 @@ class CombinedQueue:
             task_id=task_id, timeout=timeout, record=StartRecord.here(name, ledger_id), cost=cost
         )
         outcome = "FAILURE"
+        names = [q.name for q in self.queues]
+        KEEPER.hold(self.backend, names, decision.lease)  # renewed while the body runs
         try:
             yield decision
             outcome = "SUCCESS"
         finally:
+            KEEPER.drop(self.backend, names, decision.lease)
             try:
                 self.finish(ledger_id, outcome, remember=task_id is not None, lease=decision.lease)
             except StoreUnavailableError as exc:  # the body ran; only its record is missing

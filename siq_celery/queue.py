@@ -37,6 +37,7 @@ from .errors import (
 )
 from .intervals import IntervalLike, format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
+from .leases import KEEPER
 from .ledger import LedgerRow, StartRecord
 from .limits import Limit, QuotaLike, interval_and_limits
 from .types import ClaimResult, Decision, Declared, QueueState, QueueStatus, Ticket, Verdict
@@ -501,10 +502,12 @@ class IntervalQueue:
             task_id=task_id, timeout=timeout, record=StartRecord.here(name, ledger_id), cost=validate_cost(cost)
         )
         outcome = "FAILURE"
+        KEEPER.hold(self.backend, [self.name], decision.lease)  # renewed while the body runs
         try:
             yield decision
             outcome = "SUCCESS"
         finally:
+            KEEPER.drop(self.backend, [self.name], decision.lease)
             if remember or self.backend.ledger_max or decision.lease:
                 try:
                     self.backend.finish(self.name, ledger_id, outcome, remember=remember, lease=decision.lease)
