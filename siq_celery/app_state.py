@@ -53,12 +53,13 @@ class SiqState:
                 finished_retention_us=round(s.finished_retention * 1e6),
                 ledger_max=s.ledger_max,
                 max_lost_deliveries=s.max_lost_deliveries,
+                lease_timeout_us=round(s.lease_timeout * 1e6),
             )
         return self._backend
 
     def queue(
         self, name: str, interval: IntervalLike | Limit | None, *, per_key: bool = False, burst: int | None = None,
-        quota: QuotaLike | None = None,
+        quota: QuotaLike | None = None, concurrency: int | None = None,
     ) -> IntervalQueue:  # fmt: skip
         """The IntervalQueue ``name``; ``interval`` (or siq_default_interval), ``burst`` and
         ``quota`` (or siq_default_burst, siq_default_quota) are the code's declaration,
@@ -69,7 +70,7 @@ class SiqState:
         if self._queues is None or self._by_declaration is None:
             self._queues = LRUCache(self.settings.key_cache_size)
             self._by_declaration = LRUCache(self.settings.key_cache_size)
-        declaration = (name, interval, burst, quota)
+        declaration = (name, interval, burst, quota, concurrency)
         cached = self._by_declaration.get(declaration)
         if cached is not None:  # the publish path: no parsing, no validation
             if per_key:  # the store client's own bounded memory of it may have let it go
@@ -81,10 +82,11 @@ class SiqState:
         else:
             burst = s.default_burst if burst is None else burst
             quota = s.default_quota if quota is None else quota
-            limits = limits_of(burst, quota)
+            concurrency = s.default_concurrency if concurrency is None else concurrency
+            limits = limits_of(burst, quota, concurrency)
             interval_us = parse_interval(interval) if interval is not None else s.default_interval_us
-            if interval_us is None and limits.quota:
-                interval_us = Limit(quota=quota).resolve()[0]  # a quota alone: no spacing
+            if interval_us is None and (limits.quota or limits.concurrency):
+                interval_us = Limit(quota=quota, concurrency=concurrency).resolve()[0]  # no spacing of its own
         if interval_us is None:
             raise ConfigurationError(
                 f"interval queue {name!r} has no interval: give the task interval='200ms' "

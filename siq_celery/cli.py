@@ -133,18 +133,21 @@ def _spacing(st: QueueStatus) -> str:
 
 
 def _limits(st: QueueStatus) -> str:
-    """What binds beyond the interval: the quota's use of its window now, and the burst."""
+    """What binds beyond the interval: the quota's use of its window now, the burst, and the
+    bodies running against the concurrency cap."""
     s, parts = st.state, []
     if s.quota:
         parts.append(f"{st.window_used}/{s.quota} in {format_interval(s.window_us)}")
     if s.burst:
         parts.append(f"burst {s.burst}")
+    if s.concurrency:
+        parts.append(f"in flight {st.in_flight}/{s.concurrency}")
     return ", ".join(parts) or "-"
 
 
 def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
-    """The status table; a ``limits`` column only when a queue has a quota or a burst."""
-    limits = any(st.state.quota or st.state.burst for st in statuses)
+    """The status table; a ``limits`` column only when a queue has a quota, a burst or a cap."""
+    limits = any(st.state.quota or st.state.burst or st.state.concurrency for st in statuses)
     rows = [[
         "queue", "interval", *(["limits"] if limits else []), "declared", "override", "ticket", "current", "backlog",
         "parked", "paused", "last start", "next start",

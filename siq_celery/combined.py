@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .errors import ConfigurationError, StoreUnavailableError
+from .leases import KEEPER
 from .ledger import StartRecord
 from .limits import check_not_a_quota
 from .model import FREE
@@ -105,10 +106,15 @@ class CombinedQueue:
     def max_lost_deliveries(self) -> int:
         return self.backend.max_lost_deliveries
 
-    def finish(self, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
-        """Record the finish in every queue (a redelivered copy is then not started)."""
+    def finish(self, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = "") -> None:
+        """Record the finish in every queue (a redelivered copy is then not started), and
+        give back the concurrency ``lease`` in each queue that holds it."""
         for q in self.queues:
-            q.backend.finish(q.name, task_id, outcome, remember=remember)
+            q.backend.finish(q.name, task_id, outcome, remember=remember, lease=lease)
+
+    def renew_leases(self, leases: Sequence[str]) -> int:
+        """The bodies holding ``leases`` still run: renew them in every queue."""
+        return sum(q.backend.renew_leases(q.name, leases) for q in self.queues)
 
     @contextmanager
     def slot(
@@ -120,12 +126,15 @@ class CombinedQueue:
             task_id=task_id, timeout=timeout, record=StartRecord.here(name, ledger_id), cost=cost
         )
         outcome = "FAILURE"
+        names = [q.name for q in self.queues]
+        KEEPER.hold(self.backend, names, decision.lease)  # renewed while the body runs
         try:
             yield decision
             outcome = "SUCCESS"
         finally:
+            KEEPER.drop(self.backend, names, decision.lease)
             try:
-                self.finish(ledger_id, outcome, remember=task_id is not None)
+                self.finish(ledger_id, outcome, remember=task_id is not None, lease=decision.lease)
             except StoreUnavailableError as exc:  # the body ran; only its record is missing
                 logger.warning("%r: could not record the finish of %s: %s", self, ledger_id, exc)
 

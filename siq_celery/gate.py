@@ -11,7 +11,12 @@ that already finished is skipped and logged; a copy whose worker died mid-run ru
 again, as a new start, until ``siq_max_lost_deliveries`` copies in a row died with their
 worker: then it fails with LostDeliveriesError (a poison message). :func:`record_finish`
 (``after_return``) remembers the finish, :func:`record_retry` ends a run that retries;
-:func:`back_off` holds the queue for a service that said "retry after".
+:func:`back_off` holds the queue for a service that said "retry after". In a queue with a
+concurrency cap the start takes a lease, kept (renewed: leases.py) while the body runs and
+given back by each of these in the finish's own step; a run that ends any other way (the
+body raised Ignore or Reject) gives it back after the task (:func:`release_leftover_lease`);
+a process that dies (SIGKILL, a hard time limit, a revoke that terminates) leaves it to
+expire after ``siq_lease_timeout``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from .app_state import siq_state
 from .combined import CombinedQueue
 from .errors import CorruptStateError, LostDeliveriesError, QueueNotFoundError, StoreUnavailableError
 from .intervals import parse_duration
+from .leases import KEEPER
 from .ledger import StartRecord
 from .messages import DEFERRALS, HEADER_NAMES, KEEP_TICKET, deferrals, ticket_from_headers, ticket_headers
 from .parking import park, parked_message, release_now_and_then
@@ -60,7 +66,7 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
         task.name, task_id, request.hostname or socket.gethostname(), os.getpid(), deferrals(request.headers)
     )
     try:
-        return line.wait_for_turn(
+        decision = line.wait_for_turn(
             ticket,
             task_id=task_id,
             max_sleep=None if eager else settings.max_sleep,
@@ -68,6 +74,10 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
             record=record,
             cost=cost,
         )
+        request.siq_lease = decision.lease
+        if decision.lease:  # renewed while the body runs
+            KEEPER.hold(line.backend, _names(line), decision.lease)
+        return decision
     except DeferralNeeded as deferral:
         defer(task, deferral.ticket, deferral.decision, deferral.own_wait)
     except DuplicateTaskError:
@@ -79,6 +89,23 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
         error = LostDeliveriesError.of(f"{task.name}[{task_id}]", line.max_lost_deliveries)
         logger.error("%s", error)
         raise error from None
+
+
+def _names(line: IntervalQueue | CombinedQueue) -> list[str]:
+    return [q.name for q in line.queues] if isinstance(line, CombinedQueue) else [line.name]
+
+
+def _lease(task: IntervalTaskLike) -> str:
+    """The concurrency lease the running body holds ("" none)."""
+    return getattr(task.request, "siq_lease", "") or ""
+
+
+def _dropped(task: IntervalTaskLike, line: IntervalQueue | CombinedQueue) -> None:
+    """The run's lease was given back (or left to expire): no longer renewed here."""
+    lease = _lease(task)
+    if lease:
+        KEEPER.drop(line.backend, _names(line), lease)
+        task.request.siq_lease = ""
 
 
 def defer(task: IntervalTaskLike, ticket: Ticket, decision: Decision, own_wait: float | None = None) -> NoReturn:
@@ -142,11 +169,30 @@ def record_finish(task: IntervalTaskLike, status: str, task_id: str, args: Any, 
     redelivered copy of it must not run again; parked tasks due by now are released."""
     queue, line = task.siq_line(args, kwargs)
     try:
-        line.finish(task_id, "SUCCESS" if status == "SUCCESS" else "FAILURE")
+        line.finish(task_id, "SUCCESS" if status == "SUCCESS" else "FAILURE", lease=_lease(task))
     except (StoreUnavailableError, CorruptStateError) as exc:
         logger.warning("%s[%s]: could not record the finish (a redelivered copy may run again): %s",
                        task.name, task_id, exc)  # fmt: skip
+    finally:
+        _dropped(task, line)
     release_now_and_then(task.app, queue, task.name)
+
+
+def release_leftover_lease(task: IntervalTaskLike, state: str) -> None:
+    """After any run (Celery's task_postrun): a run that ended without a finish of ours (the
+    body raised Ignore or Reject) still holds its lease: give it back, recording the end
+    (not remembered: the task may come again)."""
+    if not _lease(task):
+        return
+    request = task.request
+    _, line = task.siq_line(request.args, request.kwargs)
+    try:
+        line.finish(request.id, state or "ENDED", remember=False, lease=_lease(task))
+    except (StoreUnavailableError, CorruptStateError) as exc:
+        logger.warning("%s[%s]: could not give back its concurrency lease (it expires): %s",
+                       task.name, request.id, exc)  # fmt: skip
+    finally:
+        _dropped(task, line)
 
 
 def record_retry(task: IntervalTaskLike) -> None:
@@ -158,9 +204,11 @@ def record_retry(task: IntervalTaskLike) -> None:
         return
     _, line = task.siq_line(request.args, request.kwargs)
     try:
-        line.finish(request.id, "RETRY", remember=False)
+        line.finish(request.id, "RETRY", remember=False, lease=_lease(task))
     except (StoreUnavailableError, CorruptStateError) as exc:
         logger.warning("%s[%s]: could not record the retry: %s", task.name, request.id, exc)
+    finally:
+        _dropped(task, line)
 
 
 def back_off(task: IntervalTaskLike, seconds: float | str) -> NoReturn:
@@ -180,9 +228,11 @@ def back_off(task: IntervalTaskLike, seconds: float | str) -> NoReturn:
     if decision is not None:  # the run ends here: its ledger row says why
         try:
             for q in queues:
-                q.backend.finish(q.name, request.id, "BACKOFF", remember=False)
+                q.backend.finish(q.name, request.id, "BACKOFF", remember=False, lease=_lease(task))
         except (StoreUnavailableError, CorruptStateError) as exc:
             logger.warning("%s[%s]: could not record the back-off: %s", task.name, request.id, exc)
+        finally:
+            _dropped(task, line)
     # Its old ticket, now behind the line's head: a late ticket, it takes the first free
     # slot after the hold (which the back-off keeps for it). Without its queue's state
     # (gone, or unreachable) it comes back without one and claims one at the worker.

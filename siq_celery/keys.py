@@ -112,10 +112,16 @@ class QueueKeys:
         return f"{self.base}:window"
 
     @property
+    def leases(self) -> str:
+        """The leases a concurrency cap counts: sorted set, member = lease, score = expiry
+        (siq_read_leases in the Lua prelude)."""
+        return f"{self.base}:leases"
+
+    @property
     def all(self) -> tuple[str, ...]:
         return (
             self.state, self.finished, self.ledger, self.parked, self.parked_messages, self.releasing, self.intervals,
-            self.refused, self.unfinished, self.window,
+            self.refused, self.unfinished, self.window, self.leases,
         )  # fmt: skip
 
     @classmethod

@@ -1,4 +1,4 @@
-"""The limit kinds beyond spacing, as users write them: ``burst=`` and ``quota=``.
+"""The limit kinds beyond spacing, as users write them: ``burst=``, ``quota=`` and ``concurrency=``.
 
 * ``burst=B`` (a whole number, 0 to 10 000; default 0): up to B starts may come closer than
   the interval to catch up after lateness or idleness. In any half-open window of length W
@@ -7,10 +7,14 @@
   cost units start in any sliding window of that period, on the store's clock, as fast as
   the other limits allow. (For ``interval=`` the same text keeps meaning spacing, one start
   per period / N, as Celery's ``rate_limit`` does.)
+* ``concurrency=N`` (a whole number, 1 to 100 000; default None: no cap): at most N bodies of
+  the queue running at once across every node. A start takes a lease, the end of its body
+  gives it back; a lease of a process that died expires after ``siq_lease_timeout``.
 
 :class:`Limit` bundles an interval with them, for one queue of several limits
 (``interval_queue={"{geo}api": Limit(interval="100ms", quota="10000/d")}``). A limit with a
-quota and no interval has no spacing of its own: only the window binds.
+quota (or a concurrency cap) and no interval has no spacing of its own: only the window
+(or the cap) binds.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ QuotaLike: TypeAlias = str | tuple[int, IntervalLike]
 NO_SPACING_US = 1
 MAX_BURST = 10_000
 MAX_QUOTA = 10_000_000
+MAX_CONCURRENCY = 100_000
 MIN_WINDOW_US = 1_000  # 1 ms
 MAX_WINDOW_US = 31 * 86_400_000_000  # 31 days
 #: In a mapping of several limits, an interval written as a rate whose period is longer than
@@ -65,12 +70,21 @@ def validate_burst(value: object) -> int:
     return value
 
 
-def limits_of(burst: int | None, quota: QuotaLike | None) -> Limits:
-    """The store's :class:`Limits` for ``burst=`` and ``quota=`` (None: none)."""
-    if burst is None and quota is None:
+def validate_concurrency(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:
+        raise ConfigurationError(
+            f"concurrency {value!r}: a whole number of bodies running at once, from 1 to {MAX_CONCURRENCY}"
+        )
+    return value
+
+
+def limits_of(burst: int | None, quota: QuotaLike | None, concurrency: int | None = None) -> Limits:
+    """The store's :class:`Limits` for ``burst=``, ``quota=`` and ``concurrency=`` (None: none)."""
+    if burst is None and quota is None and concurrency is None:
         return NO_LIMITS
     count, window_us = parse_quota(quota) if quota is not None else (0, 0)
-    return Limits(validate_burst(burst or 0), count, window_us)
+    cap = validate_concurrency(concurrency) if concurrency is not None else 0
+    return Limits(validate_burst(burst or 0), count, window_us, cap)
 
 
 def check_not_a_quota(value: object, where: str) -> None:
@@ -90,41 +104,42 @@ def check_not_a_quota(value: object, where: str) -> None:
 @dataclass(frozen=True)
 class Limit:
     """One queue's limits: an ``interval`` (spacing: seconds, ``"100ms"``, a rate
-    ``"10/s"``; None with a quota: no spacing), a ``burst`` and a window ``quota``
-    (``"10000/d"``). A value of ``interval_queue={name: ...}``, or of IntervalQueue's
-    ``limit=``."""
+    ``"10/s"``; None with a quota or a concurrency cap: no spacing), a ``burst``, a window
+    ``quota`` (``"10000/d"``) and a ``concurrency`` cap. A value of ``interval_queue={name:
+    ...}``, or of IntervalQueue's ``interval=``."""
 
     interval: IntervalLike | None = None
     burst: int | None = None
     quota: QuotaLike | None = None
+    concurrency: int | None = None
 
     def __post_init__(self) -> None:
-        if self.interval is None and self.quota is None:
-            raise ConfigurationError("Limit() needs an interval, a quota, or both")
+        if self.interval is None and self.quota is None and self.concurrency is None:
+            raise ConfigurationError("Limit() needs an interval, a quota or a concurrency cap")
         self.resolve()  # refuses what cannot be parsed, where it is written
 
     def resolve(self, default_interval_us: int | None = None) -> tuple[int | None, Limits]:
         """(interval in microseconds, or ``default_interval_us`` if none, or no spacing
-        with a quota; the store's Limits)."""
-        limits = limits_of(self.burst, self.quota)
+        with a quota or a concurrency cap; the store's Limits)."""
+        limits = limits_of(self.burst, self.quota, self.concurrency)
         if self.interval is not None:
             try:
                 return parse_interval(self.interval), limits
             except InvalidIntervalError as exc:
                 raise ConfigurationError(f"{self!r}: {exc}") from None
-        return (NO_SPACING_US if limits.quota else default_interval_us), limits
+        return (NO_SPACING_US if limits.quota or limits.concurrency else default_interval_us), limits
 
 
 def interval_and_limits(
-    interval: IntervalLike | Limit | None, burst: int | None, quota: QuotaLike | None
+    interval: IntervalLike | Limit | None, burst: int | None, quota: QuotaLike | None, concurrency: int | None = None
 ) -> tuple[int | None, Limits]:
     """An IntervalQueue's interval (None: the stored one) and limits, from its options. A
-    quota without an interval means no spacing."""
+    quota or a concurrency cap without an interval means no spacing."""
     if isinstance(interval, Limit):
-        if burst is not None or quota is not None:
-            raise ConfigurationError("give burst= and quota= inside the Limit, or without one")
+        if burst is not None or quota is not None or concurrency is not None:
+            raise ConfigurationError("give burst=, quota= and concurrency= inside the Limit, or without one")
         return interval.resolve()
-    limits = limits_of(burst, quota)
+    limits = limits_of(burst, quota, concurrency)
     if isinstance(interval, timedelta | int | float | str):
         return parse_interval(interval), limits
-    return (NO_SPACING_US if limits.quota else None), limits
+    return (NO_SPACING_US if limits.quota or limits.concurrency else None), limits

@@ -141,6 +141,10 @@ class StoreCollector:
             yield gauge("siq_queue_backed_off_until_timestamp_seconds",
                         "Unix time the queue is held until by a back-off (0: not held)",
                         ((st.queue, held_until(st) / US) for st in sts))  # fmt: skip
+            yield gauge("siq_in_flight", "Bodies running now under a concurrency cap (its live leases)",
+                        ((st.queue, st.in_flight) for st in sts if st.state.concurrency))  # fmt: skip
+            yield gauge("siq_queue_concurrency", "The queue's concurrency cap (where it has one)",
+                        ((st.queue, st.state.concurrency) for st in sts if st.state.concurrency))  # fmt: skip
             yield gauge("siq_queue_drain_seconds", "Estimated seconds until the backlog has started",
                         ((st.queue, drain_seconds(st)) for st in sts))  # fmt: skip
             yield gauge("siq_queue_quota_units", "A window quota's cost units per window (queues with a quota)",

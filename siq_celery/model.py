@@ -24,7 +24,11 @@ Rules (docs/design.md, "The model"):
   (:func:`commit_start`); burst 0 is the spacing above, bit for bit;
 * window quota: at most ``quota`` cost units start in any sliding window of ``window_us``
   (:func:`window_slot`), over the starts the queue's :class:`Window` keeps; ticket order
-  holds, tickets behind the head are estimated from the window's pattern.
+  holds, tickets behind the head are estimated from the window's pattern;
+* concurrency cap: at most ``concurrency`` bodies running at once, counted over the queue's
+  :class:`Leases` (a start takes one, its finish gives it back, a lease of a process that
+  died expires); a start whose slot came while the cap is full waits (:func:`read_leases`),
+  and a line the cap held is due from the release (:func:`release_shift`).
 """
 
 from __future__ import annotations
@@ -111,6 +115,121 @@ class ListWindow:
             self.add(to_us, cost)
 
 
+class Leases(Protocol):
+    """The leases of a queue with a concurrency cap: member -> expiry (store time), one per
+    running body. A store keeps them apart from the state (Redis: a sorted set in the
+    queue's hash tag; SQLite: a table; memory: :class:`DictLeases`)."""
+
+    def count(self) -> int:
+        """Leases kept (expired ones not yet trimmed included)."""
+
+    def trim(self, now_us: int) -> list[int]:
+        """Forget the leases that expired (expiry <= now); their expiries, oldest first."""
+
+    def earliest(self) -> int | None:
+        """The earliest expiry kept (None: none)."""
+
+    def add(self, member: str, expires_us: int) -> None: ...
+
+    def remove(self, member: str) -> bool:
+        """Give back ``member``'s lease; whether it was kept."""
+
+    def renew(self, members: Sequence[str], expires_us: int) -> int:
+        """Move the expiry of those of ``members`` kept to ``expires_us`` (never adds one);
+        how many were kept."""
+
+    def live(self, now_us: int) -> int:
+        """Leases not expired at ``now_us`` (read only)."""
+
+
+class DictLeases:
+    """:class:`Leases` in memory (the memory store's)."""
+
+    def __init__(self) -> None:
+        self.expiry: dict[str, int] = {}
+
+    def count(self) -> int:
+        return len(self.expiry)
+
+    def trim(self, now_us: int) -> list[int]:
+        gone = sorted(e for e in self.expiry.values() if e <= now_us)
+        if gone:
+            self.expiry = {m: e for m, e in self.expiry.items() if e > now_us}
+        return gone
+
+    def earliest(self) -> int | None:
+        return min(self.expiry.values(), default=None)
+
+    def add(self, member: str, expires_us: int) -> None:
+        self.expiry[member] = expires_us
+
+    def remove(self, member: str) -> bool:
+        return self.expiry.pop(member, None) is not None
+
+    def renew(self, members: Sequence[str], expires_us: int) -> int:
+        kept = [m for m in set(members) if m in self.expiry]
+        for m in kept:
+            self.expiry[m] = expires_us
+        return len(kept)
+
+    def live(self, now_us: int) -> int:
+        return sum(1 for e in self.expiry.values() if e > now_us)
+
+
+#: While the concurrency cap is full, a start whose slot came is told to ask again after this
+#: (or at the earliest lease expiry, if sooner): a finish frees a lease at a time no one knows.
+LEASE_POLL_US = 10_000
+
+
+def release_shift(state: QueueState, at_us: int) -> None:
+    """A lease came back at ``at_us`` while the cap was full: if the head of the line was
+    due before then, the cap held it, and the line is due from the release (the anchor
+    moves so the head's slot is ``at_us``). A head the cap held is not late: the line
+    behind keeps its spacing from the release, so a later ticket whose slot passed
+    meanwhile does not take the freed lease ahead of it, and no outage shift follows."""
+    if state.ticket > state.current and state.anchor_us + state.interval_us < at_us:
+        state.anchor_us = at_us - state.interval_us
+
+
+def read_leases(state: QueueState | None, leases: Leases | None, now_us: int) -> int:
+    """The live leases at ``now_us`` (mutates ``leases``, and ``state`` through
+    :func:`release_shift`): the expired ones are forgotten; if that brought a full cap
+    below it, the release happened at the expiry that did."""
+    if leases is None:
+        return 0
+    before = leases.count()
+    if not before:
+        return 0
+    gone = leases.trim(now_us)
+    n = state.concurrency if state is not None else 0
+    if state is not None and n and gone and before >= n > before - len(gone):
+        release_shift(state, gone[before - n])
+    return before - len(gone)
+
+
+def lease_wait(leases: Leases, now_us: int) -> int:
+    """How long a start held by a full cap waits before asking again (at least 1 µs)."""
+    earliest = leases.earliest()
+    return max(min(LEASE_POLL_US, (earliest if earliest is not None else now_us + LEASE_POLL_US) - now_us), 1)
+
+
+def give_back(state: QueueState | None, leases: Leases, member: str, now_us: int) -> bool:
+    """The end of a body gives its lease back (a finish of any kind, in the finish's own
+    step); whether it was kept. A full cap's release shifts the line (:func:`release_shift`)."""
+    count = read_leases(state, leases, now_us)
+    kept = leases.remove(member)
+    if kept and state is not None and state.concurrency and count >= state.concurrency:
+        release_shift(state, now_us)
+    return kept
+
+
+def renew_leases(state: QueueState | None, leases: Leases, members: Sequence[str], now_us: int, lease_us: int) -> int:
+    """The bodies of ``members`` still run: their leases now expire ``lease_us`` from now
+    (those already expired and forgotten are not taken again); how many were renewed."""
+    read_leases(state, leases, now_us)
+    return leases.renew(members, now_us + lease_us)
+
+
 def new_state(now_us: int, interval_us: int, epoch: str, limits: Limits = NO_LIMITS) -> QueueState:
     # last_start = now: a state created from nothing (a new queue, or one whose store was
     # wiped) cannot know when the last start happened, so the first start waits one
@@ -120,16 +239,17 @@ def new_state(now_us: int, interval_us: int, epoch: str, limits: Limits = NO_LIM
     return QueueState(epoch, interval_us, 0, 0, now_us, last, False, 0, 0, *_limit_fields(limits))
 
 
-def _limit_fields(limits: Limits) -> tuple[int, int, int]:
+def _limit_fields(limits: Limits) -> tuple[int, int, int, int]:
     quota = limits.quota if limits.window_us > 0 else 0
-    return max(limits.burst, 0), max(quota, 0), limits.window_us if quota > 0 else 0
+    return max(limits.burst, 0), max(quota, 0), limits.window_us if quota > 0 else 0, max(limits.concurrency, 0)
 
 
 def set_limits(state: QueueState, limits: Limits) -> None:
     """The code declares other limits (mutates ``state``). A smaller burst takes its
     credit away at once (the theoretical arrival time is kept, so the cap moves later),
-    a larger one gives credit as the line runs."""
-    state.burst, state.quota, state.window_us = _limit_fields(limits)
+    a larger one gives credit as the line runs. A smaller concurrency cap holds new starts
+    until enough running bodies give their leases back; none is taken away."""
+    state.burst, state.quota, state.window_us, state.concurrency = _limit_fields(limits)
 
 
 def cap(state: QueueState) -> int:
@@ -298,29 +418,42 @@ def too_many_lost(unfinished: int, max_lost: int) -> bool:
 
 def start(
     state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1,
-    lost: bool = False, window: Window | None = None,
+    lost: bool = False, window: Window | None = None, leases: Leases | None = None,
+    lease: tuple[str, int] | None = None,
 ) -> Decision:  # fmt: skip
     """Decide whether ``ticket`` may start at ``now_us`` (mutates ``state`` if authorized).
 
     A start of ``cost`` c holds tickets ``ticket .. ticket + c - 1`` (claimed together) and
     takes c slots: the next start may come c intervals after it. It is recorded as if its
     last slot had been used at ``now + (c - 1) * interval`` (anchor and last start), so
-    every other rule stays as it is. ``lost``: :func:`too_many_lost` holds for its task id."""
+    every other rule stays as it is. ``lost``: :func:`too_many_lost` holds for its task id.
+    With a concurrency cap an authorized start takes one lease, whatever its cost:
+    ``lease`` = (member, expiry)."""
     if ticket == FREE and not finished and not lost:  # only a combined start may have no place in a line
         return Decision(Verdict.RECLAIM, ticket, now_us)
-    decision = decide(state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost, window=window)
+    decision = decide(
+        state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost, window=window, leases=leases
+    )
     if decision.authorized:
-        commit_start(state, ticket, now_us, cost, window)
+        taken = commit_start(state, ticket, now_us, cost, window, leases, lease)
+        return replace(decision, lease=taken)
     return decision
+
+
+def _full(state: QueueState, leases: Leases | None, now_us: int) -> bool:
+    """Whether the concurrency cap is full at ``now_us`` (reads the leases: :func:`read_leases`)."""
+    return bool(state.concurrency) and leases is not None and read_leases(state, leases, now_us) >= state.concurrency
 
 
 def decide(
     state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1,
-    lost: bool = False, window: Window | None = None,
+    lost: bool = False, window: Window | None = None, leases: Leases | None = None,
 ) -> Decision:  # fmt: skip
     """What :func:`start` would answer, without recording a start (it may still shift a
     long-overdue line: that is the state's own repair, due whatever the answer).
-    Ticket :data:`FREE` has no place in the line: it takes the next free slot."""
+    Ticket :data:`FREE` has no place in the line: it takes the next free slot. A start
+    whose slot came while the concurrency cap is full answers WAIT with ``full`` and a
+    short poll (:func:`lease_wait`)."""
     if finished:
         return Decision(Verdict.DUPLICATE, ticket, now_us)
     if lost:
@@ -328,9 +461,15 @@ def decide(
     if ticket == FREE:
         if state.paused:
             return Decision(Verdict.PAUSED, ticket, now_us, interval_us=state.interval_us)
+        full = _full(state, leases, now_us)
         slot = max(cap(state), window_slot(state, window, FREE, cost, now_us))
-        verdict = Verdict.AUTHORIZED if now_us >= slot else Verdict.WAIT
-        return Decision(verdict, ticket, now_us, max(slot - now_us, 0), slot, state.interval_us)
+        if now_us < slot:
+            return Decision(Verdict.WAIT, ticket, now_us, slot - now_us, slot, state.interval_us)
+        if full:
+            assert leases is not None
+            wait = lease_wait(leases, now_us)
+            return Decision(Verdict.WAIT, ticket, now_us, wait, slot, state.interval_us, full=True)
+        return Decision(Verdict.AUTHORIZED, ticket, now_us, 0, slot, state.interval_us)
     if epoch != state.epoch or ticket < 1 or ticket + cost - 1 > state.ticket:
         return Decision(Verdict.RECLAIM, ticket, now_us)
     if state.paused:
@@ -338,16 +477,24 @@ def decide(
         # comes back after the resume can come back in ticket order.
         offset = max(ticket - state.current - 1, 0) * state.interval_us
         return Decision(Verdict.PAUSED, ticket, now_us, wait_us=offset, interval_us=state.interval_us)
+    full = _full(state, leases, now_us)  # first: a release may move the line
     units = window_units(state, window, now_us)
-    if ticket > state.current:
-        shift_after_outage(state, now_us, held_us=0 if units is None else units.slot(state.current + 1, 1))
+    if ticket > state.current:  # a head held by the window or by a full cap is not late
+        held = max(0 if units is None else units.slot(state.current + 1, 1), now_us if full else 0)
+        shift_after_outage(state, now_us, held_us=held)
     slot = max(slot_of(state, ticket), 0 if units is None else units.slot(ticket, cost))
     if now_us < slot:
         return Decision(Verdict.WAIT, ticket, now_us, slot - now_us, slot, state.interval_us)
+    if full:
+        assert leases is not None
+        return Decision(Verdict.WAIT, ticket, now_us, lease_wait(leases, now_us), slot, state.interval_us, full=True)
     return Decision(Verdict.AUTHORIZED, ticket, now_us, 0, slot, state.interval_us)
 
 
-def commit_start(state: QueueState, ticket: int, now_us: int, cost: int = 1, window: Window | None = None) -> None:
+def commit_start(
+    state: QueueState, ticket: int, now_us: int, cost: int = 1, window: Window | None = None,
+    leases: Leases | None = None, lease: tuple[str, int] | None = None,
+) -> str:  # fmt: skip
     """Record an authorized start. The line continues from it: for a late ticket (ticket
     <= current) that means it took the slot ticket current+1 was due at, and the line
     behind it shifts by one slot, keeping its order (so does a FREE start). A line whose
@@ -357,7 +504,8 @@ def commit_start(state: QueueState, ticket: int, now_us: int, cost: int = 1, win
     GCRA: the theoretical arrival time becomes max(T, now) + cost x interval (burst 0:
     now + cost x interval, as the cap held now >= T). With a burst the line keeps its
     grid, lagging the arrival time by at most ``burst`` intervals, so a late line catches
-    up by at most ``burst`` slots."""
+    up by at most ``burst`` slots. With a concurrency cap the start takes one lease, whatever
+    its cost (``lease`` = (member, expiry)); the member taken, or ""."""
     i = state.interval_us
     old_current = state.current
     if ticket != FREE:
@@ -368,28 +516,36 @@ def commit_start(state: QueueState, ticket: int, now_us: int, cost: int = 1, win
     state.anchor_us = max(grid, state.last_start_us - state.burst * i)
     if state.quota and window is not None:
         window.add(now_us, min(cost, state.quota))
+    if state.concurrency and leases is not None and lease is not None:
+        leases.add(*lease)
+        return lease[0]
+    return ""
 
 
 def start_all(
     states: list[QueueState], tickets: list[int], epochs: list[str], now_us: int, *, finished: bool = False,
     cost: int = 1, lost: bool = False, windows: Sequence[Window | None] | None = None,
+    leases: Sequence[Leases | None] | None = None, lease: tuple[str, int] | None = None,
 ) -> list[Decision]:  # fmt: skip
     """One start that must pass several queues at once (a per-second and a per-day limit):
     authorized in all of them, or recorded in none. Queues that would authorize while
     another says wait answer WAIT with ``wait_us`` 0, so nothing is held in one queue
     while the start waits for another. The start has a place in one queue's line (its
-    ticket); in the others its ticket is :data:`FREE`."""
+    ticket); in the others its ticket is :data:`FREE`. Each queue with a concurrency cap
+    takes a lease under the same member, only when every queue authorizes."""
     if all(t == FREE for t in tickets) and not finished and not lost:  # a start needs a place in some line
         return [Decision(Verdict.RECLAIM, t, now_us) for t in tickets]
     wins = list(windows) if windows is not None else [None] * len(states)
+    held = list(leases) if leases is not None else [None] * len(states)
     decisions = [
-        decide(state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost, window=window)
-        for state, ticket, epoch, window in zip(states, tickets, epochs, wins, strict=True)
+        decide(state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost, window=window, leases=lz)
+        for state, ticket, epoch, window, lz in zip(states, tickets, epochs, wins, held, strict=True)
     ]
     if all(d.authorized for d in decisions):
-        for state, ticket, window in zip(states, tickets, wins, strict=True):
-            commit_start(state, ticket, now_us, cost, window)
-        return decisions
+        return [
+            replace(d, lease=commit_start(state, ticket, now_us, cost, window, lz, lease))
+            for d, state, ticket, window, lz in zip(decisions, states, tickets, wins, held, strict=True)
+        ]
     return [replace(d, verdict=Verdict.WAIT, wait_us=0) if d.authorized else d for d in decisions]
 
 
@@ -573,8 +729,8 @@ def override(
 def reset(state: QueueState, now_us: int, epoch: str, interval_us: int | None = None) -> QueueState:
     """A new life for the queue: tickets and pause are forgotten, the last start is kept
     (so a reset never allows a burst), finished-task records are kept (so a reset never
-    lets a finished task run again). The limits and the window's starts stay (they
-    happened)."""
+    lets a finished task run again). The limits, the window's starts and the leases stay
+    (they happened; their bodies still run)."""
     fresh = new_state(now_us, interval_us or state.interval_us, epoch, state.limits)
     # Ticket 1 of the new life is due at once, subject to the kept rate cap.
     return replace(

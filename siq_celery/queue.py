@@ -37,6 +37,7 @@ from .errors import (
 )
 from .intervals import IntervalLike, format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
+from .leases import KEEPER
 from .ledger import LedgerRow, StartRecord
 from .limits import Limit, QuotaLike, interval_and_limits
 from .types import ClaimResult, Decision, Declared, QueueState, QueueStatus, Ticket, Verdict
@@ -127,8 +128,10 @@ class IntervalQueue:
 
     ``burst`` (0 to 10 000, default 0): up to that many starts may come closer than the
     interval, to catch up after lateness or idleness. ``quota`` (``"10000/d"``): at most N
-    cost units start in any sliding window of the period (limits.py). Without an interval a
-    quota has no spacing of its own. ``interval`` may also be a :class:`Limit` of all three.
+    cost units start in any sliding window of the period (limits.py). ``concurrency`` (N):
+    at most N bodies running at once (a start takes a lease, :meth:`finish` gives it back;
+    :meth:`slot` does both). Without an interval a quota or a concurrency cap has no spacing
+    of its own. ``interval`` may also be a :class:`Limit` of all of them.
     Like the interval they are declared by :meth:`declare` (a worker start) and used to
     create the queue's state.
     """
@@ -141,6 +144,7 @@ class IntervalQueue:
         *,
         burst: int | None = None,
         quota: QuotaLike | None = None,
+        concurrency: int | None = None,
         backend: Backend | None = None,
         key_prefix: str = DEFAULT_KEY_PREFIX,
         clock: Callable[[], int] | None = None,
@@ -151,7 +155,7 @@ class IntervalQueue:
     ) -> None:
         self.name = validate_queue_name(name)
         self.interval_us: int | None
-        self.interval_us, self.limits = interval_and_limits(interval, burst, quota)
+        self.interval_us, self.limits = interval_and_limits(interval, burst, quota, concurrency)
         if backend is None:
             if url is None:
                 raise ConfigurationError(
@@ -176,6 +180,8 @@ class IntervalQueue:
         extra = f" burst={self.limits.burst}" if self.limits.burst else ""
         if self.limits.quota:
             extra += f" quota={self.limits.quota}/{format_interval(self.limits.window_us)}"
+        if self.limits.concurrency:
+            extra += f" concurrency={self.limits.concurrency}"
         return f"<IntervalQueue {self.name!r} interval={interval}{extra} backend={type(self.backend).__name__}>"
 
     # -- state ----------------------------------------------------------------------
@@ -200,11 +206,12 @@ class IntervalQueue:
                 raise QueueExistsError(f"queue {self.name!r} already exists (fail_if_exists=True)")
             if state.limits != self.limits:
                 raise IntervalMismatchError(
-                    f"queue {self.name!r} is stored with burst {state.burst} and quota "
-                    f"{state.quota}/{format_interval(state.window_us) if state.quota else '-'}, not burst "
-                    f"{self.limits.burst} and quota {self.limits.quota}/"
-                    f"{format_interval(self.limits.window_us) if self.limits.quota else '-'}; the stored ones stay "
-                    f"in force. A worker start with this code (or declare()) makes them the queue's"
+                    f"queue {self.name!r} is stored with burst {state.burst}, quota "
+                    f"{state.quota}/{format_interval(state.window_us) if state.quota else '-'} and concurrency "
+                    f"{state.concurrency or '-'}, not burst {self.limits.burst}, quota {self.limits.quota}/"
+                    f"{format_interval(self.limits.window_us) if self.limits.quota else '-'} and concurrency "
+                    f"{self.limits.concurrency or '-'}; the stored ones stay in force. A worker start with this "
+                    f"code (or declare()) makes them the queue's"
                 )
             if state.interval_us != interval_us:
                 raise IntervalMismatchError(
@@ -359,10 +366,13 @@ class IntervalQueue:
         return [self.ticket_of(r, n) for n in range(r.first, r.first + r.count)]
 
     def start(
-        self, ticket: Ticket, *, task_id: str | None = None, record: StartRecord | None = None, cost: int = 1
-    ) -> Decision:
+        self, ticket: Ticket, *, task_id: str | None = None, record: StartRecord | None = None, cost: int = 1,
+        lease: str = "",
+    ) -> Decision:  # fmt: skip
         """Ask the store whether ``ticket`` may start now (authorizes it if so, and writes
-        ``record`` to the ledger with it). ``cost``: as claimed."""
+        ``record`` to the ledger with it). ``cost``: as claimed. With a concurrency cap an
+        authorized start holds ``Decision.lease`` (named ``lease``, or a new member) until
+        :meth:`finish` gives it back."""
         return self.backend.start(
             self.name,
             ticket.number,
@@ -373,6 +383,7 @@ class IntervalQueue:
             record=record,
             cost=cost,
             limits=self.limits,
+            lease=lease,
         )
 
     def backoff(self, seconds: IntervalLike, *, keep_first: bool = False) -> QueueState:
@@ -385,10 +396,15 @@ class IntervalQueue:
             raise ConfigurationError(f"queue {self.name!r}: a back-off is at most a day, not {seconds!r}")
         return self.backend.backoff(self.name, hold, keep_first)
 
-    def finish(self, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
+    def finish(self, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = "") -> None:
         """Record that ``task_id`` finished (a redelivered copy is then not started, unless
-        not ``remember``: a run that ended in a retry) and complete its ledger row."""
-        self.backend.finish(self.name, task_id, outcome, remember=remember)
+        not ``remember``: a run that ended in a retry), complete its ledger row and give
+        back its concurrency ``lease`` (``Decision.lease``), in one step."""
+        self.backend.finish(self.name, task_id, outcome, remember=remember, lease=lease)
+
+    def renew_leases(self, leases: Sequence[str]) -> int:
+        """The bodies holding ``leases`` still run: renew them (see Backend.renew_leases)."""
+        return self.backend.renew_leases(self.name, leases)
 
     @property
     def max_lost_deliveries(self) -> int:
@@ -486,13 +502,15 @@ class IntervalQueue:
             task_id=task_id, timeout=timeout, record=StartRecord.here(name, ledger_id), cost=validate_cost(cost)
         )
         outcome = "FAILURE"
+        KEEPER.hold(self.backend, [self.name], decision.lease)  # renewed while the body runs
         try:
             yield decision
             outcome = "SUCCESS"
         finally:
-            if remember or self.backend.ledger_max:
+            KEEPER.drop(self.backend, [self.name], decision.lease)
+            if remember or self.backend.ledger_max or decision.lease:
                 try:
-                    self.backend.finish(self.name, ledger_id, outcome, remember=remember)
+                    self.backend.finish(self.name, ledger_id, outcome, remember=remember, lease=decision.lease)
                 except StoreUnavailableError as exc:  # the body ran; only its record is missing
                     logger.warning("queue %r: could not record the finish of %s: %s", self.name, ledger_id, exc)
 
@@ -539,10 +557,13 @@ def wait_in_line(
 ) -> tuple[Decision, list[Ticket]]:
     """The loop behind ``wait_for_turn``: ask, and sleep, re-claim, back off or defer
     according to the answers, until the start is authorized (in every queue of the line);
-    that decision and the tickets that got it."""
+    that decision and the tickets that got it. A start held by a full concurrency cap polls
+    briefly; with ``max_sleep`` it defers once it has waited that long for a lease in all,
+    so it never holds a process longer than a waiting start does."""
     deadline = None if timeout is None else line._monotonic() + timeout
     paused_poll, unavailable_retry = PAUSED_POLL_S[0], UNAVAILABLE_RETRY_S[0]
     corrupt_retry = CORRUPT_RETRY_S[0]
+    full_since: float | None = None  # when a full concurrency cap first held this start
     while True:
         try:
             if tickets is None:
@@ -588,6 +609,10 @@ def wait_in_line(
         if max_sleep is not None and waiting.wait > max_sleep:
             own = max(decisions, key=lambda d: d.ticket)  # the queue where the ticket has its place
             raise DeferralNeeded(tickets[0], waiting, own.wait)
+        if waiting.full:  # the slot came, the concurrency cap is full: short polls, at most max_sleep in all
+            full_since = line._monotonic() if full_since is None else full_since
+            if max_sleep is not None and line._monotonic() - full_since + waiting.wait > max_sleep:
+                raise DeferralNeeded(tickets[0], waiting, waiting.wait)
         line._nap(_sleep_before_asking(waiting.wait, round_trip), deadline)
 
 
@@ -597,7 +622,10 @@ def combined(decisions: list[Decision]) -> Decision:
     if len(decisions) == 1:
         return decisions[0]
     longest = max(decisions, key=lambda d: (d.wait_us, d.slot_us))
-    return replace(longest, ticket=max(d.ticket for d in decisions), slot_us=max(d.slot_us for d in decisions))
+    return replace(
+        longest, ticket=max(d.ticket for d in decisions), slot_us=max(d.slot_us for d in decisions),
+        lease=next((d.lease for d in decisions if d.lease), ""), full=any(d.full for d in decisions),
+    )  # fmt: skip
 
 
 MAX_COST = 10_000

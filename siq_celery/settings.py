@@ -4,6 +4,10 @@
 * ``siq_default_interval`` (``None``): interval of tasks that set none.
 * ``siq_default_burst`` (0) and ``siq_default_quota`` (``None``, or ``"N/period"``): burst
   and window quota of tasks that set none (limits.py).
+* ``siq_default_concurrency`` (``None``: no cap): concurrency cap of tasks that set none.
+* ``siq_lease_timeout`` (60 s): a concurrency lease of a body whose process died (SIGKILL, a
+  hard time limit, a revoke that terminates) comes back this long after its last renewal;
+  a running body's lease is renewed every third of it (leases.py).
 * ``siq_key_prefix`` (``"siq"``): prefix of every store key (two apps on one Redis).
 * ``siq_max_sleep`` (0.1 s): waits up to this are slept in the worker process, holding a
   pool slot; longer ones go back to the broker by ETA.
@@ -59,7 +63,7 @@ from .errors import ConfigurationError, redacted_url
 from .intervals import parse_interval
 from .keys import DEFAULT_KEY_PREFIX
 from .ledger import DEFAULT_LEDGER_MAX
-from .limits import parse_quota, validate_burst
+from .limits import parse_quota, validate_burst, validate_concurrency
 
 REDIS_BROKER_SCHEMES = {"redis", "rediss", "unix"}
 DEFAULT_HORIZON_S = 600.0
@@ -90,6 +94,8 @@ class SiqSettings:
     max_lost_deliveries: int = DEFAULT_MAX_LOST_DELIVERIES
     default_burst: int | None = None
     default_quota: Any = None
+    default_concurrency: int | None = None
+    lease_timeout: float = 60.0
 
     @property
     def horizon_us(self) -> int:
@@ -138,6 +144,8 @@ class SiqSettings:
             ),
             default_burst=_checked_setting(conf, "siq_default_burst", validate_burst),
             default_quota=_checked_setting(conf, "siq_default_quota", parse_quota),
+            default_concurrency=_checked_setting(conf, "siq_default_concurrency", validate_concurrency),
+            lease_timeout=_seconds(conf, "siq_lease_timeout", 60.0, minimum=1.0),
         )
 
 

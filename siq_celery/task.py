@@ -19,15 +19,15 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from celery import Task
+from celery import Task, signals
 
 from .app_state import siq_state
 from .combined import CombinedQueue
 from .errors import ConfigurationError, InvalidQueueNameError, LostDeliveriesError, SiqError
-from .gate import authorize, back_off, paused_countdown, record_finish, record_retry
+from .gate import authorize, back_off, paused_countdown, record_finish, record_retry, release_leftover_lease
 from .intervals import IntervalLike, parse_interval
 from .keys import validate_queue_name
-from .limits import Limit, check_not_a_quota, parse_quota, validate_burst
+from .limits import Limit, check_not_a_quota, parse_quota, validate_burst, validate_concurrency
 from .messages import DEFERRALS, KEEP_TICKET
 from .publish import publish, publish_many
 from .queue import IntervalQueue, validate_cost
@@ -67,6 +67,13 @@ class IntervalTask(Task):  # type: ignore[misc]
     #: ``app.conf.siq_default_quota``. Several limits with a quota of their own: a mapping
     #: value ``Limit(interval="100ms", quota="10000/d")`` (limits.py).
     quota: str | tuple[int, Any] | None = None
+
+    #: At most N bodies of the queue (of each per-key queue) running at once, on every node:
+    #: a start takes a lease, the end of its body (success, failure, retry, back-off)
+    #: gives it back, a lease of a process that died comes back after ``siq_lease_timeout``.
+    #: Falls back to ``app.conf.siq_default_concurrency``; several limits: a mapping value
+    #: ``Limit(concurrency=5)``.
+    concurrency: int | None = None
 
     #: Slots one start takes (a search that costs 10 points of a 100-point budget): the
     #: next start of the queue waits ``cost`` intervals. A whole number >= 1, or a callable
@@ -112,13 +119,13 @@ class IntervalTask(Task):  # type: ignore[misc]
             for queue, value in declared.items():
                 check_not_a_quota(value, f"task {name}: interval_queue[{queue!r}]")
         several = isinstance(declared, (Mapping, list, tuple)) and len(declared) > 1
-        for option in ("burst", "quota"):
+        for option in ("burst", "quota", "concurrency"):
             if several and cls.__dict__.get(option) is not None:  # it would bind no queue
                 raise ConfigurationError(
                     f"task {name}: {option}= applies to one interval queue, not to several: give each "
                     f"queue its own in the mapping, interval_queue={{'name': Limit(interval=..., {option}=...)}}"
                 )
-        for option, check in (("burst", validate_burst), ("quota", parse_quota)):
+        for option, check in (("burst", validate_burst), ("quota", parse_quota), ("concurrency", validate_concurrency)):
             if cls.__dict__.get(option) is not None:
                 try:
                     check(cls.__dict__[option])
@@ -151,11 +158,14 @@ class IntervalTask(Task):  # type: ignore[misc]
         state = siq_state(self.app)
         if isinstance(name, Mapping):  # one queue, named with its limit
             ((name, limit),) = name.items()
-            return state.queue(name, limit, burst=self.burst, quota=self.quota)
+            return state.queue(name, limit, burst=self.burst, quota=self.quota, concurrency=self.concurrency)
         if callable(name):
             return state.queue(_per_call(self, "interval_queue", name, args, kwargs), self.interval, per_key=True,
-                               burst=self.burst, quota=self.quota)  # fmt: skip
-        return state.queue(self.name if name is None else name, self.interval, burst=self.burst, quota=self.quota)
+                               burst=self.burst, quota=self.quota, concurrency=self.concurrency)  # fmt: skip
+        return state.queue(
+            self.name if name is None else name, self.interval, burst=self.burst, quota=self.quota,
+            concurrency=self.concurrency,
+        )  # fmt: skip
 
     def siq_limits(self, args: Any = None, kwargs: Any = None) -> CombinedQueue | None:
         """The combined limit of a task with several interval queues, else None."""
@@ -238,6 +248,16 @@ class IntervalTask(Task):  # type: ignore[misc]
         # Called for SUCCESS and FAILURE only (not RETRY, not our Ignore).
         record_finish(self, status, task_id, args, kwargs)
         super().after_return(status, retval, task_id, args, kwargs, einfo)
+
+
+def _release_leftover_lease(sender: Any = None, state: str | None = None, **_: Any) -> None:
+    """task_postrun: a run of an interval task that ended without giving back its
+    concurrency lease (the body raised Ignore or Reject) gives it back now."""
+    if isinstance(sender, IntervalTask):
+        release_leftover_lease(sender, state or "")
+
+
+signals.task_postrun.connect(_release_leftover_lease, weak=False)
 
 
 def _app_sets(app: Any, setting: str) -> bool:

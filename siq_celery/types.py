@@ -28,7 +28,9 @@ class QueueState:
     interval to catch up (GCRA: ``last_start_us + interval_us`` is the theoretical arrival
     time, a start may come ``burst`` intervals before it); ``quota`` cost units at most in
     any sliding window of ``window_us`` (0: none), counted over the starts the store keeps
-    apart from the state (the queue's window).
+    apart from the state (the queue's window); at most ``concurrency`` bodies running at once
+    (0: no cap), counted over the leases the store keeps apart from the state (the queue's
+    leases: one per running body, with an expiry).
     """
 
     epoch: str
@@ -43,10 +45,11 @@ class QueueState:
     burst: int = 0
     quota: int = 0
     window_us: int = 0
+    concurrency: int = 0
 
     @property
     def limits(self) -> Limits:
-        return Limits(self.burst, self.quota, self.window_us)
+        return Limits(self.burst, self.quota, self.window_us, self.concurrency)
 
     @property
     def backlog(self) -> int:
@@ -57,12 +60,15 @@ class QueueState:
 @dataclass(frozen=True)
 class Limits:
     """A queue's limits beyond its interval, as the store keeps them: ``burst`` (starts that
-    may come closer than the interval, 0: strict spacing) and a window quota of ``quota``
-    cost units in any ``window_us`` (0: none). See docs/design.md, "The model" (Burst, Window quota)."""
+    may come closer than the interval, 0: strict spacing), a window quota of ``quota``
+    cost units in any ``window_us`` (0: none) and a concurrency cap of ``concurrency``
+    bodies running at once (0: none). See docs/design.md, "The model" (Burst, Window quota,
+    Concurrency cap)."""
 
     burst: int = 0
     quota: int = 0
     window_us: int = 0
+    concurrency: int = 0
 
 
 NO_LIMITS = Limits()
@@ -149,6 +155,7 @@ class QueueStatus:
     reclaims: int = 0  #: starts answered RECLAIM (the ticket's epoch was gone)
     counts: StartCounts = StartCounts()  #: the store's counters of authorized starts
     window_used: int = 0  #: cost units started in the window ending now (a quota's use)
+    in_flight: int = 0  #: live leases: bodies running now (a concurrency cap's use)
 
     @property
     def next_start_us(self) -> int:
@@ -193,6 +200,8 @@ class QueueStatus:
             "quota": s.quota or None,
             "window_s": s.window_us / US if s.quota else None,
             "window_used": self.window_used if s.quota else None,
+            "concurrency": s.concurrency or None,
+            "in_flight": self.in_flight if s.concurrency else None,
         }
 
 
@@ -268,6 +277,11 @@ class Decision:
     wait_us: int = 0  #: WAIT: microseconds until the slot; PAUSED: distance behind the head
     slot_us: int = 0  #: with AUTHORIZED/WAIT: the slot the start was measured against
     interval_us: int = 0  #: the queue's stored interval when it answered (0: not known)
+    #: AUTHORIZED in a queue with a concurrency cap: the lease taken (give it back with the
+    #: finish; renew it while the body runs). "" without one.
+    lease: str = ""
+    #: WAIT: the slot has come but the concurrency cap is full (``wait_us`` is a short poll).
+    full: bool = False
 
     @property
     def authorized(self) -> bool:

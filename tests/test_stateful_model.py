@@ -1,9 +1,10 @@
-"""Model-based test: random sequences of claim / start / finish (or a retry's end) / pause /
-resume / set_interval / reset / state loss / clock moves, applied to the memory, SQLite and Redis
-stores side by side and to a small reference model written here from docs/design.md, on a
-queue with a burst and a window quota drawn for each example (none, most often). Every
-answer and every state must agree; without a burst no two authorized starts may be closer
-than the interval in force, and no window of the quota's length holds more than its quota."""
+"""Model-based test: random sequences of claim / start / finish (or a retry's end) / lease
+renewal / pause / resume / set_interval / reset / state loss / clock moves, applied to the
+memory, SQLite and Redis stores side by side and to a small reference model written here from
+docs/design.md, on a queue with a burst, a window quota and a concurrency cap drawn for each
+example (none, most often). Every answer and every state must agree; without a burst no two
+authorized starts may be closer than the interval in force, no window of the quota's length
+holds more than its quota, and no more leases than the cap are ever live."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ EXAMPLES = int(os.environ.get("SIQ_HYPOTHESIS_EXAMPLES", "500"))
 INTERVALS = [10_000, 25_000, 100_000]
 TASKS = ["a", "b", "c", "d"]
 MAX_LOST = 2  # a task id whose last 2 authorized starts never finished is refused
+LEASE_US = 300_000  # a lease not renewed expires this long after its start (or last renewal)
+LEASE_POLL_US = 10_000  # a start held by a full cap asks again after this, or at the earliest expiry
 _run = itertools.count()
 
 
@@ -40,6 +43,37 @@ class Reference:
     quota: int = 0  # cost units in any window of `window` (0: none)
     window: int = 0
     win: list[list[int]] = field(default_factory=list)  # the window's starts: [time, units], by time
+    conc: int = 0  # bodies running at once (0: no cap)
+    leases: dict[str, int] = field(default_factory=dict)  # member -> expiry
+
+    def shift(self, at: int) -> None:
+        """A lease came back at ``at`` while the cap was full: a head due before then is due then."""
+        q = self.q
+        if q is not None and q["ticket"] > q["cur"] and q["anchor"] + q["I"] < at:  # type: ignore[operator]
+            q["anchor"] = at - q["I"]  # type: ignore[operator]
+
+    def read_leases(self) -> int:
+        """The live leases; forgetting expired ones that brought a full cap below it is a release."""
+        now, before = self.clock.now_us, len(self.leases)
+        gone = sorted(e for e in self.leases.values() if e <= now)
+        self.leases = {m: e for m, e in self.leases.items() if e > now}
+        n = self.conc if self.q is not None else 0
+        if n and gone and before >= n > before - len(gone):
+            self.shift(gone[before - n])
+        return len(self.leases)
+
+    def give_back(self, member: str) -> None:
+        count = self.read_leases()
+        kept = self.leases.pop(member, None) is not None
+        if kept and self.q is not None and self.conc and count >= self.conc:
+            self.shift(self.clock.now_us)
+
+    def renew(self, members: list[str]) -> int:
+        self.read_leases()
+        kept = [m for m in set(members) if m in self.leases]
+        for m in kept:
+            self.leases[m] = self.clock.now_us + LEASE_US
+        return len(kept)
 
     def _new(self, interval: int, epoch: str) -> dict[str, object]:
         now = self.clock.now_us  # a burst's credit starts spent: still one interval
@@ -51,7 +85,7 @@ class Reference:
         if q is None:
             return None
         return (q["epoch"], q["I"], q["ticket"], q["cur"], q["anchor"], q["last"], q["paused"], self.burst,
-                self.quota, self.window)  # fmt: skip
+                self.quota, self.window, self.conc)  # fmt: skip
 
     def cap(self) -> int:  # GCRA: the theoretical arrival time less the burst
         q = self.q
@@ -104,22 +138,24 @@ class Reference:
         return first, str(q["epoch"]), due, free, tuple(slots) if any(slots) else ()
 
     def start(
-        self, number: int, epoch: str, task: str | None, interval: int, new_epoch: str, cost: int
-    ) -> tuple[str, int, int]:
+        self, number: int, epoch: str, task: str | None, interval: int, new_epoch: str, cost: int, member: str
+    ) -> tuple[str, int, int, bool]:
         now = self.clock.now_us
         q = self.q = self.q or self._new(interval, new_epoch)
         if task is not None and task in self.finished:
-            return "duplicate", 0, 0
+            return "duplicate", 0, 0, False
         if task is not None and self.unfinished.get(task, 0) >= MAX_LOST:
-            return "lost", 0, 0
+            return "lost", 0, 0, False
         if epoch != q["epoch"] or not 1 <= number <= q["ticket"] - cost + 1:  # type: ignore[operator]
-            return "reclaim", 0, 0
+            return "reclaim", 0, 0, False
         I, cur = q["I"], q["cur"]
         if q["paused"]:
-            return "paused", max(number - cur - 1, 0) * I, 0  # type: ignore[operator]
+            return "paused", max(number - cur - 1, 0) * I, 0, False  # type: ignore[operator]
+        full = bool(self.conc) and self.read_leases() >= self.conc  # first: a release may move the line
         units = self.read_window() if self.quota else None
         memo: dict[int, int] = {}
         held = 0 if units is None or number <= cur else self.window_slot(units, memo, cur + 1, 1)  # type: ignore[operator]
+        held = max(held, now if full else 0)  # a head the cap holds is not late either
         settle = max(10 * I, 1_000_000)  # type: ignore[call-overload]
         overdue = max(q["anchor"] + I, held) < now - settle  # type: ignore[operator]  # a head the window holds is not late
         outage = q["anchor"] <= q["last"] + I and overdue  # type: ignore[operator]
@@ -128,7 +164,9 @@ class Reference:
         due = q["anchor"] + (number - cur) * I if number > cur else 0  # type: ignore[operator]
         slot = max(due, self.cap(), 0 if units is None else self.window_slot(units, memo, number, cost))
         if now < slot:
-            return "wait", slot - now, slot
+            return "wait", slot - now, slot, False
+        if full:  # a short poll, or the earliest expiry if sooner
+            return "wait", max(min(LEASE_POLL_US, min(self.leases.values()) - now), 1), slot, True
         q["cur"] = max(cur, number + cost - 1)  # type: ignore[call-overload]
         q["last"] = max(q["last"] + I, now) + (cost - 1) * I  # type: ignore[operator]  # GCRA: T = max(T, now) + c I
         q["anchor"] = max(q["anchor"] + (q["cur"] - cur) * I, q["last"] - self.burst * I)  # type: ignore[operator]
@@ -137,7 +175,9 @@ class Reference:
             self.win.sort(key=lambda e: e[0])
         if task is not None:
             self.unfinished[task] = self.unfinished.get(task, 0) + 1
-        return "authorized", 0, slot
+        if self.conc:  # one lease, whatever the cost
+            self.leases[member] = now + LEASE_US
+        return "authorized", 0, slot, False
 
     def backoff(self, hold: int, keep_first: bool) -> None:
         q = self.q
@@ -157,7 +197,14 @@ class StoresAgree(RuleBasedStateMachine):
         urls = [f"memory://hyp-{os.getpid()}-{run}", f"sqlite:///{self.dir.name}/siq.db", REDIS_URL[0]]
         # No ledger (no start here carries a record; a finish would still write one on Redis).
         self.stores: list[Backend] = [
-            backend_from_url(u, clock=self.clock, key_prefix=prefix, max_lost_deliveries=MAX_LOST, ledger_max=0)
+            backend_from_url(
+                u,
+                clock=self.clock,
+                key_prefix=prefix,
+                max_lost_deliveries=MAX_LOST,
+                ledger_max=0,
+                lease_timeout_us=LEASE_US,
+            )
             for u in urls
         ]
         self.tickets: list[tuple[int, str]] = []
@@ -170,6 +217,8 @@ class StoresAgree(RuleBasedStateMachine):
         # until. A shorter interval set later shortens a back-off by the difference, and a
         # lost state forgets it.
         self.backoffs: list[tuple[int, int]] = []
+        self.members = (f"L{i}" for i in itertools.count())
+        self.held: list[str] = []  # lease members taken (given back or expired ones too)
 
     def teardown(self) -> None:
         for s in self.stores:
@@ -182,10 +231,14 @@ class StoresAgree(RuleBasedStateMachine):
         assert all(a == answers[0] for a in answers), (op, answers)
         return answers[0]
 
-    @initialize(burst=st.sampled_from([0, 0, 1, 3]), quota=st.sampled_from([None, None, (2, 150_000), (4, 600_000)]))
-    def limits_of_the_queue(self, burst: int, quota: tuple[int, int] | None) -> None:
-        self.limits = Limits(burst, *(quota or (0, 0)))
+    @initialize(
+        burst=st.sampled_from([0, 0, 1, 3]), quota=st.sampled_from([None, None, (2, 150_000), (4, 600_000)]),
+        conc=st.sampled_from([0, 0, 1, 2]),
+    )  # fmt: skip
+    def limits_of_the_queue(self, burst: int, quota: tuple[int, int] | None, conc: int) -> None:
+        self.limits = Limits(burst, *(quota or (0, 0)), conc)
         self.ref.burst, self.ref.quota, self.ref.window = self.limits.burst, self.limits.quota, self.limits.window_us
+        self.ref.conc = conc
 
     @rule(us=st.integers(0, 250_000))
     def advance(self, us: int) -> None:
@@ -203,8 +256,18 @@ class StoresAgree(RuleBasedStateMachine):
     @precondition(lambda self: self.tickets)
     @rule(data=st.data(), task=st.sampled_from([None, *TASKS]), cost=st.sampled_from([1, 1, 2, 3]))
     def start(self, data: st.DataObject, task: str | None, cost: int) -> None:
-        number, epoch = data.draw(st.sampled_from(self.tickets))
-        new_epoch = next(self.epochs)
+        self._start(*data.draw(st.sampled_from(self.tickets)), task, cost)
+
+    @precondition(lambda self: self.ref.q is not None and self.ref.q["ticket"] > self.ref.q["cur"])  # type: ignore[operator]
+    @rule(us=st.integers(0, 150_000))
+    def start_the_head(self, us: int) -> None:
+        """The head of the line asks a little later (most drawn starts are of stale or passed tickets)."""
+        self.clock.advance(us=us)
+        q = self.ref.q
+        self._start(q["cur"] + 1, q["epoch"], None, 1)  # type: ignore[index, operator, arg-type]
+
+    def _start(self, number: int, epoch: str, task: str | None, cost: int) -> None:
+        new_epoch, member = next(self.epochs), next(self.members)
         decisions = [
             s.start(
                 "q",
@@ -215,12 +278,16 @@ class StoresAgree(RuleBasedStateMachine):
                 new_epoch=new_epoch,
                 cost=cost,
                 limits=self.limits,
+                lease=member,
             )
             for s in self.stores
         ]
-        verdict, wait, slot = self.ref.start(number, epoch, task, self.interval, new_epoch, cost)
+        verdict, wait, slot, full = self.ref.start(number, epoch, task, self.interval, new_epoch, cost, member)
+        taken = member if verdict == "authorized" and self.limits.concurrency else ""
         for d in decisions:
-            assert (d.verdict.value, d.wait_us, d.slot_us) == (verdict, wait, slot)
+            assert (d.verdict.value, d.wait_us, d.slot_us, d.full, d.lease) == (verdict, wait, slot, full, taken)
+        if taken:
+            self.held.append(taken)
         if verdict == "authorized":  # the next start may come no sooner than cost intervals
             self.starts.append((self.clock.now_us, cost * self.ref.q["I"]))  # type: ignore[index, operator]
             if self.limits.quota:
@@ -247,12 +314,21 @@ class StoresAgree(RuleBasedStateMachine):
                 self.window_starts[-1] = (now, self.window_starts[-1][1])
         assert got == expected
 
-    @rule(task=st.sampled_from(TASKS), remember=st.booleans())
-    def finish(self, task: str, remember: bool) -> None:
-        self._all("finish", task, remember=remember)  # not remembered: a run that ended in a retry
+    @rule(data=st.data(), task=st.sampled_from(TASKS), remember=st.booleans())
+    def finish(self, data: st.DataObject, task: str, remember: bool) -> None:
+        lease = data.draw(st.sampled_from(["", *self.held[-4:]]))  # the run's lease, if it took one
+        self._all("finish", task, remember=remember, lease=lease)  # not remembered: a run that ended in a retry
+        if lease:
+            self.ref.give_back(lease)
         if remember:
             self.ref.finished.add(task)
         self.ref.unfinished.pop(task, None)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def renew(self, data: st.DataObject) -> None:
+        members = data.draw(st.lists(st.sampled_from(self.held[-4:]), min_size=1, max_size=3))
+        assert self._all("renew_leases", members) == self.ref.renew(members)
 
     @precondition(lambda self: self.ref.q is not None)
     @rule()
@@ -300,6 +376,7 @@ class StoresAgree(RuleBasedStateMachine):
         self.ref.finished.clear()
         self.ref.unfinished.clear()
         self.ref.win.clear()  # a lost state forgets its window (docs/design.md)
+        self.ref.leases.clear()  # and its leases
         self.window_starts.clear()
         self.backoffs.clear()
 
@@ -322,8 +399,18 @@ class StoresAgree(RuleBasedStateMachine):
                     st_.burst,
                     st_.quota,
                     st_.window_us,
+                    st_.concurrency,
                 )
             assert got == expected, (type(s).__name__, got, expected)
+            if status is not None and self.limits.concurrency:
+                live = sum(1 for e in self.ref.leases.values() if e > self.clock.now_us)
+                assert status.in_flight == live, (type(s).__name__, status.in_flight, live)
+
+    @invariant()
+    def no_more_leases_live_than_the_cap(self) -> None:
+        if self.limits.concurrency:
+            live = sum(1 for e in self.ref.leases.values() if e > self.clock.now_us)
+            assert live <= self.limits.concurrency, self.ref.leases
 
     @invariant()
     def starts_never_closer_than_the_interval(self) -> None:

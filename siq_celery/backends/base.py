@@ -16,6 +16,7 @@ import contextlib
 import fnmatch
 import json
 import logging
+import secrets
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -58,6 +59,9 @@ DEFAULT_FINISHED_RETENTION_US = 24 * 3_600 * 1_000_000
 DEFAULT_FINISHED_MAX = 1_000_000
 RELEASE_LIMIT = 500  # parked tasks handed to one releaser at a time
 RELEASE_LEASE_US = 60_000_000  # a releaser that died: its tasks go out again after this
+#: How long a concurrency lease of a body whose process died is held (siq_lease_timeout); a
+#: live body's lease is renewed (leases.py) every third of it.
+DEFAULT_LEASE_TIMEOUT_US = 60_000_000
 
 
 def system_clock_us() -> int:
@@ -96,6 +100,8 @@ class Backend(ABC):
     last ``ledger_max`` starts per queue (0: no ledger). ``max_lost_deliveries`` (0: no
     limit): a task id whose last that many authorized starts never finished is refused
     (:func:`siq_celery.model.too_many_lost`); its count is kept like a finished record.
+    ``lease_timeout_us``: a concurrency lease taken by a start expires that long after the
+    start or its last renewal (a body whose process died gives it back that way).
     """
 
     #: URL schemes this backend is registered for.
@@ -110,8 +116,10 @@ class Backend(ABC):
         finished_max: int = DEFAULT_FINISHED_MAX,
         ledger_max: int = DEFAULT_LEDGER_MAX,
         max_lost_deliveries: int = 0,
+        lease_timeout_us: int = DEFAULT_LEASE_TIMEOUT_US,
     ) -> None:
         self.clock = clock
+        self.lease_timeout_us = max(int(lease_timeout_us), 1)
         self.max_lost_deliveries = max(int(max_lost_deliveries), 0)
         self.key_prefix = validate_key_prefix(key_prefix)
         self.finished_retention_us = finished_retention_us
@@ -181,13 +189,16 @@ class Backend(ABC):
         record: StartRecord | None = None,
         cost: int = 1,
         limits: Limits = NO_LIMITS,
+        lease: str = "",
     ) -> Decision:
         """Decide (and, if authorized, record) the start of ``ticket``. A missing state is
         created with ``new_epoch`` and ``limits`` (so the answer is RECLAIM). With ``record``, an
         authorized start is written to the ledger in the same atomic step. ``cost``: the
         slots this start takes (see :func:`siq_celery.model.start`). With a ``task_id``,
         an authorized start counts one more start of it without a finish, and a task id
-        with ``max_lost_deliveries`` of them is answered LOST."""
+        with ``max_lost_deliveries`` of them is answered LOST. In a queue with a concurrency
+        cap an authorized start takes a lease under ``lease`` (default: a new member, see
+        :meth:`lease_member`), for ``lease_timeout_us``: ``Decision.lease``."""
 
     def start_all(
         self,
@@ -201,6 +212,7 @@ class Backend(ABC):
         record: StartRecord | None = None,
         cost: int = 1,
         limits: Sequence[Limits] | None = None,
+        lease: str = "",
     ) -> list[Decision]:
         """One start that must pass every queue of ``queues`` (ticket ``tickets[i]`` of
         epoch ``epochs[i]`` in each): authorized and recorded in all of them in one atomic
@@ -215,11 +227,25 @@ class Backend(ABC):
         start of ``epoch`` (see :func:`siq_celery.model.restamp`); the new time or None."""
 
     @abstractmethod
-    def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
+    def finish(
+        self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = ""
+    ) -> None:
         """Record that ``task_id`` finished, so a redelivered copy is not run again (unless
         not ``remember``: a run that ended otherwise, a retry's or a back-off's), complete
-        its ledger record with the finish time and ``outcome``, and clear its count of
-        starts without a finish."""
+        its ledger record with the finish time and ``outcome``, clear its count of starts
+        without a finish, and give back its concurrency ``lease`` (if any), all in one step."""
+
+    def renew_leases(self, queue: str, leases: Sequence[str]) -> int:
+        """The bodies holding ``leases`` still run: each of them kept expires
+        ``lease_timeout_us`` from now (one that expired already is not taken again); how
+        many were renewed (:func:`siq_celery.model.renew_leases`)."""
+        raise ConfigurationError(f"{type(self).__name__} does not support concurrency leases")
+
+    @staticmethod
+    def lease_member(task_id: str | None) -> str:
+        """A new lease member for one start: the task id (for people) and a token of its own,
+        so a redelivered copy of a task still running takes a lease of its own."""
+        return f"{task_id or '-'}:{secrets.token_hex(6)}"
 
     @abstractmethod
     def ledger(self, queue: str, since_us: int | None = None, until_us: int | None = None) -> Iterator[LedgerRow]:
@@ -387,6 +413,10 @@ class Transaction(ABC):
         """The queue's window: the starts a window quota counts (kept across a reset)."""
 
     @abstractmethod
+    def leases(self) -> model.Leases:
+        """The queue's concurrency leases (kept across a reset)."""
+
+    @abstractmethod
     def is_finished(self, task_id: str) -> bool: ...
 
     @abstractmethod
@@ -527,6 +557,10 @@ class ModelBackend(Backend):
     def _window(tx: Transaction, state: QueueState) -> model.Window | None:
         return tx.window() if state.quota else None
 
+    @staticmethod
+    def _leases(tx: Transaction, state: QueueState) -> model.Leases | None:
+        return tx.leases() if state.concurrency else None
+
     def claim(self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS) -> ClaimResult:
         with self._following_one(queue) as tx:
             state = self._created(tx, queue, interval_us, epoch, limits)
@@ -544,14 +578,17 @@ class ModelBackend(Backend):
         record: StartRecord | None = None,
         cost: int = 1,
         limits: Limits = NO_LIMITS,
+        lease: str = "",
     ) -> Decision:
+        member = lease or self.lease_member(task_id or (record.task_id if record else None))
         with self._following_one(queue) as tx:
             state = self._created(tx, queue, interval_us, new_epoch, limits)
             finished = task_id is not None and tx.is_finished(task_id)
             lost = self._lost(tx, task_id)
             decision = model.start(
                 state, ticket, epoch, tx.now_us, finished=finished, cost=cost, lost=lost,
-                window=self._window(tx, state),
+                window=self._window(tx, state), leases=self._leases(tx, state),
+                lease=(member, tx.now_us + self.lease_timeout_us),
             )  # fmt: skip
             if task_id is not None and self.max_lost_deliveries and decision.authorized:
                 tx.count_unfinished(task_id)
@@ -581,8 +618,10 @@ class ModelBackend(Backend):
         record: StartRecord | None = None,
         cost: int = 1,
         limits: Sequence[Limits] | None = None,
+        lease: str = "",
     ) -> list[Decision]:
         each = list(limits) if limits is not None else [NO_LIMITS] * len(queues)
+        member = lease or self.lease_member(task_id or (record.task_id if record else None))
         with self._following(queues) as txs:
             states = [
                 self._created(tx, q, i, new_epoch, lim)
@@ -593,6 +632,8 @@ class ModelBackend(Backend):
             decisions = model.start_all(
                 states, list(tickets), list(epochs), txs[0].now_us, finished=finished, cost=cost, lost=lost,
                 windows=[self._window(tx, state) for tx, state in zip(txs, states, strict=True)],
+                leases=[self._leases(tx, state) for tx, state in zip(txs, states, strict=True)],
+                lease=(member, txs[0].now_us + self.lease_timeout_us),
             )  # fmt: skip
             if task_id is not None and self.max_lost_deliveries and decisions[0].authorized:
                 txs[0].count_unfinished(task_id)
@@ -623,13 +664,23 @@ class ModelBackend(Backend):
                 return None
             return model.restamp(tx.state, epoch, started_us, tx.now_us, self._window(tx, tx.state))
 
-    def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
+    def finish(
+        self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = ""
+    ) -> None:
         with self.transaction(queue) as tx:
+            if lease:
+                model.give_back(tx.state, tx.leases(), lease, tx.now_us)
             tx.clear_unfinished(task_id)
             if remember:
                 tx.add_finished(task_id)
             if self.ledger_max:
                 tx.record_finish(task_id, outcome)
+
+    def renew_leases(self, queue: str, leases: Sequence[str]) -> int:
+        if not leases:
+            return 0
+        with self.transaction(queue) as tx:
+            return model.renew_leases(tx.state, tx.leases(), leases, tx.now_us, self.lease_timeout_us)
 
     def _existing(self, tx: Transaction, queue: str) -> QueueState:
         if tx.state is None:
@@ -701,9 +752,10 @@ class ModelBackend(Backend):
             state, used = tx.state, 0
             if state.quota:  # read only: what a status read forgot would not move the anchor
                 used = model.window_used(tx.window(), tx.now_us - state.window_us)
+            in_flight = tx.leases().live(tx.now_us) if state.concurrency else 0
             return QueueStatus(
                 queue, _copy(state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources(), *tx.refusals(),
-                window_used=used, counts=model.counts_from_fields(tx.start_counts()),
+                window_used=used, counts=model.counts_from_fields(tx.start_counts()), in_flight=in_flight,
             )  # fmt: skip
 
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
@@ -756,7 +808,7 @@ def _count_start(tx: Transaction, decision: Decision, record: StartRecord | None
 
 def _new_state(tx: Transaction, interval_us: int, epoch: str, limits: Limits) -> QueueState:
     """A state created from nothing, with an empty window: a lost state forgets its window's
-    starts as it forgets its last start (docs/design.md, "The window across a lost state")."""
+    starts as it forgets its last start (docs/design.md, "The guarantees": the window across a lost state)."""
     tx.window().trim(1 << 62)
     return model.new_state(tx.now_us, interval_us, epoch, limits)
 

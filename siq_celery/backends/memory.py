@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from ..ledger import LedgerRow
-from ..model import LAST_COUNTED, ListWindow
+from ..model import LAST_COUNTED, DictLeases, ListWindow
 from ..types import IntervalSources, ParkedTask, QueueState
 from .base import ModelBackend, Transaction, _copy, match_names
 
@@ -36,6 +36,8 @@ class _Store:
     start_counts: dict[str, dict[str, int]] = field(default_factory=dict)
     #: per queue: the starts its window quota counts
     windows: dict[str, ListWindow] = field(default_factory=dict)
+    #: per queue: the leases its concurrency cap counts
+    leases: dict[str, DictLeases] = field(default_factory=dict)
 
 
 _NAMED_STORES: dict[str, _Store] = {}
@@ -52,6 +54,9 @@ class _MemoryTransaction(Transaction):
 
     def window(self) -> ListWindow:
         return self._store.windows.setdefault(self._queue, ListWindow())
+
+    def leases(self) -> DictLeases:
+        return self._store.leases.setdefault(self._queue, DictLeases())
 
     def _finished(self) -> OrderedDict[str, int]:
         return self._store.finished.setdefault(self._queue, OrderedDict())
@@ -166,6 +171,7 @@ class _MemoryTransaction(Transaction):
         had_state = self._store.states.pop(self._queue, None) is not None
         self._store.unfinished.pop(self._queue, None)
         self._store.windows.pop(self._queue, None)
+        self._store.leases.pop(self._queue, None)
         had_records = bool(self._store.finished.pop(self._queue, None))
         had_ledger = bool(self._store.ledgers.pop(self._queue, None))
         return had_state or had_records or had_ledger or had_parked

@@ -60,12 +60,12 @@ ACL_RULES = (
     "~siq:*",
     "+evalsha", "+eval", "+script|load", "+ping", "+select", "+scan", "+del", "+exists", "+pexpire", "+persist",
     "+time", "+hmget", "+hset", "+zscore", "+zadd", "+zremrangebyscore", "+zremrangebyrank", "+zcard",
-    "+xadd", "+xrange", "+hget", "+hgetall", "+hdel", "+zrange", "+zrangebyscore", "+zrem", "+hincrby",
+    "+xadd", "+xrange", "+hget", "+hgetall", "+hdel", "+zrange", "+zrangebyscore", "+zrem", "+hincrby", "+zcount",
 )  # fmt: skip
 
 SCRIPTS = (
     "claim", "start", "restamp", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status",
-    "park", "release", "unpark", "backoff", "start_all", "declare",
+    "park", "release", "unpark", "backoff", "start_all", "declare", "renew",
 )  # fmt: skip
 
 
@@ -167,7 +167,7 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
 
 
 #: Values of siq_reply (the state, the store time, the status-only times, the limits).
-STATE_REPLY = 13
+STATE_REPLY = 14
 
 
 def _claim_result(reply: Sequence[Any]) -> ClaimResult:
@@ -177,7 +177,16 @@ def _claim_result(reply: Sequence[Any]) -> ClaimResult:
 
 
 def _limit_args(limits: Limits) -> list[int]:
-    return [limits.burst, limits.quota, limits.window_us]
+    return [limits.burst, limits.quota, limits.window_us, limits.concurrency]
+
+
+def _decision(reply: Sequence[Any]) -> Decision:
+    """{verdict, ticket, now_us, wait_us, slot_us, interval_us, lease, full} (start.lua)."""
+    verdict, number, now, wait, slot, interval, lease, full = reply
+    return Decision(
+        Verdict(verdict.decode()), int(number), int(now), int(wait), int(slot), int(interval), _text(lease),
+        bool(int(full)),
+    )  # fmt: skip
 
 
 def _text(value: Any) -> str:
@@ -312,10 +321,11 @@ class RedisBackend(Backend):
     def _state(reply: Sequence[Any]) -> tuple[QueueState, int]:
         epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         numbers = [int(v) for v in reply[1:STATE_REPLY]]
-        interval, ticket, current, anchor, last_start, paused, now, started, held, burst, quota, window = numbers
+        interval, ticket, current, anchor, last_start, paused, now, started, held, burst, quota, window, conc = numbers
         state = QueueState(
-            epoch, interval, ticket, current, anchor, last_start, bool(paused), started, held, burst, quota, window
-        )
+            epoch, interval, ticket, current, anchor, last_start, bool(paused), started, held, burst, quota, window,
+            conc,
+        )  # fmt: skip
         return state, now
 
     # -- operations -----------------------------------------------------------------
@@ -388,6 +398,7 @@ class RedisBackend(Backend):
         record: StartRecord | None = None,
         cost: int = 1,
         limits: Limits = NO_LIMITS,
+        lease: str = "",
     ) -> Decision:
         k = self.keys(queue)
         lost = self._lost_args(task_id)
@@ -396,7 +407,8 @@ class RedisBackend(Backend):
             task_id = task_id or record.task_id
         else:
             ledger = [0, "", "", 0, record.deferrals if record is not None else 0]  # deferrals: counted anyway
-        verdict, number, now, wait, slot, interval = self._run(
+        member = lease or self.lease_member(task_id)
+        reply = self._run(
             "start",
             queue,
             k.all,
@@ -411,9 +423,11 @@ class RedisBackend(Backend):
                 self.idle_expiry_us(queue),
                 *lost,
                 *_limit_args(limits),
+                member,
+                self.lease_timeout_us,
             ],
         )
-        return Decision(Verdict(verdict.decode()), int(number), int(now), int(wait), int(slot), int(interval))
+        return _decision(reply)
 
     def start_all(
         self,
@@ -427,10 +441,12 @@ class RedisBackend(Backend):
         record: StartRecord | None = None,
         cost: int = 1,
         limits: Sequence[Limits] | None = None,
+        lease: str = "",
     ) -> list[Decision]:
         keys = [
             key for q in queues for key in (self.keys(q).state, self.keys(q).finished, self.keys(q).ledger,
-                                            self.keys(q).refused, self.keys(q).intervals, self.keys(q).window)
+                                            self.keys(q).refused, self.keys(q).intervals, self.keys(q).window,
+                                            self.keys(q).leases)
         ]  # fmt: skip
         each = list(limits) if limits is not None else [NO_LIMITS] * len(queues)
         keys.append(self.keys(queues[0]).unfinished)
@@ -448,12 +464,10 @@ class RedisBackend(Backend):
                 f"'{{geo}}per-day'"
             )
         per_limits = [v for lim in each for v in _limit_args(lim)]
-        args = [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost, *per_limits]
+        member = lease or self.lease_member(task_id)
+        args = [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost, *per_limits, member, self.lease_timeout_us]
         replies = self._run("start_all", queues[0], keys, args)
-        return [
-            Decision(Verdict(v.decode()), int(n), int(now), int(wait), int(slot), int(interval))
-            for v, n, now, wait, slot, interval in replies
-        ]
+        return [_decision(r) for r in replies]
 
     def _lost_args(self, task_id: str | None) -> list[int]:
         """The limit on starts without a finish (none without a task id of the caller's),
@@ -466,15 +480,22 @@ class RedisBackend(Backend):
         now = int(self._run("restamp", queue, [k.state, k.window], [epoch, started_us]))
         return now or None
 
-    def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
+    def finish(
+        self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = ""
+    ) -> None:
         k = self.keys(queue)
         self._run(
             "finish", queue,
             [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.unfinished,
-             k.refused, k.window],
+             k.refused, k.window, k.leases],
             [task_id, self.finished_retention_us, self.finished_max, 2 * self.ledger_max, outcome, int(remember),
-             self.idle_expiry_us(queue)],
+             self.idle_expiry_us(queue), lease],
         )  # fmt: skip
+
+    def renew_leases(self, queue: str, leases: Sequence[str]) -> int:
+        if not leases:
+            return 0
+        return int(self._run("renew", queue, self.keys(queue).all, [self.lease_timeout_us, *leases]))
 
     def ledger(self, queue: str, since_us: int | None = None, until_us: int | None = None) -> Iterator[LedgerRow]:
         # Stream ids are the Redis clock's milliseconds: start reading at since's, and read
@@ -594,19 +615,20 @@ class RedisBackend(Backend):
 
     def _status_keys(self, queue: str) -> list[str]:
         k = self.keys(queue)
-        return [k.state, k.finished, k.parked, k.releasing, k.intervals, k.refused, k.window]
+        return [k.state, k.finished, k.parked, k.releasing, k.intervals, k.refused, k.window, k.leases]
 
     def _status(self, queue: str, reply: Sequence[Any]) -> QueueStatus | None:
         if not reply:
             return None
         state, now = self._state(reply)
-        finished, parked, duplicates, reclaims, used = (int(v) for v in reply[STATE_REPLY : STATE_REPLY + 5])
-        raw = reply[STATE_REPLY + 5]
+        finished, parked, duplicates, reclaims, used, live = (int(v) for v in reply[STATE_REPLY : STATE_REPLY + 6])
+        raw = reply[STATE_REPLY + 6]
         counts = counts_from_fields({raw[i].decode(): int(raw[i + 1]) for i in range(0, len(raw), 2)})
-        sources = _sources(reply[STATE_REPLY + 6 :])
+        sources = _sources(reply[STATE_REPLY + 7 :])
         return QueueStatus(
-            queue, state, now, finished, parked, sources, duplicates, reclaims, window_used=used, counts=counts
-        )
+            queue, state, now, finished, parked, sources, duplicates, reclaims, window_used=used, counts=counts,
+            in_flight=live,
+        )  # fmt: skip
 
     #: Commands sent in one pipeline by the exporter's reads of many queues.
     PIPELINE_CHUNK = 500

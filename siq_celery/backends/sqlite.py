@@ -85,6 +85,16 @@ CREATE TABLE IF NOT EXISTS siq_window (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, t_us INTEGER NOT NULL, cost INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS siq_window_by_time ON siq_window (prefix, queue, t_us);
+-- A queue's concurrency cap, and the leases it counts (model.Leases): one per running body,
+-- with its expiry. Tables of their own (processes of an earlier version go on writing
+-- siq_queue_limits); a reset keeps both, a deleted queue loses both.
+CREATE TABLE IF NOT EXISTS siq_queue_concurrency (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, concurrency INTEGER NOT NULL, PRIMARY KEY (prefix, queue)
+);
+CREATE TABLE IF NOT EXISTS siq_leases (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, member TEXT NOT NULL, expires_us INTEGER NOT NULL,
+    PRIMARY KEY (prefix, queue, member)
+);
 CREATE TABLE IF NOT EXISTS siq_interval_sources (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, sources TEXT NOT NULL, PRIMARY KEY (prefix, queue)
 );
@@ -115,14 +125,16 @@ class _SqliteTransaction(Transaction):
         self.now_us = backend.now_us()
         row = conn.execute(
             f"SELECT {', '.join('q.' + f for f in _FIELDS)}, t.started_us, t.held_until_us, l.burst, l.quota, "
-            f"l.window_us FROM siq_queues q LEFT JOIN siq_queue_times t USING (prefix, queue) "
-            f"LEFT JOIN siq_queue_limits l USING (prefix, queue) WHERE q.prefix=? AND q.queue=?",
+            f"l.window_us, c.concurrency FROM siq_queues q LEFT JOIN siq_queue_times t USING (prefix, queue) "
+            f"LEFT JOIN siq_queue_limits l USING (prefix, queue) LEFT JOIN siq_queue_concurrency c "
+            f"USING (prefix, queue) WHERE q.prefix=? AND q.queue=?",
             self._key,
         ).fetchone()
         self.state = None
         self._times = (0, 0)
-        self._limits = (0, 0, 0)
+        self._limits = (0, 0, 0, 0)
         self._window: _SqliteWindow | None = None
+        self._leases: _SqliteLeases | None = None
         if row is not None:
             try:
                 self.state = state_from_fields(queue, self._where(), dict(zip(_FIELDS, row, strict=False)))
@@ -130,15 +142,20 @@ class _SqliteTransaction(Transaction):
                 if not replace_corrupt:
                     raise
             else:
-                self._times = (int(row[-5] or 0), int(row[-4] or 0))
+                self._times = (int(row[-6] or 0), int(row[-5] or 0))
                 self.state.started_us, self.state.held_until_us = self._times
-                self._limits = (int(row[-3] or 0), int(row[-2] or 0), int(row[-1] or 0))
-                self.state.burst, self.state.quota, self.state.window_us = self._limits
+                self._limits = (int(row[-4] or 0), int(row[-3] or 0), int(row[-2] or 0), int(row[-1] or 0))
+                self.state.burst, self.state.quota, self.state.window_us, self.state.concurrency = self._limits
 
     def window(self) -> _SqliteWindow:
         if self._window is None:
             self._window = _SqliteWindow(self._c, self._key)
         return self._window
+
+    def leases(self) -> _SqliteLeases:
+        if self._leases is None:
+            self._leases = _SqliteLeases(self._c, self._key)
+        return self._leases
 
     def _where(self) -> str:
         return f"{self._b.path}: siq_queues[prefix={self._b.key_prefix!r}, queue={self._queue!r}]"
@@ -299,6 +316,8 @@ class _SqliteTransaction(Transaction):
         self._c.execute("DELETE FROM siq_start_counts WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_queue_limits WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_window WHERE prefix=? AND queue=?", self._key)
+        self._c.execute("DELETE FROM siq_leases WHERE prefix=? AND queue=?", self._key)
+        self._c.execute("DELETE FROM siq_queue_concurrency WHERE prefix=? AND queue=?", self._key)
         removed = self._c.execute("DELETE FROM siq_parked WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_finished WHERE prefix=? AND queue=?", self._key).rowcount
@@ -319,10 +338,14 @@ class _SqliteTransaction(Transaction):
                 "INSERT OR REPLACE INTO siq_queue_times VALUES (?, ?, ?, ?)",
                 (*self._key, s.started_us, s.held_until_us),
             )
-        if (s.burst, s.quota, s.window_us) != self._limits:
+        if (s.burst, s.quota, s.window_us) != self._limits[:3]:
             self._c.execute(
                 "INSERT OR REPLACE INTO siq_queue_limits VALUES (?, ?, ?, ?, ?)",
                 (*self._key, s.burst, s.quota, s.window_us),
+            )
+        if s.concurrency != self._limits[3]:
+            self._c.execute(
+                "INSERT OR REPLACE INTO siq_queue_concurrency VALUES (?, ?, ?)", (*self._key, s.concurrency)
             )
 
 
@@ -365,6 +388,56 @@ class _SqliteWindow:
             (to_us, *self._key, from_us),
         )
         self._units = None
+
+
+class _SqliteLeases:
+    """The queue's concurrency leases (model.Leases) in table siq_leases, inside the transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, key: tuple[str, str]) -> None:
+        self._c, self._key = conn, key
+
+    def count(self) -> int:
+        (n,) = self._c.execute("SELECT COUNT(*) FROM siq_leases WHERE prefix=? AND queue=?", self._key).fetchone()
+        return int(n)
+
+    def trim(self, now_us: int) -> list[int]:
+        gone = [int(e) for (e,) in self._c.execute(
+            "SELECT expires_us FROM siq_leases WHERE prefix=? AND queue=? AND expires_us <= ? ORDER BY expires_us",
+            (*self._key, now_us),
+        )]  # fmt: skip
+        if gone:
+            self._c.execute(
+                "DELETE FROM siq_leases WHERE prefix=? AND queue=? AND expires_us <= ?", (*self._key, now_us)
+            )
+        return gone
+
+    def earliest(self) -> int | None:
+        (e,) = self._c.execute(
+            "SELECT MIN(expires_us) FROM siq_leases WHERE prefix=? AND queue=?", self._key
+        ).fetchone()
+        return None if e is None else int(e)
+
+    def add(self, member: str, expires_us: int) -> None:
+        self._c.execute("INSERT OR REPLACE INTO siq_leases VALUES (?, ?, ?, ?)", (*self._key, member, expires_us))
+
+    def remove(self, member: str) -> bool:
+        done = self._c.execute("DELETE FROM siq_leases WHERE prefix=? AND queue=? AND member=?", (*self._key, member))
+        return done.rowcount > 0
+
+    def renew(self, members: Sequence[str], expires_us: int) -> int:
+        n = 0
+        for member in set(members):
+            n += self._c.execute(
+                "UPDATE siq_leases SET expires_us=? WHERE prefix=? AND queue=? AND member=?",
+                (expires_us, *self._key, member),
+            ).rowcount
+        return n
+
+    def live(self, now_us: int) -> int:
+        (n,) = self._c.execute(
+            "SELECT COUNT(*) FROM siq_leases WHERE prefix=? AND queue=? AND expires_us > ?", (*self._key, now_us)
+        ).fetchone()
+        return int(n)
 
 
 LOCK_RETRY_S = 0.0001
@@ -467,8 +540,10 @@ class SqliteBackend(ModelBackend):
         self._checkpoint()
         return result
 
-    def finish(self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True) -> None:
-        super().finish(queue, task_id, outcome, remember=remember)
+    def finish(
+        self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = ""
+    ) -> None:
+        super().finish(queue, task_id, outcome, remember=remember, lease=lease)
         if self._checkpoint() and self.ledger_max:
             with self.transaction(queue) as tx:  # the cap, kept off the start path
                 assert isinstance(tx, _SqliteTransaction)

@@ -5,8 +5,9 @@ build the same app: ``SIQ_TEST_BROKER``, ``SIQ_TEST_STORE`` (siq_url),
 ``SIQ_TEST_RECORD`` (Redis URL where bodies record their starts), ``SIQ_TEST_INTERVAL``,
 ``SIQ_TEST_TRANSPORT`` (JSON broker transport options), ``SIQ_TEST_QUEUE`` (the broker queue),
 ``SIQ_TEST_HORIZON`` and ``SIQ_TEST_RELEASE_EVERY`` (parking), ``SIQ_TEST_MAX_SLEEP``,
-``SIQ_TEST_MARGIN``, ``SIQ_TEST_KEY_PREFIX`` and ``SIQ_TEST_DECL_TTL`` (the siq settings of
-those names), and ``SIQ_TEST_CLOCK_JUMP``: ``"+180@3"`` moves this process's wall clock 180 s
+``SIQ_TEST_MARGIN``, ``SIQ_TEST_KEY_PREFIX``, ``SIQ_TEST_DECL_TTL`` and ``SIQ_TEST_LEASE_TIMEOUT``
+(the siq settings of those names), ``SIQ_TEST_CONCURRENCY`` (the cap of ``geo.capped``), and
+``SIQ_TEST_CLOCK_JUMP``: ``"+180@3"`` moves this process's wall clock 180 s
 ahead 3 s after the app is imported (a host clock jump; see :func:`jump_clock`).
 """
 
@@ -46,6 +47,7 @@ def make_app(env: Mapping[str, str]) -> Celery:
         siq_key_prefix=env.get("SIQ_TEST_KEY_PREFIX", "siq"),
         siq_key_idle_expiry=float(env.get("SIQ_TEST_KEY_IDLE", "86400")),
         siq_declaration_ttl=float(env.get("SIQ_TEST_DECL_TTL", "30")),
+        siq_lease_timeout=float(env.get("SIQ_TEST_LEASE_TIMEOUT", "60")),
         broker_transport_options=json.loads(env.get("SIQ_TEST_TRANSPORT", "{}")),
         broker_connection_retry_on_startup=True,
         task_acks_late=True,
@@ -187,6 +189,16 @@ def make_app(env: Mapping[str, str]) -> Celery:
               quota=env.get("SIQ_TEST_QUOTA", "50/10s"), interval_queue="{geo}windowed")  # fmt: skip
     def windowed(self: Any, n: int) -> int:
         note(self, n, real_time())
+        finished(self, n)
+        return n
+
+    # "No more than 3 concurrent requests" (SIQ_TEST_CONCURRENCY): no spacing of its own.
+    @app.task(shared=False, name="geo.capped", base=IntervalTask, bind=True,
+              concurrency=int(env.get("SIQ_TEST_CONCURRENCY", "3")), interval_queue="{geo}capped")  # fmt: skip
+    def capped(self: Any, n: int, work: float = 0.0) -> int:
+        note(self, n, real_time())
+        if work:
+            time.sleep(work)
         finished(self, n)
         return n
 

@@ -204,3 +204,63 @@ def test_a_task_that_kills_its_pool_process_fails_after_the_limit_and_the_queue_
     assert len(crashes) == 3, "three lost deliveries, then refused, never started again"
     assert len(refusals) == 1, refusals
     assert sorted(finishes) == list(range(20)) and max(finishes.values()) == 1, "every other task ran once"
+
+
+def test_sigkill_mid_body_under_a_concurrency_cap(fault_run: CeleryRun) -> None:
+    """Acceptance 2's fault, scaled: concurrency 3 on 3 nodes x -c 4, 200 ms bodies, a 3 s
+    lease timeout; a node SIGKILLed while its bodies run. Every task completes once, the
+    leases of the dead bodies come back (on the store's clock) within the timeout + 1 s of
+    the kill, and in flight (as the bodies count it) stays at most 3 throughout."""
+    import redis
+
+    from tests.integration.test_limits import most_in_flight
+
+    timeout = 3.0
+    fault_run.env.update(SIQ_TEST_CONCURRENCY="3", SIQ_TEST_LEASE_TIMEOUT=str(timeout))
+    nodes = fault_run.start_workers(3, 4)
+    victim = nodes[0]
+    task = fault_run.app.tasks["geo.capped"]
+    count = 120
+    for n in range(count):
+        task.delay(n, 0.2)
+
+    def victim_running() -> set[int]:
+        finished = {f["n"] for f in fault_run.finishes()}
+        return {s["n"] for s in fault_run.starts() if s["node"] == victim.name and s["n"] not in finished}
+
+    store = redis.Redis.from_url(fault_run.env["SIQ_TEST_STORE"])
+    leases = "siq:{geo}capped:leases"
+    until(lambda: len(fault_run.starts()) >= 6 and victim_running(), 60, "a body running on the victim")
+    victim.kill()
+    seconds, micros = store.time()
+    killed_us = seconds * 1_000_000 + micros
+    killed_at = time.time()
+    interrupted = victim_running()
+    ids = {s["task_id"] for s in fault_run.starts() if s["n"] in interrupted and s["node"] == victim.name}
+    back_us = None
+    while back_us is None and time.time() < killed_at + timeout + 5:
+        seconds, micros = store.time()
+        now_us = seconds * 1_000_000 + micros
+        dead = [(m, e) for m, e in store.zrange(leases, 0, -1, withscores=True) if m.decode().split(":")[0] in ids]
+        if not [m for m, e in dead if e > now_us]:
+            back_us = now_us
+        time.sleep(0.05)
+    finishes = wait_finished(fault_run, count, 120)
+    starts = fault_run.starts()
+    ends: dict[int, float] = {}
+    for f in fault_run.finishes():
+        ends.setdefault(f["n"], f["t"])
+    killed = [s for s in starts if s["node"] == victim.name and s["n"] in interrupted and s["t"] < killed_at]
+    ended = {**ends, **{s["n"]: killed_at for s in killed}}  # a killed body ended with its process
+    rest = [s for s in starts if s not in killed]
+    most = max(most_in_flight(killed + [s for s in rest if s["t"] < killed_at], ended, killed_at)[0],
+               most_in_flight(rest, ends, max(ends.values()))[0])  # fmt: skip
+    twice = sorted(n for n, c in Counter(s["n"] for s in starts).items() if c > 1)
+    back = (back_us - killed_us) / 1e6 if back_us is not None else float("nan")
+    print(f"\nkilled with {sorted(interrupted)} running; their leases came back {back:.2f} s after the kill "
+          f"(store clock, lease timeout {timeout:.0f} s); most in flight {most}; started twice: {twice}")  # fmt: skip
+    assert interrupted, "the kill hit a running body"
+    assert sorted(finishes) == list(range(count)) and max(finishes.values()) == 1, "every task completed once"
+    assert set(twice) == interrupted, "an interrupted body runs again, nothing else does"
+    assert most <= 3, "never more than 3 bodies at once"
+    assert back_us is not None and back <= timeout + 1.0, "the dead bodies' leases came back in time"

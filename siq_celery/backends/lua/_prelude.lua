@@ -12,7 +12,7 @@
 -- idle expiry (siq_touch), so that an operator's reset or override keeps it.
 -- The limits beyond the interval (absent means 0; model.py): burst, quota and window_us, and
 -- w_used, the cost units in the queue's window (a sorted set of starts: siq_units), w_seq
--- numbering its members.
+-- numbering its members; conc, the concurrency cap (its leases: a sorted set, siq_read_leases).
 
 local function siq_now(arg)
   if arg ~= nil and arg ~= '' then
@@ -29,7 +29,7 @@ local SIQ_NUMBERS = {'interval_us', 'ticket', 'current', 'anchor_us', 'last_star
 local function siq_load(key)
   local raw = redis.call('HMGET', key, 'epoch', 'interval_us', 'ticket', 'current',
                          'anchor_us', 'last_start_us', 'paused', 'started_us', 'held_until_us',
-                         'until_us', 'idle_us', 'burst', 'quota', 'window_us', 'w_used')
+                         'until_us', 'idle_us', 'burst', 'quota', 'window_us', 'w_used', 'conc')
   local present = false
   for i = 1, 7 do
     if raw[i] then present = true end
@@ -53,20 +53,22 @@ local function siq_load(key)
   s.until_us, s.idle_us = tonumber(raw[10]) or 0, tonumber(raw[11]) or 0
   s.burst, s.quota, s.window_us = tonumber(raw[12]) or 0, tonumber(raw[13]) or 0, tonumber(raw[14]) or 0
   s.w_used = tonumber(raw[15]) or 0
+  s.concurrency = tonumber(raw[16]) or 0
   return s, nil
 end
 
 -- A state created from nothing waits one interval before its first start: it cannot
 -- know when the last start was, and that is the price of never bursting after a loss.
 -- With a burst the credit starts spent (model.py: new_state): still one interval.
-local function siq_new(now, interval, epoch, burst, quota, window)
+local function siq_new(now, interval, epoch, burst, quota, window, conc)
   burst, quota, window = math.max(tonumber(burst) or 0, 0), tonumber(quota) or 0, tonumber(window) or 0
+  conc = math.max(tonumber(conc) or 0, 0)
   if window <= 0 then quota = 0 end
   if quota <= 0 then quota, window = 0, 0 end
   return {epoch = epoch, interval_us = interval, ticket = 0, current = 0,
           anchor_us = now, last_start_us = now + burst * interval, paused = 0, started_us = 0,
           held_until_us = 0, until_us = 0, idle_us = 0, burst = burst, quota = quota, window_us = window,
-          w_used = 0}
+          w_used = 0, concurrency = conc}
 end
 
 -- A state created from nothing forgets the window's starts, as it forgets its last start.
@@ -75,9 +77,9 @@ local function siq_new_window(wkey)
 end
 
 -- The code declares other limits (model.py: set_limits).
-local function siq_set_limits(s, burst, quota, window)
-  local fresh = siq_new(0, 1, '', burst, quota, window)
-  s.burst, s.quota, s.window_us = fresh.burst, fresh.quota, fresh.window_us
+local function siq_set_limits(s, burst, quota, window, conc)
+  local fresh = siq_new(0, 1, '', burst, quota, window, conc)
+  s.burst, s.quota, s.window_us, s.concurrency = fresh.burst, fresh.quota, fresh.window_us, fresh.concurrency
 end
 
 local function siq_save(key, s)
@@ -85,14 +87,14 @@ local function siq_save(key, s)
              'current', s.current, 'anchor_us', s.anchor_us, 'last_start_us', s.last_start_us,
              'paused', s.paused, 'started_us', s.started_us, 'held_until_us', s.held_until_us,
              'until_us', s.until_us, 'idle_us', s.idle_us, 'burst', s.burst, 'quota', s.quota,
-             'window_us', s.window_us, 'w_used', s.w_used)
+             'window_us', s.window_us, 'w_used', s.w_used, 'conc', s.concurrency)
 end
 
 -- The flat reply shared by the control scripts: state fields, the store time, then the
--- times only the status shows, then the limits (13 values: redis.py STATE_REPLY).
+-- times only the status shows, then the limits (14 values: redis.py STATE_REPLY).
 local function siq_reply(s, now)
   return {s.epoch, s.interval_us, s.ticket, s.current, s.anchor_us, s.last_start_us,
-          s.paused, now, s.started_us, s.held_until_us, s.burst, s.quota, s.window_us}
+          s.paused, now, s.started_us, s.held_until_us, s.burst, s.quota, s.window_us, s.concurrency}
 end
 
 -- The rate cap (model.py: cap): GCRA's theoretical arrival time less the burst tolerance.
@@ -134,6 +136,10 @@ local function siq_touch(keys, s, ttl_us, now)
     local busy = math.max(s.last_start_us + s.interval_us,
                           s.anchor_us + math.max(s.ticket - s.current, 0) * s.interval_us)
     if s.quota > 0 then busy = math.max(busy, s.started_us + s.window_us) end  -- the window's starts
+    if keys[11] then  -- the leases: the keys outlive the bodies still running
+      local last = redis.call('ZRANGE', keys[11], -1, -1, 'WITHSCORES')
+      if #last > 0 then busy = math.max(busy, tonumber(last[2])) end
+    end
     keep = math.max(keep, busy - now + ttl_us)
   end
   for i = 1, #keys do
@@ -237,16 +243,71 @@ local function siq_window_slot(u, ticket, cost)
   return slot
 end
 
+-- The concurrency cap (model.py: read_leases, release_shift, lease_wait, give_back): the
+-- queue's leases are a sorted set, member = lease (task id and a token), score = expiry.
+-- A lease came back at 'at' while the cap was full: a head due before then was held by the
+-- cap, and the line is due from the release (the anchor moves; written at once).
+local function siq_release_shift(skey, s, at)
+  if s.ticket > s.current and s.anchor_us + s.interval_us < at then
+    s.anchor_us = at - s.interval_us
+    redis.call('HSET', skey, 'anchor_us', s.anchor_us)
+  end
+end
+
+-- The live leases at now: the expired ones are forgotten; if that brought a full cap below
+-- it, the release happened at the expiry that did. s may be nil (no state).
+local function siq_read_leases(lkey, skey, s, now)
+  local before = redis.call('ZCARD', lkey)
+  if before == 0 then return 0 end
+  local gone = redis.call('ZCOUNT', lkey, '-inf', now)
+  if gone == 0 then return before end
+  local n = 0
+  if s then n = s.concurrency end
+  if n > 0 and before >= n and n > before - gone then
+    local freed = redis.call('ZRANGEBYSCORE', lkey, '-inf', now, 'WITHSCORES', 'LIMIT', before - n, 1)
+    siq_release_shift(skey, s, tonumber(freed[2]))
+  end
+  redis.call('ZREMRANGEBYSCORE', lkey, '-inf', now)
+  return before - gone
+end
+
+local SIQ_LEASE_POLL_US = 10000  -- model.LEASE_POLL_US
+
+local function siq_lease_wait(lkey, now)
+  local first = redis.call('ZRANGE', lkey, 0, 0, 'WITHSCORES')
+  local earliest = now + SIQ_LEASE_POLL_US
+  if #first > 0 then earliest = tonumber(first[2]) end
+  return math.max(math.min(SIQ_LEASE_POLL_US, earliest - now), 1)
+end
+
+-- The end of a body gives its lease back (in the finish's own step); 1 if it was kept.
+local function siq_give_back(lkey, skey, s, member, now)
+  local count = siq_read_leases(lkey, skey, s, now)
+  local kept = redis.call('ZREM', lkey, member)
+  if kept == 1 and s and s.concurrency > 0 and count >= s.concurrency then
+    siq_release_shift(skey, s, now)
+  end
+  return kept
+end
+
+-- Whether the concurrency cap is full at now (reads the leases).
+local function siq_full(lkey, skey, s, now)
+  return s.concurrency > 0 and siq_read_leases(lkey, skey, s, now) >= s.concurrency
+end
+
 -- May ticket start now (model.decide; ticket 0 is FREE: no place in the line, the next
 -- free slot)? Returns verdict, wait_us, slot_us; the state is
 -- saved if the line shifted after an outage (that repair is due whatever the answer).
 -- With 'paused', wait_us is the ticket's distance behind the head of the line. wkey: the
--- queue's window (its quota's starts).
-local function siq_decide(key, s, ticket, epoch, cost, now, wkey)
+-- queue's window (its quota's starts); lkey: its leases. A fourth value, true: 'wait' because
+-- the slot came and the concurrency cap is full (wait_us: a short poll).
+local function siq_decide(key, s, ticket, epoch, cost, now, wkey, lkey)
   if ticket == 0 then  -- FREE: no place in this queue's line; the next free slot
     if s.paused == 1 then return 'paused', 0, 0 end
+    local full = siq_full(lkey, key, s, now)
     local cap = math.max(siq_cap(s), siq_window_slot(siq_units(wkey, key, s, now), 0, cost))
     if now < cap then return 'wait', cap - now, cap end
+    if full then return 'wait', siq_lease_wait(lkey, now), cap, true end
     return 'authorized', 0, cap
   end
   if epoch ~= s.epoch or ticket < 1 or ticket + cost - 1 > s.ticket or ticket ~= math.floor(ticket) then
@@ -255,14 +316,18 @@ local function siq_decide(key, s, ticket, epoch, cost, now, wkey)
   if s.paused == 1 then
     return 'paused', math.max(ticket - s.current - 1, 0) * s.interval_us, 0
   end
+  local full = siq_full(lkey, key, s, now)  -- first: a release may move the line
   local u = siq_units(wkey, key, s, now)
-  if ticket > s.current and siq_shift_after_outage(s, now, 0, siq_window_slot(u, s.current + 1, 1)) then
-    siq_save(key, s)
+  if ticket > s.current then  -- a head held by the window or by a full cap is not late
+    local held = siq_window_slot(u, s.current + 1, 1)
+    if full then held = math.max(held, now) end
+    if siq_shift_after_outage(s, now, 0, held) then siq_save(key, s) end
   end
   local due = 0  -- a ticket passed over by current takes the next free slot
   if ticket > s.current then due = s.anchor_us + (ticket - s.current) * s.interval_us end
   local slot = math.max(due, siq_cap(s), siq_window_slot(u, ticket, cost))
   if now < slot then return 'wait', slot - now, slot end
+  if full then return 'wait', siq_lease_wait(lkey, now), slot, true end
   return 'authorized', 0, slot
 end
 
@@ -271,8 +336,9 @@ end
 -- due later stays where it is); a start of cost c is recorded as if its last slot were
 -- used c - 1 intervals from now. GCRA: T = max(T, now) + cost intervals; with a burst the
 -- line keeps its grid, at most burst intervals behind. With a quota the start joins the
--- window (wkey).
-local function siq_commit(key, s, ticket, cost, now, wkey)
+-- window (wkey). With a concurrency cap the start takes one lease, whatever its cost: member,
+-- expiring at expires, in lkey. Returns the member taken, or ''.
+local function siq_commit(key, s, ticket, cost, now, wkey, lkey, member, expires)
   local i, old = s.interval_us, s.current
   if ticket > 0 and ticket + cost - 1 > s.current then s.current = ticket + cost - 1 end
   s.started_us = now  -- what the status shows; the cap counts from the last slot used
@@ -284,6 +350,11 @@ local function siq_commit(key, s, ticket, cost, now, wkey)
     s.w_used = s.w_used + units
   end
   siq_save(key, s)
+  if s.concurrency > 0 and member and member ~= '' then
+    redis.call('ZADD', lkey, expires, member)
+    return member
+  end
+  return ''
 end
 
 -- A start in the ledger stream (e=s). Short field names: a stream keeps them per entry.

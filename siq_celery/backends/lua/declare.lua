@@ -13,7 +13,7 @@
 -- ARGV[6]  origin, for people: who declared (node, host, pid)
 -- ARGV[7]  1: announce (a new declaration replaces the last one and any override); 0: renew
 -- ARGV[8]  idle expiry in microseconds (0: never; see siq_touch)
--- ARGV[9..11]  the declared burst, quota, window (microseconds): the queue's with an
+-- ARGV[9..12]  the declared burst, quota, window (microseconds), concurrency: the queue's with an
 --          announcement (or a state created here)
 -- Returns {created (0|1), old declared_us, declared_us, old interval_us, interval_us,
 -- replaced override_us (0: none), its origin}, then each unreadable field of the sources
@@ -25,7 +25,7 @@ local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 local created, old_interval = 0, 0
 if not s then
-  s = siq_new(now, interval, ARGV[3], ARGV[9], ARGV[10], ARGV[11])
+  s = siq_new(now, interval, ARGV[3], ARGV[9], ARGV[10], ARGV[11], ARGV[12])
   siq_new_window(KEYS[10])
   created = 1
 else
@@ -53,7 +53,7 @@ siq_save_sources(KEYS[7], src)
 local effective = siq_effective(src)
 if effective > 0 then s.interval_us = effective end
 s.until_us = siq_until(src)
-if announce then siq_set_limits(s, ARGV[9], ARGV[10], ARGV[11]) end
+if announce then siq_set_limits(s, ARGV[9], ARGV[10], ARGV[11], ARGV[12]) end
 siq_save(KEYS[1], s)
 siq_touch(KEYS, s, tonumber(ARGV[8]), now)
 local reply = {created, old_declared, src.declared_us, old_interval, s.interval_us, replaced, replaced_by}

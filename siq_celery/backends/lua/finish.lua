@@ -7,6 +7,7 @@
 -- KEYS[9]  the queue's counts, for idle expiry too (they expire with the queue, not before)
 -- KEYS[10]  the queue's window (siq_units), for idle expiry too (it must not expire before
 --           the state, whose w_used counts its starts)
+-- KEYS[11]  the queue's leases (siq_give_back)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  task id
 -- ARGV[3]  retention in microseconds: older records are dropped
@@ -15,6 +16,7 @@
 -- ARGV[6]  outcome for the ledger (SUCCESS, FAILURE)
 -- ARGV[7]  1: remember the task as finished; 0: only write the ledger entry
 -- ARGV[8]  idle expiry in microseconds (0: never; see siq_touch)
+-- ARGV[9]  the run's concurrency lease, given back in this step ('' none)
 -- Returns the number of records kept.
 local now = siq_now(ARGV[1])
 local cap = tonumber(ARGV[5]) or 0
@@ -22,8 +24,13 @@ local function touch()
   local ttl = tonumber(ARGV[8]) or 0
   if ttl > 0 then
     local s = siq_load(KEYS[3])  -- corrupt state: touched as if running (no pause to keep)
-    siq_touch({KEYS[3], KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]}, s, ttl, now)
+    siq_touch({KEYS[3], KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
+               KEYS[11]}, s, ttl, now)
   end
+end
+if ARGV[9] and ARGV[9] ~= '' then
+  local s = siq_load(KEYS[3])  -- corrupt or missing state: the lease is given back all the same
+  siq_give_back(KEYS[11], KEYS[3], s, ARGV[9], now)
 end
 if cap > 0 then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', cap, '*', 'e', 'f', 'id', ARGV[2], 'ft', now, 'o', ARGV[6])

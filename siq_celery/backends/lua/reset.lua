@@ -12,8 +12,9 @@
 -- ARGV[4]  origin, for people: who reset it with that interval
 -- ARGV[5]  idle expiry in microseconds, or 0: the queue's own (an operator's command does
 --          not know it; a per-key queue keeps expiring when idle: siq_touch)
--- ARGV[6..8]  burst, quota, window (microseconds) for a state created here; an existing
---          state keeps its limits and its window (KEYS[10]: the starts happened)
+-- ARGV[6..9]  burst, quota, window (microseconds), concurrency for a state created here; an
+--          existing state keeps its limits, its window (KEYS[10]: the starts happened) and its
+--          leases (KEYS[11]: the bodies still run)
 -- Returns the state as siq_reply, then each unreadable field of the sources as 'field value'
 -- (dropped here: siq_sources); error SIQNOTFOUND if there is no state and ARGV[2] = 0.
 local now = siq_now(ARGV[1])
@@ -27,11 +28,11 @@ if s then
 elseif interval <= 0 then
   return redis.error_reply('SIQNOTFOUND')  -- missing (or corrupt) state and no interval given
 else
-  old = siq_new(now, interval, ARGV[3], ARGV[6], ARGV[7], ARGV[8])
+  old = siq_new(now, interval, ARGV[3], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
   siq_new_window(KEYS[10])
 end
 redis.call('DEL', KEYS[1])
-s = siq_new(now, interval, ARGV[3], old.burst, old.quota, old.window_us)
+s = siq_new(now, interval, ARGV[3], old.burst, old.quota, old.window_us, old.concurrency)
 s.last_start_us, s.until_us, s.idle_us, s.w_used = old.last_start_us, old.until_us, old.idle_us, old.w_used
 local started, held = old.started_us, old.held_until_us
 if seq then redis.call('HSET', KEYS[1], 'w_seq', seq) end

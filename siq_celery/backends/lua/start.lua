@@ -20,11 +20,14 @@
 -- ARGV[13]  idle expiry in microseconds (0: never; see siq_touch)
 -- ARGV[14]  starts without a finish after which task ARGV[4] is refused ('lost'); 0: no limit
 -- ARGV[15], ARGV[16]  retention (microseconds) and most records kept of those counts
--- ARGV[17..19]  burst, quota, window (microseconds) for a state created here
--- KEYS[10]  the queue's window (siq_units)
--- Returns {verdict, ticket, now_us, wait_us, slot_us, interval_us}; verdict is one of
+-- ARGV[17..20]  burst, quota, window (microseconds), concurrency for a state created here
+-- ARGV[21]  the lease member an authorized start takes in a queue with a concurrency cap
+-- ARGV[22]  the lease's time to live (microseconds): siq_lease_timeout
+-- KEYS[10]  the queue's window (siq_units); KEYS[11]  its leases (siq_read_leases)
+-- Returns {verdict, ticket, now_us, wait_us, slot_us, interval_us, lease, full}; verdict is one of
 -- 'authorized', 'wait', 'paused', 'reclaim', 'duplicate', 'lost'. With 'paused', wait_us is the
--- ticket's distance behind the head of the line (interval x tickets ahead of it).
+-- ticket's distance behind the head of the line (interval x tickets ahead of it). lease: the
+-- member taken ('' none); full: 1 when 'wait' because the concurrency cap is full.
 local now = siq_now(ARGV[1])
 local ticket = tonumber(ARGV[2]) or 0
 local cost = tonumber(ARGV[12]) or 1
@@ -32,7 +35,7 @@ local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then
   if tonumber(ARGV[5]) <= 0 then return redis.error_reply('SIQNOTFOUND') end
-  s = siq_new(now, tonumber(ARGV[5]), ARGV[6], ARGV[17], ARGV[18], ARGV[19])
+  s = siq_new(now, tonumber(ARGV[5]), ARGV[6], ARGV[17], ARGV[18], ARGV[19], ARGV[20])
   siq_new_window(KEYS[10])
   siq_save(KEYS[1], s)
   siq_touch(KEYS, s, tonumber(ARGV[13]), now)
@@ -45,27 +48,27 @@ local function refused(verdict)  -- counted for the exporter; the count expires 
 end
 if ARGV[4] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[4]) then
   refused('duplicate')
-  return {'duplicate', ticket, now, 0, 0, 0}
+  return {'duplicate', ticket, now, 0, 0, 0, '', 0}
 end
 local max_lost = ARGV[4] ~= '' and tonumber(ARGV[14]) or 0  -- poison messages (model.too_many_lost)
 if max_lost > 0 and siq_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15])) >= max_lost then
-  return {'lost', ticket, now, 0, 0, 0}
+  return {'lost', ticket, now, 0, 0, 0, '', 0}
 end
 if ticket < 1 then  -- FREE is for start_all only
   refused('reclaim')
-  return {'reclaim', ticket, now, 0, 0, 0}
+  return {'reclaim', ticket, now, 0, 0, 0, '', 0}
 end
-local verdict, wait, slot = siq_decide(KEYS[1], s, ticket, ARGV[3], cost, now, KEYS[10])
+local verdict, wait, slot, full = siq_decide(KEYS[1], s, ticket, ARGV[3], cost, now, KEYS[10], KEYS[11])
 if verdict == 'reclaim' then refused('reclaim') end
 if verdict ~= 'authorized' then
   local interval = s.interval_us
   if verdict == 'reclaim' then interval = 0 end
-  return {verdict, ticket, now, wait, slot, interval}
+  return {verdict, ticket, now, wait, slot, interval, '', full and 1 or 0}
 end
 local interval = s.interval_us  -- the interval this start was measured against
-siq_commit(KEYS[1], s, ticket, cost, now, KEYS[10])
+local lease = siq_commit(KEYS[1], s, ticket, cost, now, KEYS[10], KEYS[11], ARGV[21], now + tonumber(ARGV[22]))
 if max_lost > 0 then siq_count_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15]), tonumber(ARGV[16])) end
 siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11], cost)
 siq_count_start(KEYS[8], now, slot, interval, tonumber(ARGV[11]) or 0)
 siq_touch(KEYS, s, tonumber(ARGV[13]), now)
-return {'authorized', ticket, now, 0, slot, interval}
+return {'authorized', ticket, now, 0, slot, interval, lease, 0}

@@ -2,8 +2,9 @@
 -- per-day limit): authorized and recorded in every queue, or in none (model.start_all).
 -- A queue that would authorize while another says wait answers 'wait' with wait 0: no
 -- slot is held in one queue while the start waits for another.
--- KEYS[6i-5..6i]  queue i's state hash, finished-task set, ledger stream, counts (of refused
---                 and authorized starts), interval sources (siq_follow_expiry) and window (siq_units)
+-- KEYS[7i-6..7i]  queue i's state hash, finished-task set, ledger stream, counts (of refused
+--                 and authorized starts), interval sources (siq_follow_expiry), window (siq_units)
+--                 and leases (siq_read_leases)
 --                 (all keys in one hash slot on Redis Cluster: name the queues {group}rest)
 -- KEYS[#KEYS]  the first queue's starts without a finish per task id (see siq_unfinished)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
@@ -16,40 +17,43 @@
 --             microseconds for a state created here (0 = do not create); then three more:
 --             starts without a finish after which task ARGV[2] is refused ('lost', 0: no
 --             limit), the retention (microseconds) and the most records kept of those counts;
---             then per queue i, three values: burst, quota, window for a state created here
--- Returns one {verdict, ticket, now_us, wait_us, slot_us, interval_us} per queue.
+--             then per queue i, four values: burst, quota, window, concurrency for a state
+--             created here; then the lease member the start takes in each queue with a
+--             concurrency cap, and the lease's time to live (microseconds)
+-- Returns one {verdict, ticket, now_us, wait_us, slot_us, interval_us, lease, full} per queue.
 local now = siq_now(ARGV[1])
 local cost = tonumber(ARGV[8]) or 1
-local n = (#KEYS - 1) / 6
+local n = (#KEYS - 1) / 7
 local lost_args = 10 + 3 * n
 local limit_args = lost_args + 3
+local lease_args = limit_args + 4 * n
 local max_lost = ARGV[2] ~= '' and tonumber(ARGV[lost_args]) or 0  -- model.too_many_lost
 local states, tickets, replies = {}, {}, {}
 for i = 1, n do
-  local key = KEYS[6 * i - 5]
+  local key = KEYS[7 * i - 6]
   local s, err = siq_load(key)
   if err then return redis.error_reply(err) end
   if not s then
     local interval = tonumber(ARGV[9 + 3 * i]) or 0
     if interval <= 0 then return redis.error_reply('SIQNOTFOUND') end
-    local at = limit_args + 3 * (i - 1)
-    s = siq_new(now, interval, ARGV[9], ARGV[at], ARGV[at + 1], ARGV[at + 2])
-    siq_new_window(KEYS[6 * i])
+    local at = limit_args + 4 * (i - 1)
+    s = siq_new(now, interval, ARGV[9], ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3])
+    siq_new_window(KEYS[7 * i - 1])
     siq_save(key, s)
-  elseif siq_follow_expiry(KEYS[6 * i - 1], s, now) then
+  elseif siq_follow_expiry(KEYS[7 * i - 2], s, now) then
     siq_save(key, s)
   end
   states[i], tickets[i] = s, tonumber(ARGV[7 + 3 * i]) or 0
 end
 if ARGV[2] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[2]) then
   for i = 1, n do
-    replies[i] = {'duplicate', tickets[i], now, 0, 0, 0}
-    redis.call('HINCRBY', KEYS[6 * i - 2], 'duplicate', 1)
+    replies[i] = {'duplicate', tickets[i], now, 0, 0, 0, '', 0}
+    redis.call('HINCRBY', KEYS[7 * i - 3], 'duplicate', 1)
   end
   return replies
 end
 if max_lost > 0 and siq_unfinished(KEYS[#KEYS], ARGV[2], now, tonumber(ARGV[lost_args + 1])) >= max_lost then
-  for i = 1, n do replies[i] = {'lost', tickets[i], now, 0, 0, 0} end
+  for i = 1, n do replies[i] = {'lost', tickets[i], now, 0, 0, 0, '', 0} end
   return replies
 end
 local placed = false  -- a start needs a place in some line: not every ticket FREE (0)
@@ -58,19 +62,19 @@ for i = 1, n do
 end
 if not placed then
   for i = 1, n do
-    replies[i] = {'reclaim', tickets[i], now, 0, 0, 0}
-    redis.call('HINCRBY', KEYS[6 * i - 2], 'reclaim', 1)
+    replies[i] = {'reclaim', tickets[i], now, 0, 0, 0, '', 0}
+    redis.call('HINCRBY', KEYS[7 * i - 3], 'reclaim', 1)
   end
   return replies
 end
 local all = true
 for i = 1, n do
-  local verdict, wait, slot = siq_decide(KEYS[6 * i - 5], states[i], tickets[i], ARGV[8 + 3 * i], cost, now,
-                                         KEYS[6 * i])
-  if verdict == 'reclaim' then redis.call('HINCRBY', KEYS[6 * i - 2], 'reclaim', 1) end
+  local verdict, wait, slot, full = siq_decide(KEYS[7 * i - 6], states[i], tickets[i], ARGV[8 + 3 * i], cost, now,
+                                               KEYS[7 * i - 1], KEYS[7 * i])
+  if verdict == 'reclaim' then redis.call('HINCRBY', KEYS[7 * i - 3], 'reclaim', 1) end
   local interval = states[i].interval_us
   if verdict == 'reclaim' then interval = 0 end
-  replies[i] = {verdict, tickets[i], now, wait, slot, interval}
+  replies[i] = {verdict, tickets[i], now, wait, slot, interval, '', full and 1 or 0}
   if verdict ~= 'authorized' then all = false end
 end
 if not all then
@@ -85,8 +89,9 @@ if max_lost > 0 then
 end
 for i = 1, n do
   local s = states[i]
-  siq_commit(KEYS[6 * i - 5], s, tickets[i], cost, now, KEYS[6 * i])
-  siq_ledger_start(KEYS[6 * i - 3], cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7], cost)
-  siq_count_start(KEYS[6 * i - 2], now, replies[i][5], replies[i][6], tonumber(ARGV[7]) or 0)
+  replies[i][7] = siq_commit(KEYS[7 * i - 6], s, tickets[i], cost, now, KEYS[7 * i - 1], KEYS[7 * i],
+                              ARGV[lease_args], now + tonumber(ARGV[lease_args + 1]))
+  siq_ledger_start(KEYS[7 * i - 4], cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7], cost)
+  siq_count_start(KEYS[7 * i - 3], now, replies[i][5], replies[i][6], tonumber(ARGV[7]) or 0)
 end
 return replies

@@ -4,13 +4,13 @@
 -- KEYS[3], KEYS[4]  parked tasks not leased, and leased (sorted sets)
 -- KEYS[5]  the queue's interval sources hash
 -- KEYS[6]  the queue's counts (of refused starts, and siq_count_start's)
--- KEYS[7]  the queue's window (siq_units)
+-- KEYS[7]  the queue's window (siq_units); KEYS[8]  its leases (siq_read_leases)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- The interval reported is the one the next start will use (a node declaration that expired
 -- since the last recomputation no longer counts: siq_follow_expiry); nothing is written.
 -- Returns siq_reply (with when the last start was authorized and when the last back-off
 -- ends) followed by the finished and parked counts, the duplicates refused, the
--- reclaims, the cost units in the window ending now, the counts hash (HGETALL, one nested
+-- reclaims, the cost units in the window ending now, the live leases, the counts hash (HGETALL, one nested
 -- array), then siq_sources_reply;
 -- or an empty array if no state.
 local now = siq_now(ARGV[1])
@@ -36,6 +36,9 @@ if s.quota > 0 then  -- the starts that left the window, not yet forgotten
   end
 end
 table.insert(reply, math.max(used, 0))
+local live = 0
+if s.concurrency > 0 then live = redis.call('ZCOUNT', KEYS[8], now + 1, '+inf') end  -- expiry > now
+table.insert(reply, live)
 table.insert(reply, redis.call('HGETALL', KEYS[6]))
 for _, v in ipairs(siq_sources_reply(src)) do table.insert(reply, v) end
 return reply

@@ -1,0 +1,88 @@
+"""The worker side of the concurrency cap: every way a run ends gives its lease back, and a
+running body's lease is renewed from its process (leases.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.exceptions import Ignore
+
+from siq_celery import IntervalQueue, IntervalTask, Limit
+from siq_celery.backends import backend_from_url
+from siq_celery.leases import KEEPER, LeaseKeeper
+
+
+def make_app(tmp_path: Any, **conf: Any) -> Celery:
+    app = Celery("conc", broker="memory://", set_as_current=False)
+    app.conf.update(siq_url=f"sqlite:///{tmp_path}/s.db", task_always_eager=True, **conf)
+    return app
+
+
+def test_success_failure_retry_and_ignore_each_give_the_lease_back(tmp_path: Any) -> None:
+    app = make_app(tmp_path)
+    seen: list[int] = []
+
+    @app.task(base=IntervalTask, shared=False, concurrency=1, interval_queue="capped", bind=True, max_retries=1)
+    def work(self: Any, how: str) -> str:
+        seen.append(self.siq_queue().status().in_flight)
+        assert KEEPER.held() == [("capped", self.request.siq_lease)]
+        if how == "fail":
+            raise ValueError("the body failed")
+        if how == "retry" and self.request.retries == 0:
+            raise self.retry(countdown=0)
+        if how == "ignore":
+            raise Ignore()
+        return how
+
+    assert work.delay("ok").get() == "ok"
+    with pytest.raises(ValueError):
+        work.delay("fail").get()
+    assert work.delay("retry").get() == "retry"
+    work.delay("ignore")
+    q = work.siq_queue()
+    assert q.status().state.concurrency == 1
+    assert seen == [1, 1, 1, 1, 1] and q.status().in_flight == 0 and KEEPER.held() == []
+
+
+def test_the_task_attribute_and_the_default_setting_declare_the_cap(tmp_path: Any) -> None:
+    app = make_app(tmp_path, siq_default_concurrency=4)
+
+    @app.task(base=IntervalTask, shared=False, interval="1s")
+    def plain() -> None: ...
+
+    @app.task(base=IntervalTask, shared=False, concurrency=2, interval_queue="two")
+    def two() -> None: ...
+
+    @app.task(base=IntervalTask, shared=False, interval_queue={"three": Limit(concurrency=3)})
+    def three() -> None: ...
+
+    assert plain.siq_queue().limits.concurrency == 4
+    assert two.siq_queue().limits.concurrency == 2 and two.siq_queue().interval_us == 1  # no spacing of its own
+    assert three.siq_queue().limits.concurrency == 3
+
+
+def test_the_keeper_renews_the_leases_held_in_its_process(tmp_path: Any) -> None:
+    backend = backend_from_url(f"sqlite:///{tmp_path}/k.db", lease_timeout_us=1_500_000)
+    q = IntervalQueue("k", concurrency=1, backend=backend)
+    keeper = LeaseKeeper()
+    with q.slot() as d:  # the module's keeper renews it too: check a private one, by hand
+        keeper.hold(backend, ["k"], d.lease)
+        time.sleep(1.0)
+        keeper.renew_now()
+        time.sleep(1.0)  # past the first expiry: renewed, still held
+        assert q.status().in_flight == 1
+        keeper.drop(backend, ["k"], d.lease)
+        assert keeper.held() == []
+    assert q.status().in_flight == 0
+
+
+def test_the_keeper_thread_renews_every_third_of_the_timeout(tmp_path: Any) -> None:
+    backend = backend_from_url(f"sqlite:///{tmp_path}/t.db", lease_timeout_us=1_200_000)
+    q = IntervalQueue("t", concurrency=1, backend=backend)
+    with q.slot():
+        time.sleep(2.0)  # 1.7 timeouts: alive only if the thread renewed it
+        assert q.status().in_flight == 1
+    assert q.status().in_flight == 0
