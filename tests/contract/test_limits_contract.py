@@ -28,9 +28,9 @@ def at(store: Store, t_us: int) -> None:
     store.clock.now_us = t_us
 
 
-def fill_window(store: Store, q: IntervalQueue, t0: int, tickets: list[Ticket]) -> None:
-    """Tickets 1-3 start one interval apart from ``t0``: a quota of 3 is full."""
-    for n in range(3):
+def fill_window(store: Store, q: IntervalQueue, t0: int, tickets: list[Ticket], count: int = 3) -> None:
+    """The first ``count`` tickets start one interval apart from ``t0``: a quota of ``count`` is full."""
+    for n in range(count):
         at(store, t0 + (n + 1) * I)
         assert q.start(tickets[n]).authorized
 
@@ -151,9 +151,7 @@ def test_a_head_the_window_holds_is_not_an_outage(store: Store) -> None:
     q = queue(store, quota="2/10s")
     t0 = q.ensure().last_start_us
     tickets = q.claim_many(3)
-    for n in range(2):
-        at(store, t0 + (n + 1) * I)
-        assert q.start(tickets[n]).authorized
+    fill_window(store, q, t0, tickets, 2)
     at(store, t0 + 9 * S)  # the head's interval slot is 9 s past, but the window holds it
     d = q.start(tickets[2])
     assert d.verdict is Verdict.WAIT and d.slot_us == t0 + I + 10 * S
@@ -165,9 +163,7 @@ def test_parked_tickets_are_released_by_their_window_slot(store: Store) -> None:
     q = queue(store, quota="2/1h")
     t0 = q.ensure().last_start_us
     tickets = q.claim_many(3)
-    for n in range(2):
-        at(store, t0 + (n + 1) * I)
-        assert q.start(tickets[n]).authorized
+    fill_window(store, q, t0, tickets, 2)
     assert tickets[2].estimated_start_us == t0 + I + 3600 * S
     from siq_celery.types import ParkedTask
 
@@ -184,9 +180,7 @@ def test_pause_resume_and_reset_keep_the_window(store: Store) -> None:
     q = queue(store, quota="2/1s")
     t0 = q.ensure().last_start_us
     tickets = q.claim_many(2)
-    for n in range(2):
-        at(store, t0 + (n + 1) * I)
-        assert q.start(tickets[n]).authorized
+    fill_window(store, q, t0, tickets, 2)
     q.pause()
     at(store, t0 + 5 * I)
     q.resume(grace=0)
@@ -379,9 +373,7 @@ def test_a_window_whose_starts_vanished_counts_none(store: Store) -> None:
     q = queue(store, quota="2/1s")
     t0 = q.ensure().last_start_us
     tickets = q.claim_many(5)
-    for n in range(2):
-        at(store, t0 + (n + 1) * I)
-        assert q.start(tickets[n]).authorized
+    fill_window(store, q, t0, tickets, 2)
     redis_client_from_url(store.url).delete(f"{store.prefix}:{{{q.name}}}:window")  # expired before the state
     for n in range(2, 4):
         at(store, t0 + (n + 1) * I)
