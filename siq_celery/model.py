@@ -374,13 +374,6 @@ def window_slot(state: QueueState, window: Window | None, ticket: int, cost: int
     return 0 if units is None else units.slot(ticket, cost)
 
 
-def window_slots(state: QueueState, window: Window | None, first: int, count: int, now_us: int) -> list[int]:
-    """:func:`window_slot` of tickets ``first .. first + count - 1`` as the last unit of a
-    start (a claim's estimates: ClaimResult.window_us)."""
-    units = window_units(state, window, now_us)
-    return [] if units is None else [units.slot(t, 1) for t in range(first, first + count)]
-
-
 def outage_us(interval_us: int) -> int:
     """How late the head of the line may be before the backlog shifts to now (see start)."""
     return max(10 * interval_us, OUTAGE_MIN_US)
