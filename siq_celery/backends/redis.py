@@ -471,7 +471,8 @@ class RedisBackend(Backend):
 
     def _lost_args(self, task_id: str | None) -> list[int]:
         """The limit on starts without a finish (none without a task id of the caller's),
-        their retention and the most kept: the scripts' last three arguments."""
+        their retention and the most kept: three arguments of the start scripts, before
+        the limits (start.lua: ARGV[14..16]; start_all.lua: after the per-queue ones)."""
         limit = self.max_lost_deliveries if task_id is not None else 0
         return [limit, self.finished_retention_us, self.finished_max]
 

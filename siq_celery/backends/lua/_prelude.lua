@@ -114,12 +114,16 @@ local function siq_shift_after_outage(s, now, overdue, held)
   return true
 end
 
--- Idle expiry (per-key queues): every key of the queue expires ttl_us after the queue's
--- last claim, start or finish, unless it is paused or holds parked tasks (those outlive
--- any idle time). keys: the queue's keys in QueueKeys.all order (state, finished, ledger,
--- parked, parked messages, releasing, intervals). ttl_us <= 0: keys never expire. now: the store time.
--- The idle time is kept in the state (idle_us), so a script whose caller does not know it
--- (an operator's reset or override) passes 0 and the queue's own is used.
+-- Idle expiry (per-key queues): every key in keys expires ttl_us after the queue's last
+-- commitment (below), counted from now, unless it is paused or holds parked tasks (those
+-- outlive any idle time: the keys are made persistent). keys: the queue's keys, every one
+-- of which gets the expiry; read here are keys[1] the state hash (idle_us is written
+-- there), keys[4] and keys[6] its parked tasks not leased and leased (QueueKeys.all
+-- order: state, finished, ledger, parked, parked messages, releasing, intervals, refused,
+-- unfinished, window, leases) and, if given, keys[11] its leases. s: the state (nil: none
+-- or corrupt). ttl_us <= 0: the state's own idle_us; with none either, nothing expires.
+-- now: the store time. The idle time is kept in the state (idle_us), so a script whose caller does
+-- not know it (an operator's reset or override) passes 0 and the queue's own is used.
 local function siq_touch(keys, s, ttl_us, now)
   if (not ttl_us or ttl_us <= 0) and s ~= nil then ttl_us = s.idle_us end
   if not ttl_us or ttl_us <= 0 then return end
