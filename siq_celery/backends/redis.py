@@ -443,20 +443,18 @@ class RedisBackend(Backend):
         limits: Sequence[Limits] | None = None,
         lease: str = "",
     ) -> list[Decision]:
-        keys = [
-            key for q in queues for key in (self.keys(q).state, self.keys(q).finished, self.keys(q).ledger,
-                                            self.keys(q).refused, self.keys(q).intervals, self.keys(q).window,
-                                            self.keys(q).leases)
-        ]  # fmt: skip
+        keys = [key for q in queues for key in self.keys(q).all]  # every key: idle expiry (siq_touch)
         each = list(limits) if limits is not None else [NO_LIMITS] * len(queues)
-        keys.append(self.keys(queues[0]).unfinished)
         lost = self._lost_args(task_id)
         if record is not None and self.ledger_max:
             ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
         else:
             ledger = [0, "", "", 0, record.deferrals if record is not None else 0]  # deferrals: counted anyway
-        per_queue = [v for t, e, i in zip(tickets, epochs, interval_us, strict=True) for v in (t, e, i)]
+        per_queue = [
+            v for q, t, e, i in zip(queues, tickets, epochs, interval_us, strict=True)
+            for v in (t, e, i, self.idle_expiry_us(q))
+        ]  # fmt: skip
         if isinstance(self.client, RedisCluster) and len({self.client.keyslot(k) for k in keys}) > 1:
             raise ConfigurationError(
                 f"queues {list(queues)!r} are in different Redis Cluster hash slots, so one script cannot "
