@@ -294,9 +294,24 @@ local function siq_give_back(lkey, skey, s, member, now)
   return kept
 end
 
--- Whether the concurrency cap is full at now (reads the leases).
-local function siq_full(lkey, skey, s, now)
-  return s.concurrency > 0 and siq_read_leases(lkey, skey, s, now) >= s.concurrency
+-- The live leases at now of a queue with a concurrency cap, 0 without one (reads the leases).
+local function siq_live(lkey, skey, s, now)
+  if s.concurrency <= 0 then return 0 end
+  return siq_read_leases(lkey, skey, s, now)
+end
+
+local SIQ_LEASE_GRACE_US = 2 * SIQ_LEASE_POLL_US  -- model.LEASE_GRACE_US
+
+-- When ticket may take one of the free leases, as far as the tickets ahead of it in line go
+-- (model.lease_turn; 0: now): each ticket ahead keeps a claim on a lease until
+-- SIQ_LEASE_GRACE_US after its slot, and ticket takes a lease only if one is left over for
+-- each claim still held (live: the leases taken).
+local function siq_lease_turn(s, ticket, live)
+  local ahead = ticket - s.current - 1
+  if s.concurrency <= 0 or ticket == 0 or ahead <= 0 then return 0 end
+  local claims = ahead - (s.concurrency - live - 1)
+  if claims <= 0 then return 0 end
+  return math.max(s.anchor_us + claims * s.interval_us, siq_cap(s)) + SIQ_LEASE_GRACE_US
 end
 
 -- May ticket start now (model.decide; ticket 0 is FREE: no place in the line, the next
@@ -304,11 +319,12 @@ end
 -- saved if the line shifted after an outage (that repair is due whatever the answer).
 -- With 'paused', wait_us is the ticket's distance behind the head of the line. wkey: the
 -- queue's window (its quota's starts); lkey: its leases. A fourth value, true: 'wait' because
--- the slot came and the concurrency cap is full (wait_us: a short poll).
+-- the slot came and the concurrency cap is full, or the free leases are claimed by the
+-- tickets ahead (siq_lease_turn); wait_us: a short poll, or until the claim lapses.
 local function siq_decide(key, s, ticket, epoch, cost, now, wkey, lkey)
   if ticket == 0 then  -- FREE: no place in this queue's line; the next free slot
     if s.paused == 1 then return 'paused', 0, 0 end
-    local full = siq_full(lkey, key, s, now)
+    local full = s.concurrency > 0 and siq_live(lkey, key, s, now) >= s.concurrency
     local cap = math.max(siq_cap(s), siq_window_slot(siq_units(wkey, key, s, now), 0, cost))
     if now < cap then return 'wait', cap - now, cap end
     if full then return 'wait', siq_lease_wait(lkey, now), cap, true end
@@ -320,7 +336,8 @@ local function siq_decide(key, s, ticket, epoch, cost, now, wkey, lkey)
   if s.paused == 1 then
     return 'paused', math.max(ticket - s.current - 1, 0) * s.interval_us, 0
   end
-  local full = siq_full(lkey, key, s, now)  -- first: a release may move the line
+  local live = siq_live(lkey, key, s, now)  -- first: a release may move the line
+  local full = s.concurrency > 0 and live >= s.concurrency
   local u = siq_units(wkey, key, s, now)
   if ticket > s.current then  -- a head held by the window or by a full cap is not late
     local held = siq_window_slot(u, s.current + 1, 1)
@@ -332,6 +349,8 @@ local function siq_decide(key, s, ticket, epoch, cost, now, wkey, lkey)
   local slot = math.max(due, siq_cap(s), siq_window_slot(u, ticket, cost))
   if now < slot then return 'wait', slot - now, slot end
   if full then return 'wait', siq_lease_wait(lkey, now), slot, true end
+  local turn = siq_lease_turn(s, ticket, live)  -- the tickets ahead keep their claims on the leases
+  if now < turn then return 'wait', math.min(siq_lease_wait(lkey, now), turn - now), slot, true end
   return 'authorized', 0, slot
 end
 
