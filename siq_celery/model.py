@@ -382,6 +382,40 @@ def window_used(window: Window, cutoff_us: int) -> int:
     return window.used() - lo
 
 
+class _ReadView:
+    """A :class:`Window` read without a write: its trim only hides the starts that left."""
+
+    def __init__(self, window: Window) -> None:
+        self.window, self.gone = window, 0
+
+    def trim(self, cutoff_us: int) -> None:
+        self.gone = self.window.used() - window_used(self.window, cutoff_us)
+
+    def used(self) -> int:
+        return self.window.used() - self.gone
+
+    def unit_time(self, unit: int) -> int:
+        return self.window.unit_time(unit + self.gone)
+
+    def add(self, t_us: int, cost: int) -> None:
+        raise TypeError("a status reads the window, it does not write it")
+
+    def move(self, from_us: int, to_us: int) -> None:
+        raise TypeError("a status reads the window, it does not write it")
+
+
+def status_window(state: QueueState, window: Window | None, now_us: int) -> tuple[int, int]:
+    """When the window quota lets the head of the line start, and the last ticket claimed
+    (0 when it allows it now, or without a quota or a backlog), each as a start of cost 1,
+    as a claim estimates it (:meth:`WindowUnits.slot`); read only, for the status (neither
+    ``state`` nor ``window`` changes)."""
+    if not state.quota or window is None:
+        return 0, 0
+    units = WindowUnits(replace(state), _ReadView(window), now_us)
+    last = units.slot(state.ticket, 1) if state.ticket > state.current else 0
+    return units.slot(state.current + 1, 1), last
+
+
 def window_units(state: QueueState, window: Window | None, now_us: int) -> WindowUnits | None:
     """The window read at ``now_us`` (see :class:`WindowUnits`; mutates ``state``), or None
     without a quota."""

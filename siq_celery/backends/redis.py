@@ -620,13 +620,15 @@ class RedisBackend(Backend):
         if not reply:
             return None
         state, now = self._state(reply)
-        finished, parked, duplicates, reclaims, used, live = (int(v) for v in reply[STATE_REPLY : STATE_REPLY + 6])
-        raw = reply[STATE_REPLY + 6]
+        finished, parked, duplicates, reclaims, used, live, head, last = (
+            int(v) for v in reply[STATE_REPLY : STATE_REPLY + 8]
+        )
+        raw = reply[STATE_REPLY + 8]
         counts = counts_from_fields({raw[i].decode(): int(raw[i + 1]) for i in range(0, len(raw), 2)})
-        sources = _sources(reply[STATE_REPLY + 7 :])
+        sources = _sources(reply[STATE_REPLY + 9 :])
         return QueueStatus(
             queue, state, now, finished, parked, sources, duplicates, reclaims, window_used=used, counts=counts,
-            in_flight=live,
+            in_flight=live, window_next_us=head, window_last_us=last,
         )  # fmt: skip
 
     #: Commands sent in one pipeline by the exporter's reads of many queues.

@@ -165,12 +165,14 @@ local function siq_member_cost(member)
 end
 
 -- When the unit-th cost unit kept started (oldest first): by rank when every start cost 1.
+-- u.skip: the starts (members) before the first one kept, that a read only hides.
 local function siq_unit_time(u, unit)
-  if u.ones == nil then u.ones = redis.call('ZCARD', u.key) == u.s.w_used end
+  if u.ones == nil then u.ones = redis.call('ZCARD', u.key) - u.skip == u.s.w_used end
   if u.ones then
-    return tonumber(redis.call('ZRANGE', u.key, unit - 1, unit - 1, 'WITHSCORES')[2])
+    local rank = unit - 1 + u.skip
+    return tonumber(redis.call('ZRANGE', u.key, rank, rank, 'WITHSCORES')[2])
   end
-  if not u.list then u.list = redis.call('ZRANGE', u.key, 0, -1, 'WITHSCORES') end
+  if not u.list then u.list = redis.call('ZRANGE', u.key, u.skip, -1, 'WITHSCORES') end
   for j = 1, #u.list, 2 do
     unit = unit - siq_member_cost(u.list[j])
     if unit <= 0 then return tonumber(u.list[j + 1]) end
@@ -187,7 +189,7 @@ local function siq_units(wkey, skey, s, now)
     s.w_used = 0
     redis.call('HSET', skey, 'w_used', 0)
   end
-  local u = {key = wkey, s = s, times = {}}
+  local u = {key = wkey, s = s, times = {}, skip = 0}
   local cutoff = now - s.window_us
   local unit = s.w_used + 1 - s.quota
   if unit >= 1 then
@@ -207,6 +209,31 @@ local function siq_units(wkey, skey, s, now)
     u.ones, u.list = nil, nil
   end
   u.m = s.w_used
+  return u
+end
+
+-- The window read at now without a write (model.status_window): siq_units on a copy of s,
+-- hiding the starts that left the window instead of forgetting them; nil without a quota.
+local function siq_units_read(wkey, s, now)
+  if s.quota <= 0 then return nil end
+  local c = {}
+  for k, v in pairs(s) do c[k] = v end
+  if c.w_used > 0 and redis.call('ZCARD', wkey) == 0 then c.w_used = 0 end  -- its starts expired
+  local u = {key = wkey, s = c, times = {}, skip = 0}
+  local cutoff = now - c.window_us
+  local unit = c.w_used + 1 - c.quota
+  if unit >= 1 then
+    local left = siq_unit_time(u, unit)
+    if left and left <= cutoff then c.anchor_us = math.max(c.anchor_us, left + c.window_us - c.interval_us) end
+  end
+  local gone = redis.call('ZRANGEBYSCORE', wkey, '-inf', cutoff)
+  if #gone > 0 then
+    local units = 0
+    for _, member in ipairs(gone) do units = units + siq_member_cost(member) end
+    c.w_used = math.max(c.w_used - units, 0)
+    u.skip, u.ones, u.list = #gone, nil, nil
+  end
+  u.m = c.w_used
   return u
 end
 
