@@ -366,8 +366,16 @@ class StoresAgree(RuleBasedStateMachine):
     @rule(interval=st.sampled_from(INTERVALS))
     def set_interval(self, interval: int) -> None:
         self._all("set_interval", interval)
+        self._interval_changed(self.ref.q["I"], interval)  # type: ignore[index, arg-type]
         self.ref.q["I"] = interval  # type: ignore[index]
         self.backoffs.clear()
+
+    def _interval_changed(self, old: int, new: int) -> None:
+        """A new interval applies from the next start: it may come the new interval after the
+        last slot the last start used (a cost's later slots were counted at the old one)."""
+        if self.starts:
+            at, least = self.starts[-1]
+            self.starts[-1] = (at, least - old + new)
 
     @precondition(lambda self: self.ref.q is not None)
     @rule(interval=st.sampled_from([None, *INTERVALS]))
@@ -375,6 +383,7 @@ class StoresAgree(RuleBasedStateMachine):
         epoch = next(self.epochs)
         self._all("reset", interval, epoch)
         old = self.ref.q
+        self._interval_changed(old["I"], interval or old["I"])  # type: ignore[index, arg-type]
         q = self.ref._new(interval or old["I"], epoch)  # type: ignore[index, arg-type]
         q["last"], q["anchor"] = old["last"], self.clock.now_us - q["I"]  # type: ignore[index, operator]
         self.ref.q = q
