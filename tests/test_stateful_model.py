@@ -387,6 +387,8 @@ class StoresAgree(RuleBasedStateMachine):
         q = self.ref._new(interval or old["I"], epoch)  # type: ignore[index, arg-type]
         q["last"], q["anchor"] = old["last"], self.clock.now_us - q["I"]  # type: ignore[index, operator]
         self.ref.q = q
+        if interval:  # as set_interval: another interval moves the back-off's end (burst x interval too)
+            self.backoffs.clear()
 
     @rule()
     def lose_state(self) -> None:
@@ -398,6 +400,9 @@ class StoresAgree(RuleBasedStateMachine):
         self.ref.leases.clear()  # and its leases
         self.window_starts.clear()
         self.backoffs.clear()
+        if self.starts:  # the new life's first start waits one interval from its creation, not from this start
+            at, least = self.starts[-1]
+            self.starts[-1] = (at, min(least, self.interval))
 
     @invariant()
     def states_agree(self) -> None:
