@@ -320,7 +320,7 @@ class PerKeyDeclarations:
         self._renewed: OrderedDict[str, tuple[float, IntervalQueue, str]] = OrderedDict()
         self._lock = threading.Lock()
         self._failures = Throttle(60.0)
-        self._changes: LRUCache[tuple[str, int, int, int], bool] = LRUCache(1_000)
+        self._changes: LRUCache[tuple[object, ...], bool] = LRUCache(1_000)
 
     def on_use(self, queue: IntervalQueue, node: str, task: str = "") -> None:
         now = time.monotonic()
@@ -346,7 +346,8 @@ class PerKeyDeclarations:
             return
         line = describe(queue.name, done, origin) if not done.created else None
         if line:
-            change = (task, done.old_declared_us, done.declared_us, done.replaced_override_us)
+            change = (task, done.old_declared_us, done.declared_us, done.replaced_override_us,
+                      done.old_declared_limits, done.declared_limits, done.replaced_limits)  # fmt: skip
             if change in self._changes:
                 logger.debug("siq_celery: %s", line)
                 return

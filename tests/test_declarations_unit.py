@@ -425,3 +425,19 @@ def test_a_renewal_says_when_the_effective_limits_followed_an_expiry(
         node.renew_if_due()
     assert "queue 'api': effective limits concurrency 1 -> none (a worker's declaration expired" in caplog.text
     node.withdraw()
+
+
+def test_a_deploy_that_changes_per_key_limits_logs_each_change_once_not_once_per_key(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = siq_state(make_app(tmp_path)).backend
+    for n, cap in enumerate((5, 5, 4, 4)):  # keys declared by two earlier deploys
+        IntervalQueue(f"shop:{n}", backend=backend, interval="1s", concurrency=cap).declare(origin="old code")
+    per_key = PerKeyDeclarations(ttl=30.0)
+    with caplog.at_level(logging.WARNING, "siq_celery"):
+        for n in range(4):
+            per_key.on_use(IntervalQueue(f"shop:{n}", backend=backend, interval="1s", concurrency=3), "w1@host")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert "queue 'shop:0': declared limits concurrency 5 -> concurrency 3" in warnings[0]
+    assert "queue 'shop:2': declared limits concurrency 4 -> concurrency 3" in warnings[1]
