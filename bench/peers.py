@@ -32,8 +32,9 @@ same 4 processes): ``siq`` (burst 0), ``siq-burst`` (``burst=B``), ``bullmq`` (i
 at the same rate, ``{max: 1, duration: I}``) and ``bullmq-burst`` (``{max: B + 1,
 duration: (B + 1) x I}``, the same rate in windows of B + 1). Besides the rate, the
 *excess*: the most starts any half-open window of any length W holds beyond ceil(W / I),
-computed exactly (bench/checks.py), on the store's clock (siq_celery's authorized starts;
-the bound is B) and on the bodies' clock (host).
+computed exactly (bench/checks.py), on the store's clock (siq_celery: the start times its
+bodies were given, ``Decision.now_us``, and the ledger's ``start_us`` of the run; the bound
+is B) and on the bodies' clock (host).
 
 **concurrency** (``concurrency=N``, default 3; 3 nodes x ``-c 4``, 150 bodies of 200 ms):
 siq_celery's cap beside BullMQ's global concurrency (``queue.setGlobalConcurrency(N)``, 3
@@ -197,6 +198,7 @@ class Bench:
             publish = app.tasks[task]
             if limiter.startswith("siq"):
                 publish.siq_queue().declare(interval_s)  # the publisher runs this interval's code too
+            begin = time.time()  # the last run's starts came before its workers stopped, seconds ago
             for n in range(count):
                 publish.delay(n, bodies[n % len(bodies)])
             rows = collect(self.record, count, 60 + 3 * count * interval_s)
@@ -204,7 +206,12 @@ class Bench:
             for w in workers:
                 w.stop(10)
             self.broker.delete(queue)  # what a run could not start must not leak into the next
-        return metrics(rows, interval_s) if len(rows) > 1 else {}
+        out = metrics(rows, interval_s) if len(rows) > 1 else {}
+        if out and limiter.startswith("siq"):  # the store's own record of its authorized starts
+            ledger = [r.start_us for r in publish.siq_queue().ledger(since=begin - 0.5)]
+            out["excess_ledger"] = burst_excess(ledger, round(interval_s * 1e6)).excess
+            out["ledger_rows"] = len(ledger)
+        return out
 
     def run_celery_capped(self, cap: int, count: int, body_s: float, nodes: int, procs: int) -> dict[str, float]:
         from bench.peers_app import app
@@ -362,9 +369,9 @@ def burst(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None:
     }  # fmt: skip
     print(f"# burst: excess = most starts in a half-open window of any length W beyond ceil(W / I); "
           f"4 worker processes, {args.runs} runs per cell: median (min-max); {load()}\n", flush=True)  # fmt: skip
-    print("| interval | bodies | limiter | achieved rate | excess, store clock | excess, bodies | smallest gap "
-          "| p99 lateness | inversions | store-clock gaps < I |")  # fmt: skip
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+    print("| interval | bodies | limiter | achieved rate | excess, store clock | excess, ledger | excess, bodies "
+          "| smallest gap | p99 lateness | inversions | store-clock gaps < I |")  # fmt: skip
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
     summary = []
     for ms in (float(x) for x in args.intervals.split(",")):
         interval_s = ms / 1000
@@ -379,15 +386,18 @@ def burst(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None:
                 ])  # fmt: skip
                 siq = limiter.startswith("siq")
                 store = cells("excess_store", WHOLE) if siq else "n/a"
+                ledger = f"{cells('excess_ledger', WHOLE)} of {cells('ledger_rows', WHOLE)} rows" if siq else "n/a"
                 print(
                     f"| {ms:g} ms | {profile} | {names[limiter]} | {cells('rate', PCT)} | {store} "
+                    f"| {cells('excess_ledger', WHOLE) if siq else 'n/a'} "
                     f"| {cells('excess_bodies', WHOLE)} | {cells('min_gap', MS)} | {cells('p99_late', MS)} "
                     f"| {cells('inversions', WHOLE)} | {cells('store_violations', WHOLE) if siq else 'n/a'} |",
                     flush=True,
                 )
                 bound = f" (bound {b if limiter == 'siq-burst' else 0})" if siq else ""
+                bodies_excess = cells("excess_bodies", WHOLE)
                 summary.append(f"SUMMARY burst {ms:g}ms {profile} {names[limiter]}: rate {cells('rate', PCT)}, "
-                               f"excess store clock {store}{bound}, bodies {cells('excess_bodies', WHOLE)}, "
+                               f"excess store clock {store}{bound}, ledger {ledger}, bodies {bodies_excess}, "
                                f"{len(cells.runs)} runs of {count}")  # fmt: skip
         print(f"<!-- {ms:g} ms: {count} tasks per run -->", flush=True)
     print("\n" + "\n".join(summary) + f"\nSUMMARY burst done: {load()}\n", flush=True)
