@@ -130,7 +130,12 @@ def _next_start(st: QueueStatus) -> str:
 
 def _spacing(st: QueueStatus) -> str:
     """The interval; 'none' for a queue that only has a quota (no spacing of its own)."""
-    return "none" if st.state.interval_us <= NO_SPACING_US else format_interval(st.state.interval_us)
+    return _interval_text(st.state.interval_us)
+
+
+def _interval_text(interval_us: int) -> str:
+    """An interval as the status shows it: 'none' for no spacing of its own."""
+    return "none" if interval_us <= NO_SPACING_US else format_interval(interval_us)
 
 
 def _limits(st: QueueStatus) -> str:
@@ -177,9 +182,9 @@ def _declared(st: QueueStatus) -> str:
     if not src.declared_us:
         return "-"
     others = sorted({n.interval_us for n in src.live(st.now_us)} - {src.declared_us})
-    text = format_interval(src.declared_us)
+    text = _interval_text(src.declared_us)
     if others:
-        text += f" (live: {', '.join(format_interval(i) for i in others)})"
+        text += f" (live: {', '.join(_interval_text(i) for i in others)})"
     declared = src.declared_limits
     live = {n.limits for n in src.live(st.now_us) if n.limits is not None} - {declared}
     if declared and (declared != NO_LIMITS or live):
