@@ -23,9 +23,7 @@ else
   src.override_us, src.override_by, src.override_at_us = 0, '', 0
 end
 siq_save_sources(KEYS[7], src)
-local effective = siq_effective(src)
-if effective > 0 then s.interval_us = effective end
-s.until_us = siq_until(src)
+siq_apply_sources(src, s)
 siq_save(KEYS[1], s)
 siq_touch(KEYS, s, tonumber(ARGV[4]), now)
 local reply = siq_reply(s, now)
