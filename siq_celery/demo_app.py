@@ -20,6 +20,7 @@ import redis
 from celery import Celery
 
 from siq_celery import IntervalTask
+from siq_celery.readings import drain_seconds
 
 STARTS_KEY = "siq-demo:starts"
 BROKER = os.environ.get("SIQ_DEMO_BROKER", "redis://127.0.0.1:6379/0")
@@ -66,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     queue = call_api.siq_queue()
     for n in range(count):
         call_api.delay(n)
-    state = queue.status().state
-    last_in = state.backlog * state.interval_us / 1e6
+    status = queue.status()
+    state, last_in = status.state, drain_seconds(status)
     print(f"published {count} tasks to interval queue {queue.name!r} ({state.interval_us / 1000:g} ms): "
           f"backlog {state.backlog}, the last starts in about {last_in:.1f} s")  # fmt: skip
     return 0

@@ -181,6 +181,11 @@ class DictLeases:
 #: While the concurrency cap is full, a start whose slot came is told to ask again after this
 #: (or at the earliest lease expiry, if sooner): a finish frees a lease at a time no one knows.
 LEASE_POLL_US = 10_000
+#: A ticket whose slot came keeps its claim on a free lease this long after its slot (after
+#: the release, for a line the full cap held): the tickets behind it take no lease it needs
+#: meanwhile. Twice the poll of a start the full cap holds, so the head asks in time even
+#: when its poll comes a round trip or a scheduling delay late.
+LEASE_GRACE_US = 2 * LEASE_POLL_US
 
 
 def release_shift(state: QueueState, at_us: int) -> None:
@@ -207,6 +212,24 @@ def read_leases(state: QueueState | None, leases: Leases | None, now_us: int) ->
     if state is not None and n and gone and before >= n > before - len(gone):
         release_shift(state, gone[before - n])
     return before - len(gone)
+
+
+def lease_turn(state: QueueState, ticket: int, live: int) -> int:
+    """When ``ticket`` may take one of the free leases, as far as the tickets ahead of it in
+    line go (0: now). Each ticket ahead (``current + 1 .. ticket - 1``) keeps a claim on a
+    lease until :data:`LEASE_GRACE_US` after its slot; ``ticket`` may take a lease only if
+    one is left over for each claim still held (``live``: the leases taken). So a lease freed
+    while the cap was full goes to the head of the line, which polls every
+    :data:`LEASE_POLL_US`, not to a later ticket that asks first; a ticket that never asks
+    holds a lease back for the grace, no more. A ticket passed over (``<= current``) or
+    :data:`FREE` has no place in the line and no one ahead of it."""
+    ahead = ticket - state.current - 1
+    if not state.concurrency or ticket == FREE or ahead <= 0:
+        return 0
+    claims = ahead - (state.concurrency - live - 1)  # claims beyond the leases left over: must lapse first
+    if claims <= 0:
+        return 0
+    return slot_of(state, state.current + claims) + LEASE_GRACE_US
 
 
 def lease_wait(leases: Leases, now_us: int) -> int:
@@ -361,6 +384,40 @@ def window_used(window: Window, cutoff_us: int) -> int:
     return window.used() - lo
 
 
+class _ReadView:
+    """A :class:`Window` read without a write: its trim only hides the starts that left."""
+
+    def __init__(self, window: Window) -> None:
+        self.window, self.gone = window, 0
+
+    def trim(self, cutoff_us: int) -> None:
+        self.gone = self.window.used() - window_used(self.window, cutoff_us)
+
+    def used(self) -> int:
+        return self.window.used() - self.gone
+
+    def unit_time(self, unit: int) -> int:
+        return self.window.unit_time(unit + self.gone)
+
+    def add(self, t_us: int, cost: int) -> None:
+        raise TypeError("a status reads the window, it does not write it")
+
+    def move(self, from_us: int, to_us: int) -> None:
+        raise TypeError("a status reads the window, it does not write it")
+
+
+def status_window(state: QueueState, window: Window | None, now_us: int) -> tuple[int, int]:
+    """When the window quota lets the head of the line start, and the last ticket claimed
+    (0 when it allows it now, or without a quota or a backlog), each as a start of cost 1,
+    as a claim estimates it (:meth:`WindowUnits.slot`); read only, for the status (neither
+    ``state`` nor ``window`` changes)."""
+    if not state.quota or window is None:
+        return 0, 0
+    units = WindowUnits(replace(state), _ReadView(window), now_us)
+    last = units.slot(state.ticket, 1) if state.ticket > state.current else 0
+    return units.slot(state.current + 1, 1), last
+
+
 def window_units(state: QueueState, window: Window | None, now_us: int) -> WindowUnits | None:
     """The window read at ``now_us`` (see :class:`WindowUnits`; mutates ``state``), or None
     without a quota."""
@@ -435,9 +492,10 @@ def start(
     return decision
 
 
-def _full(state: QueueState, leases: Leases | None, now_us: int) -> bool:
-    """Whether the concurrency cap is full at ``now_us`` (reads the leases: :func:`read_leases`)."""
-    return bool(state.concurrency) and leases is not None and read_leases(state, leases, now_us) >= state.concurrency
+def _live(state: QueueState, leases: Leases | None, now_us: int) -> int:
+    """The live leases at ``now_us`` of a queue with a concurrency cap, 0 without one
+    (reads the leases: :func:`read_leases`)."""
+    return read_leases(state, leases, now_us) if state.concurrency and leases is not None else 0
 
 
 def decide(
@@ -448,7 +506,8 @@ def decide(
     long-overdue line: that is the state's own repair, due whatever the answer).
     Ticket :data:`FREE` has no place in the line: it takes the next free slot. A start
     whose slot came while the concurrency cap is full answers WAIT with ``full`` and a
-    short poll (:func:`lease_wait`)."""
+    short poll (:func:`lease_wait`); so does a start behind tickets that keep their claim on
+    the free leases (:func:`lease_turn`), until the first claim it waits for lapses."""
     if finished:
         return Decision(Verdict.DUPLICATE, ticket, now_us)
     if lost:
@@ -456,7 +515,7 @@ def decide(
     if ticket == FREE:
         if state.paused:
             return Decision(Verdict.PAUSED, ticket, now_us, interval_us=state.interval_us)
-        full = _full(state, leases, now_us)
+        full = bool(state.concurrency) and _live(state, leases, now_us) >= state.concurrency
         slot = max(cap(state), window_slot(state, window, FREE, cost, now_us))
         if now_us < slot:
             return Decision(Verdict.WAIT, ticket, now_us, slot - now_us, slot, state.interval_us)
@@ -472,7 +531,8 @@ def decide(
         # comes back after the resume can come back in ticket order.
         offset = max(ticket - state.current - 1, 0) * state.interval_us
         return Decision(Verdict.PAUSED, ticket, now_us, wait_us=offset, interval_us=state.interval_us)
-    full = _full(state, leases, now_us)  # first: a release may move the line
+    live = _live(state, leases, now_us)  # first: a release may move the line
+    full = bool(state.concurrency) and live >= state.concurrency
     units = window_units(state, window, now_us)
     if ticket > state.current:  # a head held by the window or by a full cap is not late
         held = max(0 if units is None else units.slot(state.current + 1, 1), now_us if full else 0)
@@ -480,9 +540,11 @@ def decide(
     slot = max(slot_of(state, ticket), 0 if units is None else units.slot(ticket, cost))
     if now_us < slot:
         return Decision(Verdict.WAIT, ticket, now_us, slot - now_us, slot, state.interval_us)
-    if full:
+    turn = lease_turn(state, ticket, live) if leases is not None else 0  # the tickets ahead keep their claims
+    if full or now_us < turn:
         assert leases is not None
-        return Decision(Verdict.WAIT, ticket, now_us, lease_wait(leases, now_us), slot, state.interval_us, full=True)
+        wait = lease_wait(leases, now_us) if full else min(lease_wait(leases, now_us), turn - now_us)
+        return Decision(Verdict.WAIT, ticket, now_us, wait, slot, state.interval_us, full=True)
     return Decision(Verdict.AUTHORIZED, ticket, now_us, 0, slot, state.interval_us)
 
 

@@ -217,13 +217,21 @@ class QueueStatus:
     counts: StartCounts = StartCounts()  #: the store's counters of authorized starts
     window_used: int = 0  #: cost units started in the window ending now (a quota's use)
     in_flight: int = 0  #: live leases: bodies running now (a concurrency cap's use)
+    #: When the window quota lets the head of the line (the next ticket) start, as a start of
+    #: cost 1 (0: the window allows it now, or there is no quota): model.status_window.
+    window_next_us: int = 0
+    #: When the window quota lets the last ticket claimed start (0: as above, or no backlog).
+    window_last_us: int = 0
 
     @property
     def next_start_us(self) -> int:
-        """Earliest store time at which the next ticket could start (now, if it could
-        start at once)."""
+        """Earliest store time at which the next ticket could start (now, if it could start
+        at once): its slot by the interval, the rate cap less the burst credit (GCRA), and
+        the window quota, as a claim or a start computes it (model.slot_of, window_slot). A
+        pause, a full concurrency cap and an outage's settle are not counted."""
         s = self.state
-        return max(s.anchor_us + s.interval_us, s.last_start_us + s.interval_us, self.now_us)
+        cap = s.last_start_us + s.interval_us - s.burst * s.interval_us
+        return max(s.anchor_us + s.interval_us, cap, self.window_next_us, self.now_us)
 
     @property
     def held_until_us(self) -> int:

@@ -32,6 +32,7 @@ TASKS = ["a", "b", "c", "d"]
 MAX_LOST = 2  # a task id whose last 2 authorized starts never finished is refused
 LEASE_US = 300_000  # a lease not renewed expires this long after its start (or last renewal)
 LEASE_POLL_US = 10_000  # a start held by a full cap asks again after this, or at the earliest expiry
+LEASE_GRACE_US = 20_000  # a ticket keeps its claim on a free lease this long after its slot
 _run = itertools.count()
 
 
@@ -155,7 +156,8 @@ class Reference:
         I, cur = q["I"], q["cur"]
         if q["paused"]:
             return "paused", max(number - cur - 1, 0) * I, 0, False  # type: ignore[operator]
-        full = bool(self.conc) and self.read_leases() >= self.conc  # first: a release may move the line
+        live = self.read_leases() if self.conc else 0  # first: a release may move the line
+        full = bool(self.conc) and live >= self.conc
         units = self.read_window() if self.quota else None
         memo: dict[int, int] = {}
         held = 0 if units is None or number <= cur else self.window_slot(units, memo, cur + 1, 1)  # type: ignore[operator]
@@ -169,8 +171,16 @@ class Reference:
         slot = max(due, self.cap(), 0 if units is None else self.window_slot(units, memo, number, cost))
         if now < slot:
             return "wait", slot - now, slot, False
+        poll = max(min(LEASE_POLL_US, min(self.leases.values(), default=now + LEASE_POLL_US) - now), 1)
         if full:  # a short poll, or the earliest expiry if sooner
-            return "wait", max(min(LEASE_POLL_US, min(self.leases.values()) - now), 1), slot, True
+            return "wait", poll, slot, True
+        # Each ticket ahead keeps a claim on a lease until the grace after its slot: this one
+        # takes a lease only if one is left over for every claim still held.
+        claims = (number - cur - 1) - (self.conc - live - 1)  # type: ignore[operator]
+        if self.conc and number > cur + 1 and claims > 0:  # type: ignore[operator]
+            turn = max(q["anchor"] + claims * I, self.cap()) + LEASE_GRACE_US  # type: ignore[operator]
+            if now < turn:
+                return "wait", min(poll, turn - now), slot, True
         q["cur"] = max(cur, number + cost - 1)  # type: ignore[call-overload]
         q["last"] = max(q["last"] + I, now) + (cost - 1) * I  # type: ignore[operator]  # GCRA: T = max(T, now) + c I
         q["anchor"] = max(q["anchor"] + (q["cur"] - cur) * I, q["last"] - self.burst * I)  # type: ignore[operator]
@@ -360,8 +370,16 @@ class StoresAgree(RuleBasedStateMachine):
     @rule(interval=st.sampled_from(INTERVALS))
     def set_interval(self, interval: int) -> None:
         self._all("set_interval", interval)
+        self._interval_changed(self.ref.q["I"], interval)  # type: ignore[index, arg-type]
         self.ref.q["I"] = interval  # type: ignore[index]
         self.backoffs.clear()
+
+    def _interval_changed(self, old: int, new: int) -> None:
+        """A new interval applies from the next start: it may come the new interval after the
+        last slot the last start used (a cost's later slots were counted at the old one)."""
+        if self.starts:
+            at, least = self.starts[-1]
+            self.starts[-1] = (at, least - old + new)
 
     @precondition(lambda self: self.ref.q is not None)
     @rule(interval=st.sampled_from([None, *INTERVALS]))
@@ -369,9 +387,12 @@ class StoresAgree(RuleBasedStateMachine):
         epoch = next(self.epochs)
         self._all("reset", interval, epoch)
         old = self.ref.q
+        self._interval_changed(old["I"], interval or old["I"])  # type: ignore[index, arg-type]
         q = self.ref._new(interval or old["I"], epoch)  # type: ignore[index, arg-type]
         q["last"], q["anchor"] = old["last"], self.clock.now_us - q["I"]  # type: ignore[index, operator]
         self.ref.q = q
+        if interval:  # as set_interval: another interval moves the back-off's end (burst x interval too)
+            self.backoffs.clear()
 
     @rule()
     def lose_state(self) -> None:
@@ -383,6 +404,9 @@ class StoresAgree(RuleBasedStateMachine):
         self.ref.leases.clear()  # and its leases
         self.window_starts.clear()
         self.backoffs.clear()
+        if self.starts:  # the new life's first start waits one interval from its creation, not from this start
+            at, least = self.starts[-1]
+            self.starts[-1] = (at, min(least, self.interval))
 
     @invariant()
     def states_agree(self) -> None:

@@ -764,13 +764,15 @@ class ModelBackend(Backend):
         with self._following_one(queue) as tx:
             if tx.state is None:
                 return None
-            state, used = tx.state, 0
+            state, used, slots = tx.state, 0, (0, 0)
             if state.quota:  # read only: what a status read forgot would not move the anchor
                 used = model.window_used(tx.window(), tx.now_us - state.window_us)
+                slots = model.status_window(state, tx.window(), tx.now_us)
             in_flight = tx.leases().live(tx.now_us) if state.concurrency else 0
             return QueueStatus(
                 queue, _copy(state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources(), *tx.refusals(),
                 window_used=used, counts=model.counts_from_fields(tx.start_counts()), in_flight=in_flight,
+                window_next_us=slots[0], window_last_us=slots[1],
             )  # fmt: skip
 
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:

@@ -471,20 +471,18 @@ class RedisBackend(Backend):
         limits: Sequence[Limits] | None = None,
         lease: str = "",
     ) -> list[Decision]:
-        keys = [
-            key for q in queues for key in (self.keys(q).state, self.keys(q).finished, self.keys(q).ledger,
-                                            self.keys(q).refused, self.keys(q).intervals, self.keys(q).window,
-                                            self.keys(q).leases)
-        ]  # fmt: skip
+        keys = [key for q in queues for key in self.keys(q).all]  # every key: idle expiry (siq_touch)
         each = list(limits) if limits is not None else [NO_LIMITS] * len(queues)
-        keys.append(self.keys(queues[0]).unfinished)
         lost = self._lost_args(task_id)
         if record is not None and self.ledger_max:
             ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
         else:
             ledger = [0, "", "", 0, record.deferrals if record is not None else 0]  # deferrals: counted anyway
-        per_queue = [v for t, e, i in zip(tickets, epochs, interval_us, strict=True) for v in (t, e, i)]
+        per_queue = [
+            v for q, t, e, i in zip(queues, tickets, epochs, interval_us, strict=True)
+            for v in (t, e, i, self.idle_expiry_us(q))
+        ]  # fmt: skip
         if isinstance(self.client, RedisCluster) and len({self.client.keyslot(k) for k in keys}) > 1:
             raise ConfigurationError(
                 f"queues {list(queues)!r} are in different Redis Cluster hash slots, so one script cannot "
@@ -499,7 +497,8 @@ class RedisBackend(Backend):
 
     def _lost_args(self, task_id: str | None) -> list[int]:
         """The limit on starts without a finish (none without a task id of the caller's),
-        their retention and the most kept: the scripts' last three arguments."""
+        their retention and the most kept: three arguments of the start scripts, before
+        the limits (start.lua: ARGV[14..16]; start_all.lua: after the per-queue ones)."""
         limit = self.max_lost_deliveries if task_id is not None else 0
         return [limit, self.finished_retention_us, self.finished_max]
 
@@ -662,13 +661,15 @@ class RedisBackend(Backend):
         if not reply:
             return None
         state, now = self._state(reply)
-        finished, parked, duplicates, reclaims, used, live = (int(v) for v in reply[STATE_REPLY : STATE_REPLY + 6])
-        raw = reply[STATE_REPLY + 6]
+        finished, parked, duplicates, reclaims, used, live, head, last = (
+            int(v) for v in reply[STATE_REPLY : STATE_REPLY + 8]
+        )
+        raw = reply[STATE_REPLY + 8]
         counts = counts_from_fields({raw[i].decode(): int(raw[i + 1]) for i in range(0, len(raw), 2)})
-        sources = _sources(reply[STATE_REPLY + 7 :])
+        sources = _sources(reply[STATE_REPLY + 9 :])
         return QueueStatus(
             queue, state, now, finished, parked, sources, duplicates, reclaims, window_used=used, counts=counts,
-            in_flight=live,
+            in_flight=live, window_next_us=head, window_last_us=last,
         )  # fmt: skip
 
     #: Commands sent in one pipeline by the exporter's reads of many queues.

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from siq_celery import CombinedQueue, IntervalQueue, Limit, Verdict
-from siq_celery.model import LEASE_POLL_US
+from siq_celery.model import LEASE_GRACE_US, LEASE_POLL_US
 from siq_celery.types import Decision
 from tests.conftest import Store
 
@@ -124,6 +124,85 @@ def test_the_line_keeps_its_order_when_a_lease_frees(store: Store) -> None:
     assert second.authorized and second.slot_us == t0 + 6 * I
     q.finish("y", lease=second.lease)
     at(store, t0 + 7 * I)
+    assert q.start(tickets[2]).authorized
+
+
+def test_a_freed_lease_goes_to_the_head_of_the_line_not_to_the_first_to_ask(store: Store) -> None:
+    """A cap alone (no spacing of its own): the tickets behind the head do not take the lease
+    that frees while the head, which polls the full cap every LEASE_POLL_US, has yet to ask."""
+    q = queue(store, concurrency=1)
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(3)
+    at(store, t0 + 10)
+    first = q.start(tickets[0], task_id="a")
+    assert first.authorized
+    at(store, t0 + 1_000)
+    assert q.start(tickets[1], task_id="b").full and q.start(tickets[2], task_id="c").full
+    at(store, t0 + 500_000)
+    q.finish("a", lease=first.lease)
+    at(store, t0 + 501_000)  # ticket 3 asks first, 1 ms after the release
+    third = q.start(tickets[2], task_id="c")
+    assert third.verdict is Verdict.WAIT and third.full and not third.lease and 0 < third.wait_us <= LEASE_POLL_US
+    assert in_flight(q) == 0
+    at(store, t0 + 509_000)  # the head's poll
+    second = q.start(tickets[1], task_id="b")
+    assert second.authorized and second.lease
+    assert later(store) and q.start(tickets[2], task_id="c").full
+    q.finish("b", lease=second.lease)
+    assert q.start(tickets[2], task_id="c").authorized  # now the head
+
+
+def test_leases_freed_together_go_to_the_first_tickets_in_line(store: Store) -> None:
+    q = queue(store, concurrency=2)
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(5)
+    at(store, t0 + 10)
+    a = q.start(tickets[0], task_id="a")
+    b = q.start(tickets[1], task_id="b") if later(store) else a
+    at(store, t0 + 1_000)
+    assert all(q.start(t).full for t in tickets[2:])
+    at(store, t0 + 500_000)
+    q.finish("a", lease=a.lease)
+    q.finish("b", lease=b.lease)
+    at(store, t0 + 501_000)
+    assert q.start(tickets[4]).full  # tickets 3 and 4 are ahead of it: the two leases are theirs
+    assert q.start(tickets[3]).authorized  # only ticket 3 is ahead of it: one of the two is its own
+    assert later(store) and q.start(tickets[2]).authorized
+    assert in_flight(q) == 2 and later(store) and q.start(tickets[4]).full
+
+
+def test_a_head_that_never_asks_keeps_a_freed_lease_for_the_grace_only(store: Store) -> None:
+    """The head's claim on a freed lease lapses LEASE_GRACE_US after its slot (the release):
+    a ticket that never starts costs that much of the lease, no more."""
+    q = queue(store, concurrency=1)
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(3)
+    at(store, t0 + 10)
+    first = q.start(tickets[0], task_id="a")
+    release = t0 + 500_000
+    at(store, release)
+    q.finish("a", lease=first.lease)
+    at(store, release + 5_000)
+    waiting = q.start(tickets[2])
+    assert waiting.full and waiting.wait_us == LEASE_POLL_US
+    at(store, release + LEASE_GRACE_US - 3_000)
+    assert q.start(tickets[2]).wait_us == 3_000  # asks again when the head's claim lapses
+    at(store, release + LEASE_GRACE_US)
+    third = q.start(tickets[2])
+    assert third.authorized  # ticket 2 never came: passed over
+    q.finish("c", lease=third.lease)
+    assert later(store) and q.start(tickets[1]).authorized  # it takes the next free lease when it comes
+
+
+def test_a_spacing_longer_than_the_grace_orders_the_line_as_before(store: Store) -> None:
+    """With an interval of at least LEASE_GRACE_US the tickets behind the head are due
+    after the head's claim lapses anyway: the claim adds no wait."""
+    q = queue(store, interval="50ms", concurrency=2)
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(3)
+    at(store, t0 + 50_000)
+    assert q.start(tickets[0]).authorized
+    at(store, t0 + 150_000)  # ticket 2 (due at 100 ms) never asks; ticket 3 is due now
     assert q.start(tickets[2]).authorized
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from siq_celery import ConfigurationError, IntervalQueue, Verdict
+from siq_celery import CombinedQueue, ConfigurationError, IntervalQueue, Verdict
 from siq_celery.backends.redis import redis_client_from_url
 from siq_celery.types import ParkedTask
 from tests.conftest import Store
@@ -26,6 +26,11 @@ def redis_only(store: Store) -> Any:
 
 def keys_of(client: Any, store: Store, queue: str) -> list[str]:
     return sorted(k.decode() for k in client.scan_iter(match=f"{store.prefix}:{{{queue}}}*", count=1000))
+
+
+def tagged(client: Any, store: Store, name: str) -> list[str]:
+    """The keys of the queues whose name starts with ``name`` (one opening with its own tag)."""
+    return sorted(k.decode() for k in client.scan_iter(match=f"{store.prefix}:{name}*", count=1000))
 
 
 def idle_queue(store: Store, name: str = "shop:1") -> IntervalQueue:
@@ -122,3 +127,31 @@ def test_an_operators_override_or_reset_keeps_a_per_key_queues_idle_expiry(store
     assert all(0 < client.pttl(k) <= 1_300 for k in keys_of(client, store, "shop:1"))
     time.sleep(1.4)
     assert keys_of(client, store, "shop:1") == []
+
+
+def test_a_combined_start_keeps_every_queues_keys_for_its_commitments(store: Store) -> None:
+    """Several limits on one start (one script over every queue) count as the queues' use:
+    each queue's keys, those the start created included, outlive its new commitments."""
+    client = redis_only(store)
+    store.clock.now_us = int(time.time() * 1e6)  # PEXPIRE runs on Redis' real clock
+    backend = store.backend()
+    fast = IntervalQueue("{shop:1}fast", interval="1s", backend=backend, idle_expiry=1)
+    slow = IntervalQueue("{shop:1}slow", interval="3s", backend=backend, idle_expiry=1)
+    both = CombinedQueue([fast, slow])
+    ticket = both.claim(cost=3)  # in the slow queue (the primary); the fast one has no state yet
+    store.clock.advance(us=3_000_000)
+    waiting = both.start(ticket, task_id="t1", cost=3)  # creates the fast queue: its first start waits 1 s
+    assert [d.verdict for d in waiting] == [Verdict.WAIT, Verdict.WAIT]
+    fast_keys = tagged(client, store, "{shop:1}fast")
+    assert fast_keys and all(0 < client.pttl(k) <= 2_100 for k in fast_keys), {k: client.pttl(k) for k in fast_keys}
+    store.clock.advance(us=1_000_000)
+    assert all(d.authorized for d in both.start(ticket, task_id="t1", cost=3))
+    slow_keys, fast_keys = tagged(client, store, "{shop:1}slow"), tagged(client, store, "{shop:1}fast")
+    # the next start may come 9 s from now in the slow queue, 3 s in the fast one; then the idle time
+    assert all(client.pttl(k) > 9_900 for k in slow_keys), {k: client.pttl(k) for k in slow_keys}
+    assert all(client.pttl(k) > 3_900 for k in fast_keys), {k: client.pttl(k) for k in fast_keys}
+    both.finish("t1")
+    store.clock.advance(us=9_000_000)
+    assert {d.verdict for d in both.start(both.claim(), task_id="t1")} == {Verdict.DUPLICATE}
+    every = tagged(client, store, "{shop:1}")
+    assert every and all(client.pttl(k) > 0 for k in every), {k: client.pttl(k) for k in every}

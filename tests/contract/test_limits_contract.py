@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from siq_celery import CombinedQueue, ConfigurationError, IntervalQueue, Limit, Verdict
+from siq_celery.readings import drain_seconds
 from siq_celery.types import Ticket
 from tests.conftest import Store
 
@@ -381,3 +382,57 @@ def test_a_window_whose_starts_vanished_counts_none(store: Store) -> None:
     at(store, t0 + 5 * I)
     d = q.start(tickets[4])
     assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 3 * I + S
+
+
+# -- what the status says: the next start and the time to drain -----------------------
+
+
+def test_the_status_next_start_is_when_the_full_window_lets_the_head_in(store: Store) -> None:
+    """As a claim and a start compute it: the oldest start in the window must leave."""
+    q = queue(store, quota="3/1s")
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(5)
+    fill_window(store, q, t0, tickets)
+    at(store, t0 + 4 * I)
+    status = q.status()
+    assert status.next_start_us == t0 + I + S  # not the head's interval slot, t0 + 4 I
+    assert status.as_dict()["next_start"] == (t0 + I + S) / 1e6
+    assert q.start(tickets[3]).slot_us == status.next_start_us
+    # the last ticket claimed (5) is due when the second start leaves: the backlog drains then
+    assert drain_seconds(status) == (t0 + 2 * I + S - (t0 + 4 * I)) / 1e6
+    at(store, t0 + I + S)
+    assert q.start(tickets[3]).authorized
+    assert q.status().next_start_us == t0 + 2 * I + S  # ticket 5: the second start leaves then
+
+
+def test_the_status_of_an_idle_window_bound_queue_agrees_with_a_claim(store: Store) -> None:
+    q = queue(store, interval=Limit(quota="2/1s"))  # no spacing of its own
+    t0 = q.ensure().last_start_us
+    for n, ticket in enumerate(q.claim_many(2)):
+        at(store, t0 + 10 + n)
+        assert q.start(ticket).authorized
+    at(store, t0 + 500_000)
+    assert q.status().next_start_us == t0 + 10 + S
+    assert q.claim().estimated_start_us == t0 + 10 + S
+
+
+def test_the_status_next_start_and_drain_count_the_burst_credit(store: Store) -> None:
+    """With burst credit the next start may come before the last start plus the interval,
+    and a backlog drains faster than one per interval: as the claims' estimates say."""
+    q = queue(store, burst=2)
+    t0 = store.clock.now_us
+    q.ensure()
+    now = t0 + 10 * S
+    at(store, now)  # idle: the credit is back
+    tickets = q.claim_many(5)
+    status = q.status()
+    assert status.next_start_us == now == tickets[0].estimated_start_us
+    assert [t.estimated_start_us for t in tickets] == [now, now, now, now + I, now + 2 * I]
+    assert drain_seconds(status) == 2 * I / 1e6  # not one interval per ticket behind the head
+    assert q.start(tickets[0]).authorized
+    status = q.status()
+    assert status.next_start_us == now  # not the last start plus the interval
+    assert q.start(tickets[1]).authorized and q.start(tickets[2]).authorized
+    status = q.status()
+    assert status.next_start_us == now + I and drain_seconds(status) == 2 * I / 1e6
+    assert q.start(tickets[3]).verdict is Verdict.WAIT

@@ -125,12 +125,16 @@ local function siq_shift_after_outage(s, now, overdue, held)
   return true
 end
 
--- Idle expiry (per-key queues): every key of the queue expires ttl_us after the queue's
--- last claim, start or finish, unless it is paused or holds parked tasks (those outlive
--- any idle time). keys: the queue's keys in QueueKeys.all order (state, finished, ledger,
--- parked, parked messages, releasing, intervals). ttl_us <= 0: keys never expire. now: the store time.
--- The idle time is kept in the state (idle_us), so a script whose caller does not know it
--- (an operator's reset or override) passes 0 and the queue's own is used.
+-- Idle expiry (per-key queues): every key in keys expires ttl_us after the queue's last
+-- commitment (below), counted from now, unless it is paused or holds parked tasks (those
+-- outlive any idle time: the keys are made persistent). keys: the queue's keys, every one
+-- of which gets the expiry; read here are keys[1] the state hash (idle_us is written
+-- there), keys[4] and keys[6] its parked tasks not leased and leased (QueueKeys.all
+-- order: state, finished, ledger, parked, parked messages, releasing, intervals, refused,
+-- unfinished, window, leases) and, if given, keys[11] its leases. s: the state (nil: none
+-- or corrupt). ttl_us <= 0: the state's own idle_us; with none either, nothing expires.
+-- now: the store time. The idle time is kept in the state (idle_us), so a script whose caller does
+-- not know it (an operator's reset or override) passes 0 and the queue's own is used.
 local function siq_touch(keys, s, ttl_us, now)
   if (not ttl_us or ttl_us <= 0) and s ~= nil then ttl_us = s.idle_us end
   if not ttl_us or ttl_us <= 0 then return end
@@ -172,12 +176,14 @@ local function siq_member_cost(member)
 end
 
 -- When the unit-th cost unit kept started (oldest first): by rank when every start cost 1.
+-- u.skip: the starts (members) before the first one kept, that a read only hides.
 local function siq_unit_time(u, unit)
-  if u.ones == nil then u.ones = redis.call('ZCARD', u.key) == u.s.w_used end
+  if u.ones == nil then u.ones = redis.call('ZCARD', u.key) - u.skip == u.s.w_used end
   if u.ones then
-    return tonumber(redis.call('ZRANGE', u.key, unit - 1, unit - 1, 'WITHSCORES')[2])
+    local rank = unit - 1 + u.skip
+    return tonumber(redis.call('ZRANGE', u.key, rank, rank, 'WITHSCORES')[2])
   end
-  if not u.list then u.list = redis.call('ZRANGE', u.key, 0, -1, 'WITHSCORES') end
+  if not u.list then u.list = redis.call('ZRANGE', u.key, u.skip, -1, 'WITHSCORES') end
   for j = 1, #u.list, 2 do
     unit = unit - siq_member_cost(u.list[j])
     if unit <= 0 then return tonumber(u.list[j + 1]) end
@@ -194,7 +200,7 @@ local function siq_units(wkey, skey, s, now)
     s.w_used = 0
     redis.call('HSET', skey, 'w_used', 0)
   end
-  local u = {key = wkey, s = s, times = {}}
+  local u = {key = wkey, s = s, times = {}, skip = 0}
   local cutoff = now - s.window_us
   local unit = s.w_used + 1 - s.quota
   if unit >= 1 then
@@ -214,6 +220,31 @@ local function siq_units(wkey, skey, s, now)
     u.ones, u.list = nil, nil
   end
   u.m = s.w_used
+  return u
+end
+
+-- The window read at now without a write (model.status_window): siq_units on a copy of s,
+-- hiding the starts that left the window instead of forgetting them; nil without a quota.
+local function siq_units_read(wkey, s, now)
+  if s.quota <= 0 then return nil end
+  local c = {}
+  for k, v in pairs(s) do c[k] = v end
+  if c.w_used > 0 and redis.call('ZCARD', wkey) == 0 then c.w_used = 0 end  -- its starts expired
+  local u = {key = wkey, s = c, times = {}, skip = 0}
+  local cutoff = now - c.window_us
+  local unit = c.w_used + 1 - c.quota
+  if unit >= 1 then
+    local left = siq_unit_time(u, unit)
+    if left and left <= cutoff then c.anchor_us = math.max(c.anchor_us, left + c.window_us - c.interval_us) end
+  end
+  local gone = redis.call('ZRANGEBYSCORE', wkey, '-inf', cutoff)
+  if #gone > 0 then
+    local units = 0
+    for _, member in ipairs(gone) do units = units + siq_member_cost(member) end
+    c.w_used = math.max(c.w_used - units, 0)
+    u.skip, u.ones, u.list = #gone, nil, nil
+  end
+  u.m = c.w_used
   return u
 end
 
@@ -301,9 +332,24 @@ local function siq_give_back(lkey, skey, s, member, now)
   return kept
 end
 
--- Whether the concurrency cap is full at now (reads the leases).
-local function siq_full(lkey, skey, s, now)
-  return s.concurrency > 0 and siq_read_leases(lkey, skey, s, now) >= s.concurrency
+-- The live leases at now of a queue with a concurrency cap, 0 without one (reads the leases).
+local function siq_live(lkey, skey, s, now)
+  if s.concurrency <= 0 then return 0 end
+  return siq_read_leases(lkey, skey, s, now)
+end
+
+local SIQ_LEASE_GRACE_US = 2 * SIQ_LEASE_POLL_US  -- model.LEASE_GRACE_US
+
+-- When ticket may take one of the free leases, as far as the tickets ahead of it in line go
+-- (model.lease_turn; 0: now): each ticket ahead keeps a claim on a lease until
+-- SIQ_LEASE_GRACE_US after its slot, and ticket takes a lease only if one is left over for
+-- each claim still held (live: the leases taken).
+local function siq_lease_turn(s, ticket, live)
+  local ahead = ticket - s.current - 1
+  if s.concurrency <= 0 or ticket == 0 or ahead <= 0 then return 0 end
+  local claims = ahead - (s.concurrency - live - 1)
+  if claims <= 0 then return 0 end
+  return math.max(s.anchor_us + claims * s.interval_us, siq_cap(s)) + SIQ_LEASE_GRACE_US
 end
 
 -- May ticket start now (model.decide; ticket 0 is FREE: no place in the line, the next
@@ -311,11 +357,12 @@ end
 -- saved if the line shifted after an outage (that repair is due whatever the answer).
 -- With 'paused', wait_us is the ticket's distance behind the head of the line. wkey: the
 -- queue's window (its quota's starts); lkey: its leases. A fourth value, true: 'wait' because
--- the slot came and the concurrency cap is full (wait_us: a short poll).
+-- the slot came and the concurrency cap is full, or the free leases are claimed by the
+-- tickets ahead (siq_lease_turn); wait_us: a short poll, or until the claim lapses.
 local function siq_decide(key, s, ticket, epoch, cost, now, wkey, lkey)
   if ticket == 0 then  -- FREE: no place in this queue's line; the next free slot
     if s.paused == 1 then return 'paused', 0, 0 end
-    local full = siq_full(lkey, key, s, now)
+    local full = s.concurrency > 0 and siq_live(lkey, key, s, now) >= s.concurrency
     local cap = math.max(siq_cap(s), siq_window_slot(siq_units(wkey, key, s, now), 0, cost))
     if now < cap then return 'wait', cap - now, cap end
     if full then return 'wait', siq_lease_wait(lkey, now), cap, true end
@@ -327,7 +374,8 @@ local function siq_decide(key, s, ticket, epoch, cost, now, wkey, lkey)
   if s.paused == 1 then
     return 'paused', math.max(ticket - s.current - 1, 0) * s.interval_us, 0
   end
-  local full = siq_full(lkey, key, s, now)  -- first: a release may move the line
+  local live = siq_live(lkey, key, s, now)  -- first: a release may move the line
+  local full = s.concurrency > 0 and live >= s.concurrency
   local u = siq_units(wkey, key, s, now)
   if ticket > s.current then  -- a head held by the window or by a full cap is not late
     local held = siq_window_slot(u, s.current + 1, 1)
@@ -339,6 +387,8 @@ local function siq_decide(key, s, ticket, epoch, cost, now, wkey, lkey)
   local slot = math.max(due, siq_cap(s), siq_window_slot(u, ticket, cost))
   if now < slot then return 'wait', slot - now, slot end
   if full then return 'wait', siq_lease_wait(lkey, now), slot, true end
+  local turn = siq_lease_turn(s, ticket, live)  -- the tickets ahead keep their claims on the leases
+  if now < turn then return 'wait', math.min(siq_lease_wait(lkey, now), turn - now), slot, true end
   return 'authorized', 0, slot
 end
 
@@ -355,12 +405,18 @@ local function siq_commit(key, s, ticket, cost, now, wkey, lkey, member, expires
   s.started_us = now  -- what the status shows; the cap counts from the last slot used
   s.last_start_us = math.max(s.last_start_us + i, now) + (cost - 1) * i
   s.anchor_us = math.max(s.anchor_us + (s.current - old) * i, s.last_start_us - s.burst * i)
+  -- Only the fields a start changes are written (a whole siq_save costs the start about a
+  -- sixth of its server time): whatever else changed since the load was written then.
   if s.quota > 0 then
     local units = math.min(cost, s.quota)
     redis.call('ZADD', wkey, now, redis.call('HINCRBY', key, 'w_seq', 1) .. ':' .. units)
     s.w_used = s.w_used + units
+    redis.call('HSET', key, 'current', s.current, 'anchor_us', s.anchor_us, 'last_start_us', s.last_start_us,
+               'started_us', s.started_us, 'w_used', s.w_used)
+  else
+    redis.call('HSET', key, 'current', s.current, 'anchor_us', s.anchor_us, 'last_start_us', s.last_start_us,
+               'started_us', s.started_us)
   end
-  siq_save(key, s)
   if s.concurrency > 0 and member and member ~= '' then
     redis.call('ZADD', lkey, expires, member)
     return member

@@ -1,9 +1,8 @@
 -- backoff: no start of the queue before now + ARGV[2] (the service said "retry after").
 -- The last start and the anchor move so that the cap and ticket current+1 both fall
 -- then; the line behind keeps its order. Never earlier than already due.
--- KEYS[1]  the queue's state hash
--- KEYS[2..8]  the queue's other keys (QueueKeys.all), for idle expiry; KEYS[7] (interval
---          sources) also for siq_follow_expiry
+-- KEYS[1..11]  the queue's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
+--              KEYS[1] its state hash; KEYS[7] its interval sources (siq_follow_expiry)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  how long to hold, in microseconds (>= 0)
 -- ARGV[3]  1: keep the first slot after the hold for the task that backed off (it comes

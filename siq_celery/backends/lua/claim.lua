@@ -1,14 +1,14 @@
 -- claim: issue ARGV[2] consecutive tickets of one queue.
--- KEYS[1]  the queue's state hash, siq:{<queue>}:state
--- KEYS[2..8]  the queue's other keys (QueueKeys.all), for idle expiry; KEYS[7] (interval
---          sources) also for siq_follow_expiry
+-- KEYS[1..11]  the queue's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
+--              KEYS[1] its state hash, siq:{<queue>}:state; KEYS[7] its interval sources
+--              (siq_follow_expiry); KEYS[10] its window (siq_units: emptied for a state
+--              created here); KEYS[11] its leases (the keys outlive the bodies still running)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME (tests pin the clock)
 -- ARGV[2]  count of tickets, whole number >= 1
 -- ARGV[3]  interval in microseconds for a state created here; 0 = do not create
 -- ARGV[4]  epoch for a state created here
 -- ARGV[5]  idle expiry in microseconds (0: never; see siq_touch)
 -- ARGV[6..9]  burst, quota, window (microseconds), concurrency for a state created here
--- KEYS[10]  the queue's window (siq_units)
 -- Returns {first, count, epoch, base_us, floor_us, interval_us, now_us}: ticket n is
 -- estimated to start at max(base_us + (n - first) * interval_us, floor_us); then, when the
 -- window quota binds any of them, one window slot per ticket (ClaimResult.window_us).

@@ -1,10 +1,10 @@
 -- declare: the code declares an interval and limits for the queue (a worker starting or
 -- renewing its declaration, a worker shutting down, `siq sync`); the effective interval and
 -- limits are recomputed in the same step (model.py: declare).
--- KEYS[1]  the queue's state hash (created here if missing)
--- KEYS[2..6]  the queue's other keys (QueueKeys.all), for idle expiry
--- KEYS[7]  the queue's interval sources hash (see siq_sources); KEYS[8]  its refused-start counts
--- KEYS[10]  the queue's window (siq_units): emptied for a state created here
+-- KEYS[1..11]  the queue's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
+--              KEYS[1] its state hash (created here if missing); KEYS[7] its interval sources
+--              hash (see siq_sources); KEYS[10] its window (siq_units: emptied for a state
+--              created here); KEYS[11] its leases (the keys outlive the bodies still running)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  the declared interval in microseconds (> 0)
 -- ARGV[3]  epoch for a state created here

@@ -5,8 +5,8 @@
 -- ARGV[2]  interval in microseconds
 -- ARGV[3]  epoch for the new state
 -- ARGV[4..7]  burst, quota, window (microseconds), concurrency for the new state
--- Returns {created (0|1), epoch, interval_us, ticket, current, anchor_us, last_start_us,
--- paused, now_us}.
+-- Returns {created (0|1)} followed by siq_reply (the state, now, the status-only times, the
+-- limits: 14 values).
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end

@@ -1,11 +1,12 @@
 -- reset: a new life for the queue (new epoch; tickets and pause forgotten). The last start
 -- is kept, so a reset never allows a burst; finished-task records are kept too.
 -- Overwrites corrupt state (the way out of SIQCORRUPT).
--- KEYS[1..8]  the queue's keys (QueueKeys.all): KEYS[1] its state hash; KEYS[4], KEYS[5],
---             KEYS[6] parked tasks not leased, parked messages, leased tasks (parked tasks are
---             numbered 1..n in their order, so they keep their place in the new life);
---             KEYS[7] its interval sources hash (a given interval is pinned: model.py: pin);
---             all of them for idle expiry
+-- KEYS[1..11]  the queue's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
+--              KEYS[1] its state hash; KEYS[4], KEYS[5], KEYS[6] parked tasks not leased,
+--              parked messages, leased tasks (parked tasks are numbered 1..n in their order,
+--              so they keep their place in the new life); KEYS[7] its interval sources hash
+--              (a given interval is pinned: model.py: pin); KEYS[10] its window (emptied for a
+--              state created here); KEYS[11] its leases (kept; the keys outlive them)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  interval in microseconds, or 0 to keep the stored one
 -- ARGV[3]  the new epoch
@@ -13,8 +14,8 @@
 -- ARGV[5]  idle expiry in microseconds, or 0: the queue's own (an operator's command does
 --          not know it; a per-key queue keeps expiring when idle: siq_touch)
 -- ARGV[6..9]  burst, quota, window (microseconds), concurrency for a state created here; an
---          existing state keeps its limits, its window (KEYS[10]: the starts happened) and its
---          leases (KEYS[11]: the bodies still run)
+--          existing state keeps its limits, its window (the starts happened) and its leases
+--          (the bodies still run)
 -- Returns the state as siq_reply, then each unreadable field of the sources as 'field value'
 -- (dropped here: siq_sources); error SIQNOTFOUND if there is no state and ARGV[2] = 0.
 local now = siq_now(ARGV[1])

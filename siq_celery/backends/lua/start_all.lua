@@ -2,57 +2,72 @@
 -- per-day limit): authorized and recorded in every queue, or in none (model.start_all).
 -- A queue that would authorize while another says wait answers 'wait' with wait 0: no
 -- slot is held in one queue while the start waits for another.
--- KEYS[7i-6..7i]  queue i's state hash, finished-task set, ledger stream, counts (of refused
---                 and authorized starts), interval sources (siq_follow_expiry), window (siq_units)
---                 and leases (siq_read_leases)
---                 (all keys in one hash slot on Redis Cluster: name the queues {group}rest)
--- KEYS[#KEYS]  the first queue's starts without a finish per task id (see siq_unfinished)
+-- KEYS[11i-10..11i]  queue i's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
+--                    11i-10 its state hash, 11i-9 finished-task set, 11i-8 ledger stream,
+--                    11i-4 interval sources (siq_follow_expiry), 11i-3 counts (of refused and
+--                    authorized starts), 11i-1 window (siq_units), 11i leases (siq_read_leases);
+--                    KEYS[9], the first queue's starts without a finish per task id (see
+--                    siq_unfinished). All keys in one hash slot on Redis Cluster: name the
+--                    queues {group}rest.
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  task id, or '' (checked against the first queue's finished tasks)
 -- ARGV[3]  ledger cap; 0 = write no ledger entry
 -- ARGV[4..7]  for the ledger: task name, host, pid, deferrals
 -- ARGV[8]  cost: slots the start takes in every queue
 -- ARGV[9]  epoch for a state created here
--- ARGV[10..]  per queue i, three values: ticket, the ticket's epoch, interval in
---             microseconds for a state created here (0 = do not create); then three more:
---             starts without a finish after which task ARGV[2] is refused ('lost', 0: no
---             limit), the retention (microseconds) and the most records kept of those counts;
---             then per queue i, four values: burst, quota, window, concurrency for a state
---             created here; then the lease member the start takes in each queue with a
---             concurrency cap, and the lease's time to live (microseconds)
+-- ARGV[10..]  per queue i, four values: ticket, the ticket's epoch, interval in microseconds
+--             for a state created here (0 = do not create), idle expiry in microseconds (0:
+--             never; see siq_touch); then three more: starts without a finish after which
+--             task ARGV[2] is refused ('lost', 0: no limit), the retention (microseconds) and
+--             the most records kept of those counts; then per queue i, four values: burst,
+--             quota, window, concurrency for a state created here; then the lease member the
+--             start takes in each queue with a concurrency cap, and the lease's time to live
+--             (microseconds)
 -- Returns one {verdict, ticket, now_us, wait_us, slot_us, interval_us, lease, full} per queue.
 local now = siq_now(ARGV[1])
 local cost = tonumber(ARGV[8]) or 1
-local n = (#KEYS - 1) / 7
-local lost_args = 10 + 3 * n
+local n = #KEYS / 11
+local lost_args = 10 + 4 * n
 local limit_args = lost_args + 3
 local lease_args = limit_args + 4 * n
 local max_lost = ARGV[2] ~= '' and tonumber(ARGV[lost_args]) or 0  -- model.too_many_lost
 local states, tickets, replies = {}, {}, {}
+local function key(i, k) return KEYS[11 * (i - 1) + k] end  -- queue i's k-th key of QueueKeys.all
+local function touch(i)  -- idle expiry: queue i is in use (siq_touch)
+  local keys = {}
+  for k = 1, 11 do keys[k] = key(i, k) end
+  siq_touch(keys, states[i], tonumber(ARGV[9 + 4 * i]), now)
+end
+local function count(verdict)  -- a refusal, counted in every queue for the exporter
+  for i = 1, n do
+    redis.call('HINCRBY', key(i, 8), verdict, 1)
+    touch(i)
+  end
+end
 for i = 1, n do
-  local key = KEYS[7 * i - 6]
-  local s, err = siq_load(key)
+  local s, err = siq_load(key(i, 1))
   if err then return redis.error_reply(err) end
+  states[i] = s
   if not s then
-    local interval = tonumber(ARGV[9 + 3 * i]) or 0
+    local interval = tonumber(ARGV[8 + 4 * i]) or 0
     if interval <= 0 then return redis.error_reply('SIQNOTFOUND') end
     local at = limit_args + 4 * (i - 1)
     s = siq_new(now, interval, ARGV[9], ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3])
-    siq_new_window(KEYS[7 * i - 1])
-    siq_save(key, s)
-  elseif siq_follow_expiry(KEYS[7 * i - 2], s, now) then
-    siq_save(key, s)
+    siq_new_window(key(i, 10))
+    siq_save(key(i, 1), s)
+    states[i] = s
+    touch(i)
+  elseif siq_follow_expiry(key(i, 7), s, now) then
+    siq_save(key(i, 1), s)
   end
-  states[i], tickets[i] = s, tonumber(ARGV[7 + 3 * i]) or 0
+  tickets[i] = tonumber(ARGV[6 + 4 * i]) or 0
 end
-if ARGV[2] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[2]) then
-  for i = 1, n do
-    replies[i] = {'duplicate', tickets[i], now, 0, 0, 0, '', 0}
-    redis.call('HINCRBY', KEYS[7 * i - 3], 'duplicate', 1)
-  end
+if ARGV[2] ~= '' and redis.call('ZSCORE', key(1, 2), ARGV[2]) then
+  for i = 1, n do replies[i] = {'duplicate', tickets[i], now, 0, 0, 0, '', 0} end
+  count('duplicate')
   return replies
 end
-if max_lost > 0 and siq_unfinished(KEYS[#KEYS], ARGV[2], now, tonumber(ARGV[lost_args + 1])) >= max_lost then
+if max_lost > 0 and siq_unfinished(key(1, 9), ARGV[2], now, tonumber(ARGV[lost_args + 1])) >= max_lost then
   for i = 1, n do replies[i] = {'lost', tickets[i], now, 0, 0, 0, '', 0} end
   return replies
 end
@@ -61,17 +76,18 @@ for i = 1, n do
   if tickets[i] ~= 0 then placed = true end
 end
 if not placed then
-  for i = 1, n do
-    replies[i] = {'reclaim', tickets[i], now, 0, 0, 0, '', 0}
-    redis.call('HINCRBY', KEYS[7 * i - 3], 'reclaim', 1)
-  end
+  for i = 1, n do replies[i] = {'reclaim', tickets[i], now, 0, 0, 0, '', 0} end
+  count('reclaim')
   return replies
 end
 local all = true
 for i = 1, n do
-  local verdict, wait, slot, full = siq_decide(KEYS[7 * i - 6], states[i], tickets[i], ARGV[8 + 3 * i], cost, now,
-                                               KEYS[7 * i - 1], KEYS[7 * i])
-  if verdict == 'reclaim' then redis.call('HINCRBY', KEYS[7 * i - 3], 'reclaim', 1) end
+  local verdict, wait, slot, full = siq_decide(key(i, 1), states[i], tickets[i], ARGV[7 + 4 * i], cost, now,
+                                               key(i, 10), key(i, 11))
+  if verdict == 'reclaim' then
+    redis.call('HINCRBY', key(i, 8), 'reclaim', 1)
+    touch(i)
+  end
   local interval = states[i].interval_us
   if verdict == 'reclaim' then interval = 0 end
   replies[i] = {verdict, tickets[i], now, wait, slot, interval, '', full and 1 or 0}
@@ -85,13 +101,14 @@ if not all then
 end
 local cap = tonumber(ARGV[3]) or 0
 if max_lost > 0 then
-  siq_count_unfinished(KEYS[#KEYS], ARGV[2], now, tonumber(ARGV[lost_args + 1]), tonumber(ARGV[lost_args + 2]))
+  siq_count_unfinished(key(1, 9), ARGV[2], now, tonumber(ARGV[lost_args + 1]), tonumber(ARGV[lost_args + 2]))
 end
 for i = 1, n do
   local s = states[i]
-  replies[i][7] = siq_commit(KEYS[7 * i - 6], s, tickets[i], cost, now, KEYS[7 * i - 1], KEYS[7 * i],
+  replies[i][7] = siq_commit(key(i, 1), s, tickets[i], cost, now, key(i, 10), key(i, 11),
                               ARGV[lease_args], now + tonumber(ARGV[lease_args + 1]))
-  siq_ledger_start(KEYS[7 * i - 4], cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7], cost)
-  siq_count_start(KEYS[7 * i - 3], now, replies[i][5], replies[i][6], tonumber(ARGV[7]) or 0)
+  siq_ledger_start(key(i, 3), cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7], cost)
+  siq_count_start(key(i, 8), now, replies[i][5], replies[i][6], tonumber(ARGV[7]) or 0)
+  touch(i)
 end
 return replies

@@ -10,10 +10,11 @@
 -- that expired since the last recomputation no longer counts: siq_follow_expiry); nothing is
 -- written.
 -- Returns siq_reply (with when the last start was authorized and when the last back-off
--- ends) followed by the finished and parked counts, the duplicates refused, the
--- reclaims, the cost units in the window ending now, the live leases, the counts hash (HGETALL, one nested
--- array), then siq_sources_reply;
--- or an empty array if no state.
+-- ends) followed by the finished and parked counts, the duplicates refused, the reclaims,
+-- the cost units in the window ending now, the live leases, when the window quota lets the
+-- head of the line and the last ticket claimed start (each as a start of cost 1; 0: now, or
+-- no quota or backlog: model.status_window), the counts hash (HGETALL, one nested array),
+-- then siq_sources_reply; or an empty array if no state.
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
@@ -28,17 +29,18 @@ table.insert(reply, redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4]))
 local refused = redis.call('HMGET', KEYS[6], 'duplicate', 'reclaim')
 table.insert(reply, tonumber(refused[1]) or 0)
 table.insert(reply, tonumber(refused[2]) or 0)
-local used = s.w_used
-if redis.call('ZCARD', KEYS[7]) == 0 then used = 0 end  -- its starts expired (siq_units)
-if s.quota > 0 then  -- the starts that left the window, not yet forgotten
-  for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now - s.window_us)) do
-    used = used - siq_member_cost(member)
-  end
+local u = siq_units_read(KEYS[7], s, now)  -- the starts that left the window are hidden, not forgotten
+local used, head, last = 0, 0, 0
+if u then
+  used, head = u.m, siq_window_slot(u, s.current + 1, 1)
+  if s.ticket > s.current then last = siq_window_slot(u, s.ticket, 1) end
 end
-table.insert(reply, math.max(used, 0))
+table.insert(reply, used)
 local live = 0
 if s.concurrency > 0 then live = redis.call('ZCOUNT', KEYS[8], now + 1, '+inf') end  -- expiry > now
 table.insert(reply, live)
+table.insert(reply, head)
+table.insert(reply, last)
 table.insert(reply, redis.call('HGETALL', KEYS[6]))
 for _, v in ipairs(siq_sources_reply(src)) do table.insert(reply, v) end
 return reply
