@@ -89,6 +89,9 @@ def write_synthetic_ledger(
                 "finish_us": start + 5_000, "outcome": pa.array(np.full(count, "SUCCESS")),
                 "deferrals": np.zeros(count, dtype=np.int32), "host": pa.array(hosts),
                 "pid": (1000 + k % 8).astype(np.int32), "cost": np.ones(count, dtype=np.int32),
+                "burst": np.zeros(count, dtype=np.int32), "quota": np.zeros(count, dtype=np.int64),
+                "window_us": np.zeros(count, dtype=np.int64), "concurrency": np.zeros(count, dtype=np.int32),
+                "lease_us": np.zeros(count, dtype=np.int64), "lease_returned": pa.nulls(count, pa.bool_()),
                 "v": np.full(count, SCHEMA_VERSION, dtype=np.int16),
             }  # fmt: skip
             writer.write_table(pa.table(columns, schema=arrow_schema()))

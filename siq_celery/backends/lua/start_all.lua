@@ -91,7 +91,8 @@ for i = 1, n do
   local s = states[i]
   replies[i][7] = siq_commit(KEYS[7 * i - 6], s, tickets[i], cost, now, KEYS[7 * i - 1], KEYS[7 * i],
                               ARGV[lease_args], now + tonumber(ARGV[lease_args + 1]))
-  siq_ledger_start(KEYS[7 * i - 4], cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7], cost)
+  siq_ledger_start(KEYS[7 * i - 4], cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7], cost,
+                   replies[i][7], tonumber(ARGV[lease_args + 1]))
   siq_count_start(KEYS[7 * i - 3], now, replies[i][5], replies[i][6], tonumber(ARGV[7]) or 0)
 end
 return replies
