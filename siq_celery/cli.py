@@ -32,6 +32,7 @@ from .intervals import format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
 from .limits import NO_SPACING_US
 from .queue import RESUME_GRACE_S, IntervalQueue, new_epoch, who
+from .readings import has_limits, limits_text
 from .types import QueueStatus
 
 
@@ -132,22 +133,9 @@ def _spacing(st: QueueStatus) -> str:
     return "none" if st.state.interval_us <= NO_SPACING_US else format_interval(st.state.interval_us)
 
 
-def _limits(st: QueueStatus) -> str:
-    """What binds beyond the interval: the quota's use of its window now, the burst, and the
-    bodies running against the concurrency cap."""
-    s, parts = st.state, []
-    if s.quota:
-        parts.append(f"{st.window_used}/{s.quota} in {format_interval(s.window_us)}")
-    if s.burst:
-        parts.append(f"burst {s.burst}")
-    if s.concurrency:
-        parts.append(f"in flight {st.in_flight}/{s.concurrency}")
-    return ", ".join(parts) or "-"
-
-
 def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
     """The status table; a ``limits`` column only when a queue has a quota, a burst or a cap."""
-    limits = any(st.state.quota or st.state.burst or st.state.concurrency for st in statuses)
+    limits = any(has_limits(st) for st in statuses)
     rows = [[
         "queue", "interval", *(["limits"] if limits else []), "declared", "override", "ticket", "current", "backlog",
         "parked", "paused", "last start", "next start",
@@ -155,7 +143,7 @@ def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
     for st in statuses:
         s = st.state
         rows.append([
-            st.queue, _spacing(st), *([_limits(st)] if limits else []), _declared(st), _override(st),
+            st.queue, _spacing(st), *([limits_text(st)] if limits else []), _declared(st), _override(st),
             str(s.ticket), str(s.current), str(s.backlog), str(st.parked), "yes" if s.paused else "no",
             _last_start(st), _next_start(st),
         ])  # fmt: skip

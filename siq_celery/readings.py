@@ -1,8 +1,10 @@
-"""What a queue's status says beyond its fields, for ``siq exporter`` and ``siq top``
-alike: until when a hold lasts, and how long the backlog takes to start."""
+"""What a queue's status says beyond its fields, for ``siq exporter``, ``siq top`` and
+``siq status`` alike: until when a hold lasts, how long the backlog takes to start, and
+what binds beyond the interval."""
 
 from __future__ import annotations
 
+from .intervals import format_interval
 from .types import US, QueueStatus
 
 
@@ -17,3 +19,23 @@ def drain_seconds(st: QueueStatus) -> float:
     s = st.state
     wait = max(0, st.next_start_us - st.now_us)
     return (wait + max(0, s.backlog - 1) * s.interval_us) / US if s.backlog > 0 else 0.0
+
+
+def has_limits(st: QueueStatus) -> bool:
+    """Whether the queue has a limit beyond its interval (a quota, a burst or a cap)."""
+    s = st.state
+    return bool(s.quota or s.burst or s.concurrency)
+
+
+def limits_text(st: QueueStatus) -> str:
+    """What binds beyond the interval, for people: the quota's use of its window now, the
+    burst, and the bodies running against the concurrency cap (``3/5 in 1s, burst 2, in
+    flight 2/3``); ``-`` for none."""
+    s, parts = st.state, []
+    if s.quota:
+        parts.append(f"{st.window_used}/{s.quota} in {format_interval(s.window_us)}")
+    if s.burst:
+        parts.append(f"burst {s.burst}")
+    if s.concurrency:
+        parts.append(f"in flight {st.in_flight}/{s.concurrency}")
+    return ", ".join(parts) or "-"
