@@ -156,8 +156,8 @@ def test_parked_tasks_export_as_json_lines(store_url: str, tmp_path: Path) -> No
 
 
 def test_a_sqlite_ledger_from_before_costs_were_recorded_reads_as_cost_1(tmp_path: Path) -> None:
-    """A database whose ledger table predates the cost column gets it when first opened:
-    old rows read as cost 1, new starts record theirs."""
+    """A database whose ledger table predates the cost column (and the limits) gets them
+    when first opened: old rows read as cost 1 without limits, new starts record theirs."""
     import sqlite3
 
     from siq_celery.backends import backend_from_url
@@ -179,3 +179,6 @@ def test_a_sqlite_ledger_from_before_costs_were_recorded_reads_as_cost_1(tmp_pat
     clock.now_us = t0 + I
     assert q.start(ticket, task_id="y", record=StartRecord("job", "y", "h", 1), cost=4).authorized
     assert [(r.epoch, r.ticket, r.cost) for r in q.ledger()] == [("old", 7, 1), (ticket.epoch, 1, 4)]
+    old = next(iter(q.ledger()))  # and no limits, no lease (ledger schema 3's columns)
+    assert (old.burst, old.quota, old.window_us, old.concurrency, old.lease_us) == (0, 0, 0, 0, 0)
+    assert old.lease_returned is None

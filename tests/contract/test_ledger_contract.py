@@ -201,3 +201,27 @@ def test_two_copies_of_a_task_running_at_once_each_finish_their_own_start(store:
         (t0 + 2 * I, t0 + 2 * I + 500, "RETRY", True),
         (t0 + 5 * I, t0 + 5 * I + 900, "SUCCESS", False),
     ]
+
+
+def test_a_combined_start_records_its_lease_only_where_a_cap_took_one(store: Store) -> None:
+    from siq_celery import CombinedQueue, Limit
+
+    backend = store.backend(lease_timeout_us=3 * S)
+    pace = IntervalQueue("{api}pace", interval="100ms", backend=backend)
+    cap = IntervalQueue("{api}cap", interval=Limit(concurrency=1), backend=backend)
+    pace.ensure()
+    t0 = cap.ensure().last_start_us
+    both = CombinedQueue([pace, cap])
+    ticket = both.claim()
+    store.clock.now_us = t0 + I
+    lease = next(d.lease for d in both.start(ticket, task_id="a", record=rec("a")) if d.lease)
+    store.clock.now_us = t0 + I + 300
+    both.finish("a", lease=lease)
+    [paced], [capped] = pace.ledger(), cap.ledger()
+    assert (paced.concurrency, paced.lease_us, paced.finish_us, paced.lease_returned) == (0, 0, t0 + I + 300, None)
+    assert (capped.concurrency, capped.lease_us, capped.finish_us, capped.lease_returned) == (
+        1,
+        3 * S,
+        t0 + I + 300,
+        True,
+    )

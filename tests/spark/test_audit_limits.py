@@ -259,7 +259,9 @@ def test_the_synthetic_faults_are_the_only_ones_by_the_definitions(tmp_path: Pat
         assert found == expected and len(expected) == 3 * overruns
 
 
-def test_rows_of_every_schema_version_are_audited_together(spark: Any, tmp_path: Path) -> None:
+def test_rows_of_every_schema_version_are_audited_together(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Version 1 and 2 rows carry no limits (read as none) beside version 3 rows of the
     same queue: the v2 starts take no part in the window or the cap."""
     rows = [row("api", n, T0 + n * I, finish=T0 + n * I + 10, quota=2, window_us=10 * I) for n in range(1, 7)]
@@ -276,3 +278,8 @@ def test_rows_of_every_schema_version_are_audited_together(spark: Any, tmp_path:
     assert (q["starts"], q["violations"], q["window_violations"], q["concurrency_violations"]) == (9, 1, 4, 0)
     assert q["max_window_units"] == 6 and q["max_in_flight"] is None
     assert reference(rows) == {f"api-{n}": {"window"} for n in range(3, 7)}
+    from siq_celery.spark.audit_cli import _print_report
+
+    _print_report(report, str(tmp_path / "audit"))
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("api: ")]
+    assert line.startswith("api: 9 starts") and line.endswith(", 4 window violations (at most 6 units)"), line
