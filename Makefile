@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= redis,dev
 
-.PHONY: demo test lint unit bench bench-peers clean test-redis-floor test-install
+.PHONY: demo test lint unit bench bench-peers bench-publish clean test-redis-floor test-install
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,9 +65,17 @@ bench: install
 	$(PY) bench/parking.py
 	$(PY) bench/spark.py
 
-# siq_celery beside BullMQ (npm, pinned in bench/peers/package.json) and Celery's rate_limit.
+# siq_celery beside BullMQ (npm, pinned in bench/peers/package.json) and Celery's rate_limit:
+# spacing, burst and concurrency. One or a few: make bench-peers SCENARIOS=burst
+# (PEERS_ARGS for more: PEERS_ARGS="--runs 1").
+SCENARIOS ?= spacing,burst,concurrency
 bench-peers: install
-	$(PY) bench/peers.py
+	$(PY) bench/peers.py --scenarios $(SCENARIOS) $(PEERS_ARGS)
+
+# Publish cost of IntervalTask (with an interval; with an interval and a window quota)
+# against plain apply_async, interleaved in one process (PUBLISH_ARGS: bench/publish.py -h).
+bench-publish: install
+	$(PY) bench/publish.py $(PUBLISH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) $(INSTALL_VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,17 +1,20 @@
-"""Peers benchmark: siq_celery beside BullMQ's global limiter and Celery's rate_limit.
+"""Peers benchmark: siq_celery beside BullMQ and Celery's rate_limit, in three scenarios.
 
-    make bench-peers
-    python bench/peers.py [--intervals 50,20,10,5,2] [--profiles empty,mixed] [--runs 3]
-                          [--limiters siq,bullmq,rate_limit] [--seconds 4]
+    make bench-peers                        # all three
+    make bench-peers SCENARIOS=burst        # one (or a comma-separated few)
+    python bench/peers.py [--scenarios spacing,burst,concurrency] [--runs 3] [--limiters ...]
+                          [--intervals 50,20,10,5,2] [--profiles empty,mixed] [--seconds 4]
+                          [--burst 4] [--cap 3 --cap-tasks 150 --cap-body-ms 200]
 
-One private Redis serves all three, one after another, on the same workload: 4 worker
-processes (Celery: 2 nodes x ``-c 2``, prefork, Redis broker, ``acks_late``, prefetch 1;
-BullMQ: 4 Node processes, concurrency 1, ``limiter {max: 1, duration: I}``), a backlog
-published at once (``--seconds`` of schedule, 100 to 400 tasks), bodies that sleep 0 ms
-("empty") or 0, 0, 5, 20, 40 ms in turn ("mixed"). Celery's ``rate_limit`` is per
-worker node, as Celery defines it: set to 1/I, two nodes allow twice the rate.
+One private Redis serves every limiter, one after another, on the same workload.
 
-Prints one Markdown table; each cell is the median (min-max) of ``--runs`` runs:
+**spacing** (one start per interval): 4 worker processes (Celery: 2 nodes x ``-c 2``,
+prefork, Redis broker, ``acks_late``, prefetch 1; BullMQ: 4 Node processes, concurrency
+1, ``limiter {max: 1, duration: I}``), a backlog published at once (``--seconds`` of
+schedule, 100 to 400 tasks, or ``--count``), bodies that sleep 0 ms ("empty") or 0, 0, 5,
+20, 40 ms in turn ("mixed"). Celery's ``rate_limit`` is per worker node, as Celery
+defines it: set to 1/I, two nodes allow twice the rate. One Markdown table; each cell is
+the median (min-max) of ``--runs`` runs:
 
 * achieved rate: ``(starts - 1) x I / span`` of body starts, as % of 1/I;
 * smallest gap between body starts (host clock), and violations: gaps < 0.9 x I;
@@ -23,6 +26,24 @@ Prints one Markdown table; each cell is the median (min-max) of ``--runs`` runs:
 ``--limiters none`` adds the same plain task with no limit at all: its achieved rate
 (over 100 % where Celery alone is faster than 1/I) is the ceiling that Celery's own
 per-task cost sets on this machine, which no limiter running inside Celery can pass.
+
+**burst** (``burst=B``, default 4, at ``--intervals``, default 2 ms, empty bodies, the
+same 4 processes): ``siq`` (burst 0), ``siq-burst`` (``burst=B``), ``bullmq`` (its limiter
+at the same rate, ``{max: 1, duration: I}``) and ``bullmq-burst`` (``{max: B + 1,
+duration: (B + 1) x I}``, the same rate in windows of B + 1). Besides the rate, the
+*excess*: the most starts any half-open window of any length W holds beyond ceil(W / I),
+computed exactly (bench/checks.py), on the store's clock (siq_celery: the start times its
+bodies were given, ``Decision.now_us``, and the ledger's ``start_us`` of the run; the bound
+is B) and on the bodies' clock (host).
+
+**concurrency** (``concurrency=N``, default 3; 3 nodes x ``-c 4``, 150 bodies of 200 ms):
+siq_celery's cap beside BullMQ's global concurrency (``queue.setGlobalConcurrency(N)``, 3
+Node processes of concurrency 4). In flight as the bodies count it (each ``INCR``s a counter
+as it starts and ``DECR``s it as it ends: the most any body saw) and from their start and
+end times; throughput from the first start to the last end, against N / body time; every
+task run once.
+
+Each scenario ends with ``SUMMARY`` lines, one per limiter, and the load average.
 
 BullMQ is installed with ``npm ci`` (or ``npm install``, at the lock's versions) into
 bench/peers/ (Node from the machine; skipped with a message where ``node``/``npm`` are
@@ -52,16 +73,25 @@ ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / "bench" / "peers"
 sys.path.insert(0, str(ROOT))
 
+from bench.checks import burst_excess, most_at_once, to_us  # noqa: E402
 from siq_celery.embedded import EmbeddedRedis  # noqa: E402
 from siq_celery.workers import WorkerProcess  # noqa: E402
 
 PROFILES = {"empty": [0.0], "mixed": [0.0, 0.0, 5.0, 20.0, 40.0]}
 RECORD_KEY = "peers:starts"
+IN_FLIGHT_KEY = "peers:in-flight"
 SETTLE_S = 2.0
+SCENARIOS = ("spacing", "burst", "concurrency")
+DEFAULTS = {  # per scenario: intervals (ms), profiles, limiters
+    "spacing": ("50,20,10,5,2", "empty,mixed", "siq,bullmq,rate_limit,none"),
+    "burst": ("2", "empty", "siq,siq-burst,bullmq,bullmq-burst"),
+    "concurrency": ("", "", "siq,bullmq"),
+}
+BULLMQ = ("bullmq", "bullmq-burst")
 
 
 def metrics(rows: list[dict[str, Any]], interval_s: float) -> dict[str, float]:
-    """The table's figures for one run (``t``: body start, seconds; ``n``: publish order)."""
+    """The tables' figures for one run (``t``: body start, seconds; ``n``: publish order)."""
     ordered = sorted(rows, key=lambda r: r["t"])
     times = [r["t"] for r in ordered]
     gaps = [b - a for a, b in itertools.pairwise(times)]
@@ -77,6 +107,7 @@ def metrics(rows: list[dict[str, Any]], interval_s: float) -> dict[str, float]:
     for r in ordered:
         inversions += r["n"] < highest
         highest = max(highest, r["n"])
+    interval_us = round(interval_s * 1e6)
     out = {
         "rate": 100 * (len(times) - 1) * interval_s / span if span else 0.0,
         "min_gap": min(gaps) * 1000,
@@ -84,16 +115,33 @@ def metrics(rows: list[dict[str, Any]], interval_s: float) -> dict[str, float]:
         "p99_late": late[min(int(len(late) * 0.99), len(late) - 1)] * 1000,
         "window": most,
         "inversions": inversions,
+        "excess_bodies": burst_excess(to_us(times), interval_us).excess,
     }
     if "store_us" in ordered[0]:
         store = sorted(r["store_us"] for r in rows)
         out["store_violations"] = sum(b - a < interval_s * 1e6 for a, b in itertools.pairwise(store))
+        out["excess_store"] = burst_excess(store, interval_us).excess
         # where the time goes (milliseconds, medians): a pool process took the task this
         # long before its slot; authorized this long after it; the body began this long after
         out["arrived_early"] = statistics.median((r["slot_us"] / 1e6 - r["arrived"]) * 1e3 for r in rows)
         out["auth_late"] = statistics.median((r["store_us"] - r["slot_us"]) / 1e3 for r in rows)
         out["body_after_auth"] = statistics.median((r["t"] - r["store_us"] / 1e6) * 1e3 for r in rows)
     return out
+
+
+def cap_metrics(rows: list[dict[str, Any]], count: int, cap: int, body_s: float) -> dict[str, float]:
+    """The concurrency table's figures for one run (``t``, ``end``: a body's start and end,
+    seconds; ``in_flight``: the count the body saw as it started, itself included)."""
+    first, last = min(r["t"] for r in rows), max(r["end"] for r in rows)
+    rate = len(rows) / (last - first)
+    return {
+        "most_counted": max(r["in_flight"] for r in rows),
+        "most_timed": most_at_once(zip(to_us([r["t"] for r in rows]), to_us([r["end"] for r in rows]), strict=True)),
+        "throughput": rate,
+        "of_cap": 100 * rate * body_s / cap,
+        "once": len(rows) == count and len({r["n"] for r in rows}) == count,
+        "span": last - first,
+    }
 
 
 def collect(record: redis.Redis, count: int, timeout: float) -> list[dict[str, Any]]:
@@ -104,23 +152,26 @@ def collect(record: redis.Redis, count: int, timeout: float) -> list[dict[str, A
 
 
 class Bench:
-    def __init__(self, server: EmbeddedRedis, tmp: Path, broker_wait_below: float = 0.02) -> None:
+    def __init__(
+        self, server: EmbeddedRedis, tmp: Path, broker_wait_below: float = 0.02, burst: int = 4, cap: int = 3
+    ) -> None:
         self.port, self.tmp = server.port, tmp
         base = f"redis://127.0.0.1:{server.port}"
         self.env = {
             "SIQ_BENCH_BROKER": f"{base}/1", "SIQ_BENCH_STORE": f"{base}/2", "SIQ_BENCH_RECORD": f"{base}/3",
             "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
             "SIQ_BENCH_BROKER_WAIT_BELOW": f"{broker_wait_below:g}",
+            "SIQ_BENCH_BURST": str(burst), "SIQ_BENCH_CAP": str(cap),
         }  # fmt: skip
-        os.environ.update(self.env)
+        os.environ.update(self.env)  # before bench.peers_app is imported: the publisher's tasks read it too
         self.record = redis.Redis.from_url(self.env["SIQ_BENCH_RECORD"])
         self.broker = redis.Redis.from_url(self.env["SIQ_BENCH_BROKER"])
 
-    def celery_workers(self, queue: str, extra: dict[str, str]) -> list[WorkerProcess]:
+    def celery_workers(self, queue: str, extra: dict[str, str], nodes: int = 2, procs: int = 2) -> list[WorkerProcess]:
         workers = [
-            WorkerProcess("bench.peers_app", f"{queue}{i}@bench", self.tmp / f"{queue}{i}.log", concurrency=2,
+            WorkerProcess("bench.peers_app", f"{queue}{i}@bench", self.tmp / f"{queue}{i}.log", concurrency=procs,
                           env={**self.env, **extra}, cwd=ROOT, extra_args=["-Q", queue]).start()
-            for i in range(2)
+            for i in range(nodes)
         ]  # fmt: skip
         for w in workers:
             w.wait_ready()
@@ -132,8 +183,11 @@ class Bench:
 
         # Workers start for each run: rate_limit is read at worker start, and a siq_celery
         # worker declares its interval (the code's interval= decides).
+        interval = {"SIQ_BENCH_INTERVAL": f"{interval_s * 1000:g}ms"}
         if limiter == "siq":
-            queue, extra, task = "peers-siq", {"SIQ_BENCH_INTERVAL": f"{interval_s * 1000:g}ms"}, "peers.siq"
+            queue, extra, task = "peers-siq", interval, "peers.siq"
+        elif limiter == "siq-burst":  # SIQ_BENCH_BURST, on a queue of its own
+            queue, extra, task = "peers-burst", interval, "peers.burst"
         elif limiter == "rate_limit":
             queue, extra, task = "peers-rate", {"SIQ_BENCH_RATE": f"{1 / interval_s:g}/s"}, "peers.rate"
         else:  # "none": the same plain task with no limit, what Celery alone can start here
@@ -142,8 +196,9 @@ class Bench:
         try:
             self.record.delete(RECORD_KEY)
             publish = app.tasks[task]
-            if limiter == "siq":
+            if limiter.startswith("siq"):
                 publish.siq_queue().declare(interval_s)  # the publisher runs this interval's code too
+            begin = time.time()  # the last run's starts came before its workers stopped, seconds ago
             for n in range(count):
                 publish.delay(n, bodies[n % len(bodies)])
             rows = collect(self.record, count, 60 + 3 * count * interval_s)
@@ -151,43 +206,80 @@ class Bench:
             for w in workers:
                 w.stop(10)
             self.broker.delete(queue)  # what a run could not start must not leak into the next
-        return metrics(rows, interval_s) if len(rows) > 1 else {}
+        out = metrics(rows, interval_s) if len(rows) > 1 else {}
+        if out and limiter.startswith("siq"):  # the store's own record of its authorized starts
+            ledger = [r.start_us for r in publish.siq_queue().ledger(since=begin - 0.5)]
+            out["excess_ledger"] = burst_excess(ledger, round(interval_s * 1e6)).excess
+            out["ledger_rows"] = len(ledger)
+        return out
 
-    def run_bullmq(self, interval_s: float, bodies: list[float], count: int) -> dict[str, float]:
-        name = f"peers-{int(time.time() * 1000)}"
+    def run_celery_capped(self, cap: int, count: int, body_s: float, nodes: int, procs: int) -> dict[str, float]:
+        from bench.peers_app import app
+
+        workers = self.celery_workers("peers-capped", {}, nodes, procs)
+        try:
+            self.record.delete(RECORD_KEY, IN_FLIGHT_KEY)
+            publish = app.tasks["peers.capped"]
+            for n in range(count):
+                publish.delay(n, body_s * 1000)
+            rows = collect(self.record, count, 60 + 3 * count * body_s / cap)
+        finally:
+            for w in workers:
+                w.stop(10)
+            self.broker.delete("peers-capped")
+        return cap_metrics(rows, count, cap, body_s) if rows else {}
+
+    def bullmq(self, workers: list[list[str]], produce: list[str], timeout: float) -> list[dict[str, Any]]:
+        """Start the BullMQ worker processes (``node bullmq_run.mjs ARGS``), let them
+        settle, run the producer, and return what the bodies recorded (database 0)."""
         record_db = redis.Redis(port=self.port, db=0)
-        record_db.delete(RECORD_KEY)
+        record_db.delete(RECORD_KEY, IN_FLIGHT_KEY)
         script = str(PEERS / "bullmq_run.mjs")
-        workers = [
-            subprocess.Popen(
-                ["node", script, "worker", str(self.port), name, f"{interval_s * 1000:g}", RECORD_KEY],
-                cwd=PEERS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )
-            for _ in range(4)
+        procs = [
+            subprocess.Popen(["node", script, *args], cwd=PEERS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+            for args in workers
         ]  # fmt: skip
         try:
-            for w in workers:
+            for w in procs:
                 assert w.stdout is not None
                 line = w.stdout.readline()
                 if "ready" not in line:
                     raise RuntimeError(f"a BullMQ worker did not start: {line}{w.stdout.read()}")
             time.sleep(SETTLE_S)
-            subprocess.run(
-                ["node", script, "produce", str(self.port), name, str(count), ",".join(f"{b:g}" for b in bodies)],
-                cwd=PEERS, check=True, capture_output=True, timeout=60,
-            )  # fmt: skip
-            rows = [{"n": r["n"], "t": r["t_us"] / 1e6} for r in collect(record_db, count, 60 + 3 * count * interval_s)]
+            subprocess.run(["node", script, "produce", *produce], cwd=PEERS, check=True, capture_output=True,
+                           timeout=60)  # fmt: skip
+            count = int(produce[2])
+            return collect(record_db, count, timeout)
         finally:
-            for w in workers:
+            for w in procs:
                 w.terminate()
-            for w in workers:
+            for w in procs:
                 try:
                     w.wait(10)
                 except subprocess.TimeoutExpired:
                     w.kill()
-            for key in record_db.scan_iter(f"bull:{name}:*"):
+            for key in record_db.scan_iter(f"bull:{produce[1]}:*"):
                 record_db.delete(key)
+
+    def run_bullmq(self, interval_s: float, bodies: list[float], count: int, most: int = 1) -> dict[str, float]:
+        """4 processes of concurrency 1 under the limiter {max: most, duration: most x I}."""
+        name, port = f"peers-{int(time.time() * 1000)}", str(self.port)
+        worker = ["worker", port, name, f"{interval_s * 1000:g}", RECORD_KEY, str(most)]
+        produce = [port, name, str(count), ",".join(f"{b:g}" for b in bodies)]
+        rows = self.bullmq([worker] * 4, produce, 60 + 3 * count * interval_s)
+        rows = [{"n": r["n"], "t": r["t_us"] / 1e6} for r in rows]
         return metrics(rows, interval_s) if len(rows) > 1 else {}
+
+    def run_bullmq_capped(self, cap: int, count: int, body_s: float, nodes: int, procs: int) -> dict[str, float]:
+        """``nodes`` processes of concurrency ``procs``; the queue's global concurrency ``cap``."""
+        name, port = f"peers-capped-{int(time.time() * 1000)}", str(self.port)
+        worker = ["capped", port, name, str(procs), RECORD_KEY, IN_FLIGHT_KEY]
+        produce = [port, name, str(count), f"{body_s * 1000:g}", str(cap)]
+        rows = self.bullmq([worker] * nodes, produce, 60 + 3 * count * body_s / cap)
+        rows = [{"n": r["n"], "t": r["t_us"] / 1e6, "end": r["end_us"] / 1e6, "in_flight": r["in_flight"]}
+                for r in rows]  # fmt: skip
+        return cap_metrics(rows, count, cap, body_s) if rows else {}
 
 
 def bullmq_ready() -> str | None:
@@ -212,66 +304,172 @@ def span(values: list[float], fmt: Callable[[float], str]) -> str:
     return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(mid)} ({fmt(lo)}-{fmt(hi)})"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--intervals", default="50,20,10,5,2", help="milliseconds, comma-separated")
-    parser.add_argument("--profiles", default="empty,mixed", help=f"body profiles: {', '.join(PROFILES)}")
-    parser.add_argument(
-        "--limiters",
-        default="siq,bullmq,rate_limit,none",
-        help="siq, bullmq, rate_limit, none (no limit: the ceiling of 4 Celery processes)",
-    )
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=4.0, help="schedule length of a backlog")
-    parser.add_argument("--broker-wait-below", type=float, default=0.02,
-                        help="siq_broker_wait_below, seconds (0: every siq_celery task by ETA)")  # fmt: skip
-    parser.add_argument("--explain", action="store_true", help="siq_celery: where each start's time goes")
-    args = parser.parse_args()
-    limiters = args.limiters.split(",")
-    skip = bullmq_ready() if "bullmq" in limiters else None
-    if skip:
-        print(f"note: {skip}", flush=True)
-        limiters.remove("bullmq")
-    print(f"# siq_celery vs BullMQ vs Celery rate_limit, {time.strftime('%Y-%m-%d')}, {platform.node()}, "
-          f"{os.cpu_count()} cores, 4 worker processes, {args.runs} runs per cell: median (min-max)\n",
-          flush=True)  # fmt: skip
+def load() -> str:
+    return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+class Cells:
+    """The runs of one table cell, formatted as :func:`span` does."""
+
+    def __init__(self, runs: list[dict[str, float]]) -> None:
+        self.runs = [r for r in runs if r]
+
+    def __call__(self, key: str, fmt: Callable[[float], str]) -> str:
+        return span([r[key] for r in self.runs if key in r], fmt)
+
+
+PCT = lambda v: f"{v:.1f}%"  # noqa: E731
+MS = lambda v: f"{v:.2f} ms"  # noqa: E731
+WHOLE = lambda v: f"{v:.0f}"  # noqa: E731
+
+
+def spacing(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None:
+    print(f"# spacing: siq_celery vs BullMQ vs Celery rate_limit, 4 worker processes, {args.runs} runs per cell: "
+          f"median (min-max); {load()}\n", flush=True)  # fmt: skip
     print("| interval | bodies | limiter | achieved rate | smallest gap | violations (< 0.9 I) | p99 lateness "
           "| max starts / 10 I | inversions | store-clock violations |")  # fmt: skip
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+    summary = []
+    for ms in (float(x) for x in args.intervals.split(",")):
+        interval_s = ms / 1000
+        count = args.count or int(min(400, max(100, args.seconds / interval_s)))
+        for profile in args.profiles.split(","):
+            bodies = PROFILES[profile]
+            for limiter in limiters:
+                cells = Cells([
+                    bench.run_bullmq(interval_s, bodies, count) if limiter == "bullmq"
+                    else bench.run_celery(limiter, interval_s, bodies, count)
+                    for _ in range(args.runs)
+                ])  # fmt: skip
+                if limiter == "siq" and args.explain:
+                    ms2 = lambda v: f"{v:.2f}"  # noqa: E731
+                    print(f"<!-- siq {ms:g} ms {profile}, medians: taken by a pool process "
+                          f"{cells('arrived_early', ms2)} ms before the slot, authorized "
+                          f"{cells('auth_late', ms2)} ms after it, body {cells('body_after_auth', ms2)} ms "
+                          "after that -->")  # fmt: skip
+                store = cells("store_violations", WHOLE) if limiter == "siq" else "n/a"
+                print(
+                    f"| {ms:g} ms | {profile} | {limiter} | {cells('rate', PCT)} | {cells('min_gap', MS)} "
+                    f"| {cells('violations', WHOLE)} | {cells('p99_late', MS)} | {cells('window', WHOLE)} "
+                    f"| {cells('inversions', WHOLE)} | {store} |",
+                    flush=True,
+                )
+                summary.append(f"SUMMARY spacing {ms:g}ms {profile} {limiter}: rate {cells('rate', PCT)}, "
+                               f"body violations {cells('violations', WHOLE)}, store-clock violations {store}, "
+                               f"{len(cells.runs)} runs of {count}")  # fmt: skip
+        print(f"<!-- {ms:g} ms: {count} tasks per run -->", flush=True)
+    print("\n" + "\n".join(summary) + f"\nSUMMARY spacing done: {load()}\n", flush=True)
+
+
+def burst(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None:
+    b = args.burst
+    names = {
+        "siq": "siq, burst 0", "siq-burst": f"siq, burst {b}", "bullmq": "bullmq {max: 1, duration: I}",
+        "bullmq-burst": f"bullmq {{max: {b + 1}, duration: {b + 1} I}}",
+    }  # fmt: skip
+    print(f"# burst: excess = most starts in a half-open window of any length W beyond ceil(W / I); "
+          f"4 worker processes, {args.runs} runs per cell: median (min-max); {load()}\n", flush=True)  # fmt: skip
+    print("| interval | bodies | limiter | achieved rate | excess, store clock | excess, ledger | excess, bodies "
+          "| smallest gap | p99 lateness | inversions | store-clock gaps < I |")  # fmt: skip
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+    summary = []
+    for ms in (float(x) for x in args.intervals.split(",")):
+        interval_s = ms / 1000
+        count = args.count or int(min(400, max(100, args.seconds / interval_s)))
+        for profile in args.profiles.split(","):
+            bodies = PROFILES[profile]
+            for limiter in limiters:
+                cells = Cells([
+                    bench.run_bullmq(interval_s, bodies, count, b + 1 if limiter == "bullmq-burst" else 1)
+                    if limiter in BULLMQ else bench.run_celery(limiter, interval_s, bodies, count)
+                    for _ in range(args.runs)
+                ])  # fmt: skip
+                siq = limiter.startswith("siq")
+                store = cells("excess_store", WHOLE) if siq else "n/a"
+                ledger = f"{cells('excess_ledger', WHOLE)} of {cells('ledger_rows', WHOLE)} rows" if siq else "n/a"
+                print(
+                    f"| {ms:g} ms | {profile} | {names[limiter]} | {cells('rate', PCT)} | {store} "
+                    f"| {cells('excess_ledger', WHOLE) if siq else 'n/a'} "
+                    f"| {cells('excess_bodies', WHOLE)} | {cells('min_gap', MS)} | {cells('p99_late', MS)} "
+                    f"| {cells('inversions', WHOLE)} | {cells('store_violations', WHOLE) if siq else 'n/a'} |",
+                    flush=True,
+                )
+                bound = f" (bound {b if limiter == 'siq-burst' else 0})" if siq else ""
+                bodies_excess = cells("excess_bodies", WHOLE)
+                summary.append(f"SUMMARY burst {ms:g}ms {profile} {names[limiter]}: rate {cells('rate', PCT)}, "
+                               f"excess store clock {store}{bound}, ledger {ledger}, bodies {bodies_excess}, "
+                               f"{len(cells.runs)} runs of {count}")  # fmt: skip
+        print(f"<!-- {ms:g} ms: {count} tasks per run -->", flush=True)
+    print("\n" + "\n".join(summary) + f"\nSUMMARY burst done: {load()}\n", flush=True)
+
+
+def concurrency(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None:
+    cap, count, body_s, nodes, procs = args.cap, args.cap_tasks, args.cap_body_ms / 1000, args.cap_nodes, args.cap_procs
+    names = {"siq": f"siq, concurrency={cap}", "bullmq": f"bullmq setGlobalConcurrency({cap})"}
+    print(f"# concurrency: cap {cap}, {nodes} x {procs} worker processes (Celery: {nodes} nodes x -c {procs}; "
+          f"BullMQ: {nodes} processes of concurrency {procs}), {count} bodies of {args.cap_body_ms:g} ms, "
+          f"{args.runs} runs per cell: median (min-max); {load()}\n", flush=True)  # fmt: skip
+    print(
+        "| limiter | most in flight, counted by the bodies | most in flight, body times | throughput "
+        f"| % of {cap} / {args.cap_body_ms:g} ms | first start to last end | every task once |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---|", flush=True)
+    summary = []
+    for limiter in limiters:
+        run = bench.run_bullmq_capped if limiter == "bullmq" else bench.run_celery_capped
+        cells = Cells([run(cap, count, body_s, nodes, procs) for _ in range(args.runs)])
+        once = f"{sum(bool(r['once']) for r in cells.runs)} of {args.runs} runs"
+        print(
+            f"| {names[limiter]} | {cells('most_counted', WHOLE)} | {cells('most_timed', WHOLE)} "
+            f"| {cells('throughput', lambda v: f'{v:.2f}/s')} | {cells('of_cap', PCT)} "
+            f"| {cells('span', lambda v: f'{v:.2f} s')} | {once} |",
+            flush=True,
+        )
+        summary.append(f"SUMMARY concurrency {names[limiter]}: most in flight {cells('most_counted', WHOLE)} "
+                       f"(bodies' count; body times {cells('most_timed', WHOLE)}; cap {cap}), throughput "
+                       f"{cells('of_cap', PCT)} of {cap / body_s:g}/s, every task once in {once}")  # fmt: skip
+    print("\n" + "\n".join(summary) + f"\nSUMMARY concurrency done: {load()}\n", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated: {', '.join(SCENARIOS)}")
+    parser.add_argument("--intervals", help="milliseconds, comma-separated (spacing: 50,20,10,5,2; burst: 2)")
+    parser.add_argument("--profiles", help=f"body profiles: {', '.join(PROFILES)} (spacing: both; burst: empty)")
+    parser.add_argument("--limiters", help="spacing: siq, bullmq, rate_limit, none (no limit: the ceiling of 4 "
+                        "Celery processes); burst: siq, siq-burst, bullmq, bullmq-burst; concurrency: siq, bullmq "
+                        "(default: all of the scenario's)")  # fmt: skip
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=4.0, help="schedule length of a backlog")
+    parser.add_argument("--count", type=int, help="tasks per run (spacing, burst; default from --seconds)")
+    parser.add_argument("--broker-wait-below", type=float, default=0.02,
+                        help="siq_broker_wait_below, seconds (0: every siq_celery task by ETA)")  # fmt: skip
+    parser.add_argument("--explain", action="store_true", help="siq_celery: where each start's time goes")
+    parser.add_argument("--burst", type=int, default=4, help="burst: siq-burst's burst= (bullmq-burst: max B + 1)")
+    parser.add_argument("--cap", type=int, default=3, help="concurrency: the cap")
+    parser.add_argument("--cap-tasks", type=int, default=150, help="concurrency: tasks per run")
+    parser.add_argument("--cap-body-ms", type=float, default=200.0, help="concurrency: body time, milliseconds")
+    parser.add_argument("--cap-nodes", type=int, default=3, help="concurrency: worker nodes (BullMQ processes)")
+    parser.add_argument("--cap-procs", type=int, default=4, help="concurrency: -c of each node (BullMQ concurrency)")
+    args = parser.parse_args()
+    scenarios = args.scenarios.split(",")
+    unknown = set(scenarios) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenario {', '.join(sorted(unknown))}: choose from {', '.join(SCENARIOS)}")
+    chosen = {s: (args.limiters or DEFAULTS[s][2]).split(",") for s in scenarios}
+    skip = bullmq_ready() if any(set(BULLMQ) & set(ls) for ls in chosen.values()) else None
+    if skip:
+        print(f"note: {skip}", flush=True)
+        chosen = {s: [lim for lim in ls if lim not in BULLMQ] for s, ls in chosen.items()}
+    print(f"# peers, {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}, {os.cpu_count()} cores, {load()}\n",
+          flush=True)  # fmt: skip
+    explicit_intervals, explicit_profiles = args.intervals, args.profiles
     with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp:
-        bench = Bench(server, Path(tmp), args.broker_wait_below)
-        for ms in (float(x) for x in args.intervals.split(",")):
-            interval_s = ms / 1000
-            count = int(min(400, max(100, args.seconds / interval_s)))
-            for profile in args.profiles.split(","):
-                bodies = PROFILES[profile]
-                for limiter in limiters:
-                    runs = []
-                    for _ in range(args.runs):
-                        if limiter == "bullmq":
-                            runs.append(bench.run_bullmq(interval_s, bodies, count))
-                        else:
-                            runs.append(bench.run_celery(limiter, interval_s, bodies, count))
-                    runs = [r for r in runs if r]
-
-                    def cells(key: str, fmt: Callable[[float], str], runs: list[dict[str, float]] = runs) -> str:
-                        return span([r[key] for r in runs if key in r], fmt)
-
-                    if limiter == "siq" and args.explain:
-                        ms2 = lambda v: f"{v:.2f}"  # noqa: E731
-                        print(f"<!-- siq {ms:g} ms {profile}, medians: taken by a pool process "
-                              f"{cells('arrived_early', ms2)} ms before the slot, authorized "
-                              f"{cells('auth_late', ms2)} ms after it, body {cells('body_after_auth', ms2)} ms "
-                              "after that -->")  # fmt: skip
-                    print(
-                        f"| {ms:g} ms | {profile} | {limiter} | {cells('rate', lambda v: f'{v:.1f}%')} "
-                        f"| {cells('min_gap', lambda v: f'{v:.2f} ms')} | {cells('violations', lambda v: f'{v:.0f}')} "
-                        f"| {cells('p99_late', lambda v: f'{v:.2f} ms')} | {cells('window', lambda v: f'{v:.0f}')} "
-                        f"| {cells('inversions', lambda v: f'{v:.0f}')} "
-                        f"| {cells('store_violations', lambda v: f'{v:.0f}') if limiter == 'siq' else 'n/a'} |",
-                        flush=True,
-                    )
-            print(f"<!-- {ms:g} ms: {count} tasks per run -->", flush=True)
+        bench = Bench(server, Path(tmp), args.broker_wait_below, args.burst, args.cap)
+        for scenario in scenarios:
+            args.intervals = explicit_intervals or DEFAULTS[scenario][0]
+            args.profiles = explicit_profiles or DEFAULTS[scenario][1]
+            {"spacing": spacing, "burst": burst, "concurrency": concurrency}[scenario](args, bench, chosen[scenario])
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from .intervals import format_interval
 @click.group(name="siq", cls=SiqGroup)
 @click.pass_context
 def siq(ctx: click.Context) -> None:
-    """Operate the app's interval queues (status, pause, resume, set-interval, sync, reset)."""
+    """Operate the app's interval queues (status, pause, resume, set-interval, set-limits, sync, reset)."""
     app = ctx.obj.app
     ctx.meta["siq_app"] = app
 

@@ -3,6 +3,7 @@
     siq --url redis://localhost:6379/0 status [QUEUE...] [--json]
     siq --url ... pause QUEUE | resume QUEUE | reset QUEUE [--yes]
     siq --url ... set-interval QUEUE 250ms | set-interval QUEUE --clear
+    siq --url ... set-limits QUEUE [--burst N] [--quota 100/1m|none] [--concurrency N|none] | --clear
     siq --url ... export [QUEUE...] --out ledger.parquet [--since 2h --until ...]
     siq --url ... exporter [PATTERN...] [--port 9808] [--max-queues 1000]
     siq --url ... top [PATTERN]
@@ -30,10 +31,10 @@ from .errors import CorruptStateError, QueueNotFoundError, SiqError, redacted
 from .export import FORMATS, format_for, ledger_rows, parse_time, write_parked, write_rows
 from .intervals import format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
-from .limits import NO_SPACING_US
+from .limits import NO_SPACING_US, format_limits, format_override, limits_override
 from .queue import RESUME_GRACE_S, IntervalQueue, new_epoch, who
 from .readings import has_limits, limits_text
-from .types import QueueStatus
+from .types import NO_LIMITS, QueueStatus
 
 
 class StoreOptions:
@@ -130,11 +131,17 @@ def _next_start(st: QueueStatus) -> str:
 
 def _spacing(st: QueueStatus) -> str:
     """The interval; 'none' for a queue that only has a quota (no spacing of its own)."""
-    return "none" if st.state.interval_us <= NO_SPACING_US else format_interval(st.state.interval_us)
+    return _interval_text(st.state.interval_us)
+
+
+def _interval_text(interval_us: int) -> str:
+    """An interval as the status shows it: 'none' for no spacing of its own."""
+    return "none" if interval_us <= NO_SPACING_US else format_interval(interval_us)
 
 
 def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
-    """The status table; a ``limits`` column only when a queue has a quota, a burst or a cap."""
+    """The status table; a ``limits`` column only when a queue has a quota, a burst or a cap
+    (or an operator's override of one)."""
     limits = any(has_limits(st) for st in statuses)
     rows = [[
         "queue", "interval", *(["limits"] if limits else []), "declared", "override", "ticket", "current", "backlog",
@@ -151,21 +158,37 @@ def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
 
 
 def _declared(st: QueueStatus) -> str:
-    """The last declaration, and the live workers' ones where they differ from it."""
+    """The last declaration, and the live workers' ones where they differ from it; the same
+    for the limits where any are declared."""
     src = st.sources
     if not src.declared_us:
         return "-"
     others = sorted({n.interval_us for n in src.live(st.now_us)} - {src.declared_us})
-    text = format_interval(src.declared_us)
-    return f"{text} (live: {', '.join(format_interval(i) for i in others)})" if others else text
+    text = _interval_text(src.declared_us)
+    if others:
+        text += f" (live: {', '.join(_interval_text(i) for i in others)})"
+    declared = src.declared_limits
+    live = {n.limits for n in src.live(st.now_us) if n.limits is not None} - {declared}
+    if declared and (declared != NO_LIMITS or live):
+        text += f"; {format_limits(declared)}"
+        if live:
+            text += f" (live: {'; '.join(sorted(format_limits(lim) for lim in live))})"
+    return text
 
 
 def _override(st: QueueStatus) -> str:
-    src = st.sources
-    if not src.override_us:
-        return "-"
-    stamp = datetime.fromtimestamp(src.override_at_us / 1e6, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
-    return f"{format_interval(src.override_us)} by {src.override_by or '?'} at {stamp} UTC"
+    """The interval's override and the limits' override, each with who set it and when."""
+    src, parts = st.sources, []
+    if src.override_us:
+        parts.append(f"{format_interval(src.override_us)} by {src.override_by or '?'} at {_stamp(src.override_at_us)}")
+    if src.limits_override:
+        parts.append(f"{format_override(src.limits_override)} by {src.limits_override_by or '?'} at "
+                     f"{_stamp(src.limits_override_at_us)}")  # fmt: skip
+    return "; ".join(parts) or "-"
+
+
+def _stamp(us: int) -> str:
+    return datetime.fromtimestamp(us / 1e6, tz=UTC).strftime("%Y-%m-%d %H:%M:%S") + " UTC"
 
 
 def render_table(rows: list[list[str]]) -> str:
@@ -273,6 +296,33 @@ def set_interval_command(store: StoreOptions, queue: str, interval: str | None, 
         click.echo(f"{queue}: override cleared, interval {format_interval(state.interval_us)}")
     else:
         click.echo(f"{queue}: interval {format_interval(state.interval_us)} (override)")
+
+
+@click.command("set-limits", cls=SiqCommand, context_settings=NEGATIVE_VALUES)
+@click.argument("queue")
+@click.option("--burst", help="Starts that may come closer than the interval (0: strict spacing).")
+@click.option("--quota", help="At most N cost units in any sliding window: 100/1m, 10000/d; none lifts it.")
+@click.option("--concurrency", help="At most N bodies running at once across every node; none lifts the cap.")
+@click.option("--clear", is_flag=True, help="Remove every override of the limits: back to what the code declares.")
+@click.pass_obj
+def set_limits_command(
+    store: StoreOptions, queue: str, burst: str | None, quota: str | None, concurrency: str | None, clear: bool
+) -> None:
+    """Override QUEUE's limits at runtime, for every worker, from the next start.
+
+    Each kind given replaces what the code declares; the others keep theirs. An override
+    of a kind holds across worker restarts whose code declares the same value for it; a
+    deploy that declares another replaces it. --clear returns to the declarations."""
+    given = burst is not None or quota is not None or concurrency is not None
+    if clear == given:
+        raise click.UsageError("give --burst, --quota or --concurrency, or --clear (not both)")
+    with one_line_errors():
+        override = limits_override(burst, quota, concurrency)
+        state = store.backend.set_limits(queue, None if clear else override, who())
+    if clear:
+        click.echo(f"{queue}: limits override cleared, limits {format_limits(state.limits)}")
+    else:
+        click.echo(f"{queue}: limits {format_limits(state.limits)} (override: {format_override(override)})")
 
 
 @click.command("reset", cls=SiqCommand)
@@ -406,7 +456,8 @@ def _names(store: StoreOptions, queues: tuple[str, ...]) -> list[str]:
 
 
 QUEUE_COMMANDS = [
-    status_command, pause_command, resume_command, backoff_command, set_interval_command, reset_command,
+    status_command, pause_command, resume_command, backoff_command, set_interval_command, set_limits_command,
+    reset_command,
     export_command, exporter_command, top_command,
 ]  # fmt: skip
 

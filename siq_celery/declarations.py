@@ -23,6 +23,7 @@ script, without registering a node.
 
 from __future__ import annotations
 
+import copy
 import logging
 import multiprocessing
 import threading
@@ -34,10 +35,12 @@ from typing import Any
 from .app_state import siq_state
 from .errors import SiqError, StoreUnavailableError
 from .intervals import format_interval
+from .limits import format_limits, format_override
 from .logs import Throttle
 from .lru import LRUCache
+from .model import strictest
 from .queue import IntervalQueue, who
-from .types import Declared
+from .types import NO_LIMITS, Declared, Limits
 
 logger = logging.getLogger("siq_celery")
 
@@ -71,21 +74,38 @@ def _declared_queues(app: Any) -> list[IntervalQueue]:
             continue
         for queue in queues:
             seen = by_name.get(queue.name)
-            if seen is not None and seen[0].interval_us != queue.interval_us:
-                slower = max(seen[0], queue, key=lambda q: q.interval_us or 0)
-                logger.warning("siq_celery: tasks %s and %s declare queue %r at %s and %s; the slower holds",
-                               seen[1], task.name, queue.name, format_interval(seen[0].interval_us or 0),
-                               format_interval(queue.interval_us or 0))  # fmt: skip
-                if slower is seen[0]:
-                    continue
-            by_name[queue.name] = (queue, task.name)
+            by_name[queue.name] = (queue, task.name) if seen is None else (_stricter(seen, queue, task.name), seen[1])
     return [q for q, _ in by_name.values()]
+
+
+def _stricter(seen: tuple[IntervalQueue, str], queue: IntervalQueue, task: str) -> IntervalQueue:
+    """Two tasks of one app declare one queue: the slower interval holds, and the strictest
+    of their limits (model.strictest), each with a warning naming both tasks."""
+    first, by = seen
+    slower = max(first, queue, key=lambda q: q.interval_us or 0)
+    if first.interval_us != queue.interval_us:
+        logger.warning("siq_celery: tasks %s and %s declare queue %r at %s and %s; the slower holds",
+                       by, task, queue.name, format_interval(first.interval_us or 0),
+                       format_interval(queue.interval_us or 0))  # fmt: skip
+    if first.limits == queue.limits:
+        return slower
+    limits = strictest([first.limits, queue.limits])
+    logger.warning("siq_celery: tasks %s and %s declare queue %r with %s and %s; the strictest holds: %s",
+                   by, task, queue.name, format_limits(first.limits), format_limits(queue.limits),
+                   format_limits(limits))  # fmt: skip
+    if limits == slower.limits:
+        return slower
+    both = copy.copy(slower)  # the app's cached object stays as its task declared it
+    both.limits = limits
+    return both
 
 
 def describe(queue: str, done: Declared, origin: str) -> str | None:
     """One line for the log when a declaration changed something, else None."""
     if done.created:
-        return f"queue {queue!r} created with interval {format_interval(done.interval_us)}, declared by {origin}"
+        limits = f" and limits {format_limits(done.limits)}" if done.limits != NO_LIMITS else ""
+        interval = format_interval(done.interval_us)
+        return f"queue {queue!r} created with interval {interval}{limits}, declared by {origin}"
     parts = []
     if done.declaration_changed and done.old_declared_us:
         parts.append(f"declared interval {format_interval(done.old_declared_us)} -> "
@@ -98,7 +118,25 @@ def describe(queue: str, done: Declared, origin: str) -> str | None:
     elif done.declaration_changed and done.interval_us != done.declared_us:
         parts.append(f"effective stays {format_interval(done.interval_us)} (an override, or the declarations "
                      f"of live workers: see `siq status {queue}`)")  # fmt: skip
+    parts += _describe_limits(queue, done)
     return f"queue {queue!r}: " + "; ".join(parts) if parts else None
+
+
+def _describe_limits(queue: str, done: Declared) -> list[str]:
+    """What the declaration changed of the limits, for :func:`describe`."""
+    parts = []
+    old, new = done.old_declared_limits, done.declared_limits
+    if done.limits_declaration_changed and old is not None and new is not None:
+        parts.append(f"declared limits {format_limits(old)} -> {format_limits(new)}")
+    if done.replaced_limits:
+        parts.append(f"replaces the limits override {format_override(done.replaced_limits)} set by "
+                     f"{done.replaced_limits_by or 'unknown'}")  # fmt: skip
+    if done.old_limits != done.limits:
+        parts.append(f"effective limits {format_limits(done.old_limits)} -> {format_limits(done.limits)}")
+    elif done.limits_declaration_changed and old is not None and new is not None and done.limits != new:
+        parts.append(f"effective limits stay {format_limits(done.limits)} (an override, or the declarations of "
+                     f"live workers: see `siq status {queue}`)")  # fmt: skip
+    return parts
 
 
 #: The first and the longest wait between attempts to announce while the store is unreachable.
@@ -120,9 +158,9 @@ class NodeDeclarations:
         self.ttl = siq_state(app).settings.declaration_ttl
         self.origin = who(node)
         self._announced: set[str] = set()
-        #: The effective interval each queue had at this node's last declaration: a start may
-        #: have followed an expiry since (model.follow_expiry), and the renewal says so.
-        self._effective: dict[str, int] = {}
+        #: The effective interval and limits each queue had at this node's last declaration: a
+        #: start may have followed an expiry since (model.follow_expiry), and the renewal says so.
+        self._effective: dict[str, tuple[int, Limits]] = {}
         self._next_renewal = 0.0
         self._closed = False
         self._lock = threading.Lock()
@@ -197,7 +235,7 @@ class NodeDeclarations:
                            queue.name, exc)  # fmt: skip
             return
         self._announced.add(queue.name)
-        self._effective[queue.name] = done.interval_us
+        self._effective[queue.name] = (done.interval_us, done.limits)
         line = describe(queue.name, done, self.origin)
         if line:
             logger.warning("siq_celery: %s", line)
@@ -234,12 +272,16 @@ class NodeDeclarations:
                 except SiqError as exc:
                     logger.warning("siq_celery: could not renew the declaration of queue %r: %s", queue.name, exc)
                     continue
-                before = self._effective.get(queue.name, done.old_interval_us)
-                self._effective[queue.name] = done.interval_us
+                before, limits = self._effective.get(queue.name, (done.old_interval_us, done.old_limits))
+                self._effective[queue.name] = (done.interval_us, done.limits)
                 if before != done.interval_us:
                     logger.warning("siq_celery: queue %r: effective %s -> %s (a worker's declaration expired or "
                                    "was withdrawn, or an operator changed it)", queue.name, format_interval(before),
                                    format_interval(done.interval_us))  # fmt: skip
+                if limits != done.limits:
+                    logger.warning("siq_celery: queue %r: effective limits %s -> %s (a worker's declaration expired "
+                                   "or was withdrawn, or an operator changed them)", queue.name, format_limits(limits),
+                                   format_limits(done.limits))  # fmt: skip
 
     def withdraw(self) -> None:
         """The node stops: its declarations stop counting now (not after the TTL). Stops at
@@ -278,7 +320,7 @@ class PerKeyDeclarations:
         self._renewed: OrderedDict[str, tuple[float, IntervalQueue, str]] = OrderedDict()
         self._lock = threading.Lock()
         self._failures = Throttle(60.0)
-        self._changes: LRUCache[tuple[str, int, int, int], bool] = LRUCache(1_000)
+        self._changes: LRUCache[tuple[object, ...], bool] = LRUCache(1_000)
 
     def on_use(self, queue: IntervalQueue, node: str, task: str = "") -> None:
         now = time.monotonic()
@@ -304,7 +346,8 @@ class PerKeyDeclarations:
             return
         line = describe(queue.name, done, origin) if not done.created else None
         if line:
-            change = (task, done.old_declared_us, done.declared_us, done.replaced_override_us)
+            change = (task, done.old_declared_us, done.declared_us, done.replaced_override_us,
+                      done.old_declared_limits, done.declared_limits, done.replaced_limits)  # fmt: skip
             if change in self._changes:
                 logger.debug("siq_celery: %s", line)
                 return

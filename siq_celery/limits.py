@@ -25,8 +25,8 @@ from datetime import timedelta
 from typing import TypeAlias
 
 from .errors import ConfigurationError, InvalidIntervalError
-from .intervals import _NUMBER, _UNIT, _UNITS_US, IntervalLike, parse_duration, parse_interval
-from .types import NO_LIMITS, Limits
+from .intervals import _NUMBER, _UNIT, _UNITS_US, IntervalLike, format_interval, parse_duration, parse_interval
+from .types import NO_LIMITS, Limits, LimitsOverride
 
 QuotaLike: TypeAlias = str | tuple[int, IntervalLike]
 
@@ -85,6 +85,69 @@ def limits_of(burst: int | None, quota: QuotaLike | None, concurrency: int | Non
     count, window_us = parse_quota(quota) if quota is not None else (0, 0)
     cap = validate_concurrency(concurrency) if concurrency is not None else 0
     return Limits(validate_burst(burst or 0), count, window_us, cap)
+
+
+#: What lifts a kind in an override (``siq set-limits q --quota none``).
+NONE = "none"
+
+
+def limits_override(
+    burst: int | str | None = None, quota: QuotaLike | None = None, concurrency: int | str | None = None
+) -> LimitsOverride:
+    """An operator's override of some kinds (None: that kind is not overridden): ``burst``
+    0 to 10 000; ``quota`` ``"N/period"``, or ``"none"`` for no quota; ``concurrency`` 1 to
+    100 000, or ``"none"`` for no cap. Text from a command line is read as numbers."""
+    b = validate_burst(_whole(burst, "burst")) if burst is not None else None
+    if quota is None:
+        n, window = None, 0
+    elif isinstance(quota, str) and quota.strip().lower() == NONE:
+        n, window = 0, 0
+    else:
+        n, window = parse_quota(quota)
+    if concurrency is None:
+        c = None
+    elif isinstance(concurrency, str) and concurrency.strip().lower() == NONE:
+        c = 0
+    else:
+        c = validate_concurrency(_whole(concurrency, "concurrency"))
+    return LimitsOverride(b, n, window, c)
+
+
+def _whole(value: object, kind: str) -> object:
+    """Text of a whole number as the number (anything else as it is, for its own error)."""
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            hint = " or 'none'" if kind != "burst" else ""
+            raise ConfigurationError(f"{kind} {value!r}: a whole number{hint}") from None
+    return value
+
+
+def format_limits(limits: Limits) -> str:
+    """The limits beyond the interval for people: ``burst 2, quota 100/1m, concurrency 5``
+    (``none``: none of them)."""
+    parts = []
+    if limits.burst:
+        parts.append(f"burst {limits.burst}")
+    if limits.quota:
+        parts.append(f"quota {limits.quota}/{format_interval(limits.window_us)}")
+    if limits.concurrency:
+        parts.append(f"concurrency {limits.concurrency}")
+    return ", ".join(parts) or "none"
+
+
+def format_override(override: LimitsOverride) -> str:
+    """The kinds an override sets, for people: ``quota none, concurrency 5``."""
+    parts = []
+    if override.burst is not None:
+        parts.append(f"burst {override.burst}")
+    if override.quota is not None:
+        quota = f"{override.quota}/{format_interval(override.window_us)}" if override.quota else NONE
+        parts.append(f"quota {quota}")
+    if override.concurrency is not None:
+        parts.append(f"concurrency {override.concurrency or NONE}")
+    return ", ".join(parts)
 
 
 def check_not_a_quota(value: object, where: str) -> None:

@@ -39,7 +39,7 @@ from .intervals import IntervalLike, format_interval, parse_duration, parse_inte
 from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
 from .leases import KEEPER
 from .ledger import LedgerRow, StartRecord
-from .limits import Limit, QuotaLike, interval_and_limits
+from .limits import Limit, QuotaLike, interval_and_limits, limits_override
 from .types import ClaimResult, Decision, Declared, QueueState, QueueStatus, Ticket, Verdict
 
 logger = logging.getLogger("siq_celery")
@@ -263,6 +263,24 @@ class IntervalQueue:
         interval_us = parse_interval(interval) if interval is not None else None
         return self.backend.set_interval(self.name, interval_us, origin or who())
 
+    def set_limits(
+        self, *, burst: int | str | None = None, quota: QuotaLike | None = None, concurrency: int | str | None = None,
+        clear: bool = False, origin: str | None = None,
+    ) -> QueueState:  # fmt: skip
+        """Override some of the shared limits at runtime, for every worker, from the next
+        start (recorded with ``origin``, by default this user, host and process): the kinds
+        given (``burst``; ``quota`` ``"100/1m"``, or ``"none"``; ``concurrency`` N, or
+        ``"none"``) replace the declared ones, the others keep theirs (an earlier override
+        of them stays). Each kind's override holds across worker restarts whose code
+        declares the same value for it; a deploy that declares another replaces it.
+        ``clear=True`` removes every override of the limits: back to the declarations."""
+        override = limits_override(burst, quota, concurrency)
+        if clear == bool(override):
+            raise ConfigurationError(
+                f"queue {self.name!r}: set_limits() takes burst=, quota= or concurrency=, or clear=True (not both)"
+            )
+        return self.backend.set_limits(self.name, None if clear else override, origin or who())
+
     def declare(
         self, interval: IntervalLike | None = None, *, node: str = "", ttl: float = 0.0, announce: bool = True,
         origin: str | None = None,
@@ -273,8 +291,10 @@ class IntervalQueue:
         (a deploy that changed ``interval=``): what a worker does at start, and ``siq
         sync`` for scripts. ``node`` registers it as a live worker's for ``ttl`` seconds
         (the queue never runs faster than its slowest live declaration); ``announce=False``
-        only renews it. An ``interval`` given here acts on the store; this object keeps its
-        own (:meth:`_adopt`)."""
+        only renews it. This object's limits (burst, quota, concurrency) are declared with
+        it, by the same rules: the strictest live declaration holds, and an announcement
+        that changes a kind replaces that kind's override. An ``interval`` given here acts
+        on the store; this object keeps its own (:meth:`_adopt`)."""
         interval_us = self._adopt(interval, "declare")
         return self.backend.declare(
             self.name, interval_us, new_epoch(), node=node, ttl_us=round(ttl * 1e6), origin=origin or who(node),

@@ -22,20 +22,28 @@ def drain_seconds(st: QueueStatus) -> float:
 
 
 def has_limits(st: QueueStatus) -> bool:
-    """Whether the queue has a limit beyond its interval (a quota, a burst or a cap)."""
+    """Whether the queue has a limit beyond its interval (a quota, a burst or a cap), or an
+    operator's override of one."""
     s = st.state
-    return bool(s.quota or s.burst or s.concurrency)
+    return bool(s.quota or s.burst or s.concurrency or st.sources.limits_override)
 
 
 def limits_text(st: QueueStatus) -> str:
-    """What binds beyond the interval, for people: the quota's use of its window now, the
-    burst, and the bodies running against the concurrency cap (``3/5 in 1s, burst 2, in
-    flight 2/3``); ``-`` for none."""
-    s, parts = st.state, []
+    """What binds beyond the interval, for people (``siq status``, ``siq top``): the quota's
+    use of its window now, the burst, and the bodies running against the concurrency cap
+    (``3/5 in 1s, burst 2, in flight 2/3``), each kind an operator overrides marked so;
+    ``-`` for none."""
+    s, o, parts = st.state, st.sources.limits_override, []
     if s.quota:
-        parts.append(f"{st.window_used}/{s.quota} in {format_interval(s.window_us)}")
+        parts.append(f"{st.window_used}/{s.quota} in {format_interval(s.window_us)}" + _mark(o.quota))
     if s.burst:
-        parts.append(f"burst {s.burst}")
+        parts.append(f"burst {s.burst}" + _mark(o.burst))
     if s.concurrency:
-        parts.append(f"in flight {st.in_flight}/{s.concurrency}")
+        parts.append(f"in flight {st.in_flight}/{s.concurrency}" + _mark(o.concurrency))
+    lifted = [kind for kind, v in (("quota", o.quota), ("concurrency", o.concurrency)) if v == 0]
+    parts += [f"no {kind} (override)" for kind in lifted]
     return ", ".join(parts) or "-"
+
+
+def _mark(overridden: int | None) -> str:
+    return " (override)" if overridden is not None else ""

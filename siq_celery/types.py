@@ -75,24 +75,69 @@ NO_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
+class LimitsOverride:
+    """An operator's override of a queue's limits, kind by kind (``siq set-limits``): a
+    kind left ``None`` follows the declarations; ``burst`` 0, ``quota`` 0 (with
+    ``window_us`` 0) and ``concurrency`` 0 lift that kind (strict spacing, no quota, no
+    cap). See docs/design.md, "The model" (the interval's and the limits' sources)."""
+
+    burst: int | None = None
+    quota: int | None = None
+    window_us: int = 0
+    concurrency: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.burst is not None or self.quota is not None or self.concurrency is not None
+
+    def merged(self, other: LimitsOverride) -> LimitsOverride:
+        """This override with the kinds ``other`` sets replaced by ``other``'s."""
+        burst = self.burst if other.burst is None else other.burst
+        quota, window = (self.quota, self.window_us) if other.quota is None else (other.quota, other.window_us)
+        concurrency = self.concurrency if other.concurrency is None else other.concurrency
+        return LimitsOverride(burst, quota, window, concurrency)
+
+    def apply(self, limits: Limits) -> Limits:
+        """``limits`` with the overridden kinds replaced."""
+        return Limits(
+            limits.burst if self.burst is None else self.burst,
+            limits.quota if self.quota is None else self.quota,
+            limits.window_us if self.quota is None else self.window_us,
+            limits.concurrency if self.concurrency is None else self.concurrency,
+        )
+
+
+NO_OVERRIDE = LimitsOverride()
+
+
+@dataclass(frozen=True)
 class NodeDeclaration:
-    """The interval one live worker node declares for a queue (its code's ``interval=``),
-    counted until ``expires_us`` unless the node renews it."""
+    """The interval one live worker node declares for a queue (its code's ``interval=``)
+    and its other limits (``None``: a node of an earlier version, which declared the
+    interval only), counted until ``expires_us`` unless the node renews it."""
 
     node: str
     interval_us: int
     expires_us: int
+    limits: Limits | None = None
 
 
 @dataclass(frozen=True)
 class IntervalSources:
-    """Where a queue's effective interval (``QueueState.interval_us``) comes from.
+    """Where a queue's effective interval (``QueueState.interval_us``) and limits
+    (``QueueState.limits``) come from.
 
     ``declared_us``: what the code said last (the last worker start, or ``siq sync``, with
     a new declaration), 0 if never declared. ``override_us``: an operator's runtime
     override (``set-interval``), 0 if none. ``nodes``: the live workers' declarations.
     The effective interval is the override if set, else the slowest live declaration,
     else the last declaration (:func:`siq_celery.model.effective_interval`).
+
+    ``declared_limits``: the limits the code said last (None: never declared, or declared
+    by an earlier version). ``limits_override``: an operator's override of some kinds
+    (``set-limits``), recorded with ``limits_override_by`` and ``limits_override_at_us``.
+    The effective limits are, kind by kind, the override if set, else the strictest of
+    the live declarations, else the last declaration, else what the state holds
+    (:func:`siq_celery.model.effective_limits`).
     """
 
     declared_us: int = 0
@@ -102,6 +147,10 @@ class IntervalSources:
     override_by: str = ""
     override_at_us: int = 0
     nodes: tuple[NodeDeclaration, ...] = ()
+    declared_limits: Limits | None = None
+    limits_override: LimitsOverride = NO_OVERRIDE
+    limits_override_by: str = ""
+    limits_override_at_us: int = 0
 
     def live(self, now_us: int) -> tuple[NodeDeclaration, ...]:
         return tuple(n for n in self.nodes if n.expires_us > now_us)
@@ -126,7 +175,9 @@ class StartCounts:
 class Declared:
     """What a declaration did (see :meth:`Backend.declare`): the declared and effective
     intervals before and after, and the override it replaced (``replaced_override_us``
-    0: none). ``created``: the queue's state was created by it."""
+    0: none); the same for the limits (``old_declared_limits`` None: none declared
+    before; ``replaced_limits``: the kinds of the limits override it replaced). ``created``:
+    the queue's state was created by it."""
 
     created: bool
     old_declared_us: int
@@ -135,10 +186,20 @@ class Declared:
     interval_us: int
     replaced_override_us: int = 0
     replaced_override_by: str = ""
+    old_declared_limits: Limits | None = None
+    declared_limits: Limits | None = None
+    old_limits: Limits = NO_LIMITS
+    limits: Limits = NO_LIMITS
+    replaced_limits: LimitsOverride = NO_OVERRIDE
+    replaced_limits_by: str = ""
 
     @property
     def declaration_changed(self) -> bool:
         return self.old_declared_us != self.declared_us
+
+    @property
+    def limits_declaration_changed(self) -> bool:
+        return self.old_declared_limits != self.declared_limits
 
 
 @dataclass(frozen=True)
@@ -202,7 +263,40 @@ class QueueStatus:
             "window_used": self.window_used if s.quota else None,
             "concurrency": s.concurrency or None,
             "in_flight": self.in_flight if s.concurrency else None,
+            "declared_limits": _limits_dict(src.declared_limits),
+            "limits_override": _override_dict(src.limits_override),
+            "limits_override_by": src.limits_override_by or None,
+            "limits_override_at": src.limits_override_at_us / US if src.limits_override else None,
+            "limit_declarations": {
+                n.node: _limits_dict(n.limits) for n in src.live(self.now_us) if n.limits is not None
+            },
         }
+
+
+def _limits_dict(limits: Limits | None) -> dict[str, object] | None:
+    if limits is None:
+        return None
+    return {
+        "burst": limits.burst,
+        "quota": limits.quota or None,
+        "window_s": limits.window_us / US if limits.quota else None,
+        "concurrency": limits.concurrency or None,
+    }
+
+
+def _override_dict(override: LimitsOverride) -> dict[str, object] | None:
+    """The kinds overridden (a lifted quota or cap: 0)."""
+    if not override:
+        return None
+    out: dict[str, object] = {}
+    if override.burst is not None:
+        out["burst"] = override.burst
+    if override.quota is not None:
+        out["quota"] = override.quota
+        out["window_s"] = override.window_us / US if override.quota else None
+    if override.concurrency is not None:
+        out["concurrency"] = override.concurrency
+    return out
 
 
 @dataclass(frozen=True)

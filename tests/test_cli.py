@@ -254,3 +254,63 @@ def test_status_shows_what_binds_beyond_the_interval_only_where_a_queue_has_it(u
     assert "3/5 in 1s, burst 2" in rows["geo"]
     assert rows["day"].split()[1:4] == ["none", "0/10000", "in"]  # a quota alone: no spacing
     assert rows["plain"].split()[1:3] == ["1s", "-"]
+
+
+def test_set_limits_overrides_some_kinds_status_shows_where_limits_come_from_and_clear_returns(url: str) -> None:
+    from siq_celery.types import Limits
+
+    q = IntervalQueue("geo", url=url, interval="100ms", burst=1, quota="100/1m", concurrency=5)
+    q.declare()
+    code, out = run(url, "set-limits", "geo", "--concurrency", "2", "--quota", "none")
+    assert (code, out) == (0, "geo: limits burst 1, concurrency 2 (override: quota none, concurrency 2)\n")
+    status = q.status()
+    assert status.state.limits == Limits(1, 0, 0, 2)
+    assert status.sources.limits_override_by.startswith(f"{getpass.getuser()}@")
+    code, out = run(url, "status", "geo")
+    row = out.strip().splitlines()[1]
+    assert "burst 1, in flight 0/2 (override), no quota (override)" in row, out  # limits: what binds, and why
+    assert "100ms; burst 1, quota 100/1m, concurrency 5" in row, out  # declared: the code's
+    assert "quota none, concurrency 2 by " in row and " UTC" in row, out  # override: who and when
+    shown = json.loads(run(url, "status", "geo", "--json")[1])[0]
+    assert shown["limits_override"] == {"quota": 0, "window_s": None, "concurrency": 2}
+    assert shown["declared_limits"] == {"burst": 1, "quota": 100, "window_s": 60.0, "concurrency": 5}
+    assert shown["limits_override_by"] == status.sources.limits_override_by
+    assert run(url, "set-limits", "geo", "--burst", "0") == (0, "geo: limits concurrency 2 (override: burst 0)\n")
+    code, out = run(url, "set-limits", "geo", "--clear")
+    assert (code, out) == (0, "geo: limits override cleared, limits burst 1, quota 100/1m, concurrency 5\n")
+    assert not q.status().sources.limits_override
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["set-limits", "geo"], 2, "give --burst, --quota or --concurrency, or --clear"),
+        (["set-limits", "geo", "--burst", "1", "--clear"], 2, "(not both)"),
+        (["set-limits", "geo", "--burst", "-1"], 1, "burst -1: a whole number of starts from 0 to 10000"),
+        (["set-limits", "geo", "--burst", "two"], 1, "burst 'two': a whole number"),
+        (["set-limits", "geo", "--quota", "fast"], 1, "quota 'fast': write it as 'N/period'"),
+        (["set-limits", "geo", "--concurrency", "0"], 1, "from 1 to 100000"),
+        (["set-limits", "nope", "--burst", "1"], 1, "queue 'nope' has no state"),
+    ],
+)
+def test_set_limits_refuses_bad_input_in_one_line(url: str, args: list[str], code: int, message: str) -> None:
+    IntervalQueue("geo", url=url, interval="100ms").ensure()
+    got, out = run(url, *args)
+    assert got == code and message in out and out.count("\n") == 1 and "Traceback" not in out, out
+    assert not IntervalQueue("geo", url=url).status().sources.limits_override
+
+
+def test_celery_siq_set_limits_acts_on_the_apps_store(tmp_path: object) -> None:
+    from types import SimpleNamespace
+
+    from celery import Celery
+
+    from siq_celery.celery_cli import siq as celery_siq
+
+    store = f"sqlite:///{tmp_path}/app.db"
+    IntervalQueue("api", url=store, interval="100ms", concurrency=4).declare()
+    app = Celery("limits", broker="memory://", set_as_current=False)
+    app.conf.siq_url = store
+    result = CliRunner().invoke(celery_siq, ["set-limits", "api", "--concurrency", "2"], obj=SimpleNamespace(app=app))
+    assert result.exit_code == 0 and result.output == "api: limits concurrency 2 (override: concurrency 2)\n"
+    assert IntervalQueue("api", url=store).status().state.concurrency == 2

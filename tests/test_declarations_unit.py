@@ -22,7 +22,7 @@ from siq_celery.declarations import NodeDeclarations, PerKeyDeclarations, app_de
 from siq_celery.errors import StoreUnavailableError
 from siq_celery.queue import IntervalQueue
 from siq_celery.testing import PinnedClock
-from siq_celery.types import Declared
+from siq_celery.types import Declared, Limits
 from siq_celery.upkeep import WorkerUpkeep
 
 
@@ -352,3 +352,92 @@ def test_a_renewal_says_when_the_effective_interval_followed_an_expiry(
         node.renew_if_due()
     assert "queue 'api': effective 300ms -> 100ms (a worker's declaration expired" in caplog.text
     node.withdraw()
+
+
+def test_tasks_sharing_a_queue_with_different_limits_declare_the_strictest_with_a_warning(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app(tmp_path)
+
+    @app.task(base=IntervalTask, shared=False, name="a", interval="100ms", interval_queue="api", burst=4,
+              quota="100/1m", concurrency=5)  # fmt: skip
+    def a() -> None: ...
+
+    @app.task(base=IntervalTask, shared=False, name="b", interval="300ms", interval_queue="api", burst=1,
+              quota="10/1s")  # fmt: skip
+    def b() -> None: ...
+
+    @app.task(base=IntervalTask, shared=False, name="c", interval="1s", interval_queue="same", concurrency=2)
+    def c() -> None: ...
+
+    @app.task(base=IntervalTask, shared=False, name="d", interval="1s", interval_queue="same", concurrency=2)
+    def d() -> None: ...
+
+    with caplog.at_level(logging.WARNING, "siq_celery"):
+        declared = {q.name: (q.interval_us, q.limits) for q in app_declarations(app)}
+    assert declared == {"api": (300_000, Limits(1, 10, 60_000_000, 5)), "same": (1_000_000, Limits(0, 0, 0, 2))}
+    assert (
+        "tasks a and b declare queue 'api' with burst 4, quota 100/1m, concurrency 5 and burst 1, quota 10/1s; "
+        "the strictest holds: burst 1, quota 10/1m, concurrency 5"
+    ) in caplog.text
+    assert "queue 'same'" not in caplog.text  # the same limits: nothing to say
+    # each task's own queue object keeps what its task declared
+    assert app.tasks["a"].siq_queue().limits == Limits(4, 100, 60_000_000, 5)
+    ((_, done),) = [r for r in sync_app(app) if r[0] == "api"]
+    assert done.limits == Limits(1, 10, 60_000_000, 5)
+
+
+def test_a_deploy_that_changes_the_limits_logs_what_changed_and_the_override_it_replaced(tmp_path: Any) -> None:
+    app = make_app(tmp_path)
+
+    @app.task(base=IntervalTask, shared=False, name="a", interval="100ms", interval_queue="api", concurrency=3)
+    def a() -> None: ...
+
+    backend = siq_state(app).backend
+    old = IntervalQueue("api", backend=backend, interval="100ms", quota="5/1s", concurrency=5)
+    old.declare(origin="old code")
+    old.set_limits(concurrency=8, origin="alice@ops")
+    ((name, done),) = sync_app(app)
+    assert describe(name, done, "siq sync") == (
+        "queue 'api': declared limits quota 5/1s, concurrency 5 -> concurrency 3; replaces the limits override "
+        "concurrency 8 set by alice@ops; effective limits quota 5/1s, concurrency 8 -> concurrency 3"
+    )
+    created = describe("new", IntervalQueue("new", backend=backend, interval="1s", burst=2).declare(), "w1")
+    assert created == "queue 'new' created with interval 1s and limits burst 2, declared by w1"
+
+
+def test_a_renewal_says_when_the_effective_limits_followed_an_expiry(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = api_app(tmp_path)  # 'api' at 100 ms, no limits
+    clock = PinnedClock()
+    state = siq_state(app)
+    state._backend = backend_from_url(f"sqlite:///{tmp_path}/s.db", clock=clock)
+    IntervalQueue("api", backend=state.backend, interval="100ms", concurrency=1).declare(node="old@host", ttl=30)
+    now = [1000.0]
+    monkeypatch.setattr("siq_celery.declarations.time.monotonic", lambda: now[0])
+    node = NodeDeclarations(app, "w1@host")
+    node.announce()
+    assert state.backend.status("api").state.concurrency == 1  # type: ignore[union-attr]  # the old node's cap holds
+    clock.advance(30.0)
+    now[0] += 10.0
+    with caplog.at_level(logging.WARNING, "siq_celery"):
+        node.renew_if_due()
+    assert "queue 'api': effective limits concurrency 1 -> none (a worker's declaration expired" in caplog.text
+    node.withdraw()
+
+
+def test_a_deploy_that_changes_per_key_limits_logs_each_change_once_not_once_per_key(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = siq_state(make_app(tmp_path)).backend
+    for n, cap in enumerate((5, 5, 4, 4)):  # keys declared by two earlier deploys
+        IntervalQueue(f"shop:{n}", backend=backend, interval="1s", concurrency=cap).declare(origin="old code")
+    per_key = PerKeyDeclarations(ttl=30.0)
+    with caplog.at_level(logging.WARNING, "siq_celery"):
+        for n in range(4):
+            per_key.on_use(IntervalQueue(f"shop:{n}", backend=backend, interval="1s", concurrency=3), "w1@host")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert "queue 'shop:0': declared limits concurrency 5 -> concurrency 3" in warnings[0]
+    assert "queue 'shop:2': declared limits concurrency 4 -> concurrency 3" in warnings[1]

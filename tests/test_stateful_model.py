@@ -4,7 +4,11 @@ memory, SQLite and Redis stores side by side and to a small reference model writ
 docs/design.md, on a queue with a burst, a window quota and a concurrency cap drawn for each
 example (none, most often). Every answer and every state must agree; without a burst no two
 authorized starts may be closer than the interval in force, no window of the quota's length
-holds more than its quota, and no more leases than the cap are ever live."""
+holds more than its quota, and no more leases than the cap are ever live.
+
+A second machine (SourcesAgree) draws declarations of worker nodes and scripts with their
+limits, overrides of the interval and of each kind of limit, and clock moves past the
+declarations' TTL: every store must give a reference's effective interval and limits."""
 
 from __future__ import annotations
 
@@ -446,3 +450,179 @@ def test_memory_sqlite_and_redis_agree_with_the_reference_model(redis_url: str) 
         suppress_health_check=[HealthCheck.too_slow],
     )
     StoresAgree.TestCase().runTest()
+
+
+# -- where the interval and the limits come from: declarations, overrides, expiry --------
+
+NODES = ["", "a", "b", "c"]  # "": a script's declaration (siq sync), no node registered
+
+
+@dataclass
+class SourcesReference:
+    """The deploy rules of docs/design.md ("The model": the interval's and the limits' sources),
+    written independently of siq_celery.model: per kind, an override, else the strictest
+    live node declaration, else the last declaration, else what the state was created with."""
+
+    interval: int
+    limits: tuple[int, int, int, int]
+    declared: int = 0
+    declared_limits: tuple[int, int, int, int] | None = None
+    override: int = 0
+    lim_override: dict[str, object] = field(default_factory=dict)  # burst, quota (n, w), conc
+    nodes: dict[str, tuple[int, tuple[int, int, int, int], int]] = field(default_factory=dict)
+
+    def live(self, now: int) -> dict[str, tuple[int, tuple[int, int, int, int], int]]:
+        return {n: d for n, d in self.nodes.items() if d[2] > now}
+
+    def apply(self, now: int) -> None:
+        live = self.live(now)
+        self.interval = self.override or max((d[0] for d in live.values()), default=self.declared) or self.interval
+        if live:
+            lims = [d[1] for d in live.values()]
+            quotas = [(q, w) for _, q, w, _ in lims if q]
+            caps = [c for *_, c in lims if c]
+            base = (min(b for b, *_ in lims), min((q for q, _ in quotas), default=0),
+                    max((w for _, w in quotas), default=0), min(caps, default=0))  # fmt: skip
+        else:
+            base = self.declared_limits if self.declared_limits is not None else self.limits
+        b, q, w, c = base
+        o = self.lim_override
+        if "burst" in o:
+            b = o["burst"]  # type: ignore[assignment]
+        if "quota" in o:
+            q, w = o["quota"]  # type: ignore[misc]
+        if "conc" in o:
+            c = o["conc"]  # type: ignore[assignment]
+        self.limits = (b, q, w, c)
+
+    def declare(
+        self, now: int, node: str, ttl: int, announce: bool, interval: int, lim: tuple[int, int, int, int]
+    ) -> None:
+        self.nodes = self.live(now)
+        if node and ttl:
+            self.nodes[node] = (interval, lim, now + ttl)
+        elif node:
+            self.nodes.pop(node, None)
+        if (announce and interval != self.declared) or not self.declared:
+            self.declared = interval
+            if announce:
+                self.override = 0
+        old = self.declared_limits
+        if (announce and lim != old) or old is None:
+            self.declared_limits = lim
+            if announce:
+                for kind, i in (("burst", [0]), ("quota", [1, 2]), ("conc", [3])):
+                    if old is None or any(old[j] != lim[j] for j in i):
+                        self.lim_override.pop(kind, None)
+        self.apply(now)
+
+
+class SourcesAgree(RuleBasedStateMachine):
+    """Random declarations (worker nodes with a TTL, withdrawals, scripts; announcements and
+    renewals) with limits, overrides of the interval and of each kind of limit, and clock
+    moves that let declarations expire: every store gives the reference's effective
+    interval and limits, declarations and overrides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        run = next(_run)
+        self.clock = PinnedClock()
+        self.dir = tempfile.TemporaryDirectory()
+        urls = [f"memory://src-{os.getpid()}-{run}", f"sqlite:///{self.dir.name}/siq.db", REDIS_URL[0]]
+        self.stores = [backend_from_url(u, clock=self.clock, key_prefix=f"src{run}", ledger_max=0) for u in urls]
+        self.ref: SourcesReference | None = None
+
+    def teardown(self) -> None:
+        for s in self.stores:
+            s.delete("q")
+            s.close()
+        self.dir.cleanup()
+
+    @rule(us=st.integers(0, 2_000_000))
+    def advance(self, us: int) -> None:
+        self.clock.advance(us=us)
+
+    @rule(
+        node=st.sampled_from(NODES), ttl=st.sampled_from([0, 1_000_000, 3_000_000]), announce=st.booleans(),
+        interval=st.sampled_from(INTERVALS), burst=st.sampled_from([0, 1, 3]),
+        quota=st.sampled_from([(0, 0), (5, 1_000_000), (10, 10_000_000)]), conc=st.sampled_from([0, 1, 4]),
+    )  # fmt: skip
+    def declare(self, node: str, ttl: int, announce: bool, interval: int, burst: int, quota: tuple[int, int],
+                conc: int) -> None:  # fmt: skip
+        lim = (burst, *quota, conc)
+        for s in self.stores:
+            s.declare("q", interval, "e1", node=node, ttl_us=ttl, origin="o", announce=announce, limits=Limits(*lim))
+        now = self.clock.now_us
+        if self.ref is None:
+            self.ref = SourcesReference(interval, lim)
+        self.ref.declare(now, node, ttl, announce, interval, lim)  # type: ignore[arg-type]
+
+    @precondition(lambda self: self.ref is not None)
+    @rule(
+        burst=st.sampled_from([None, 0, 2]), quota=st.sampled_from([None, (0, 0), (3, 20_000_000)]),
+        conc=st.sampled_from([None, 0, 2]),
+    )  # fmt: skip
+    def set_limits(self, burst: int | None, quota: tuple[int, int] | None, conc: int | None) -> None:
+        from siq_celery.types import LimitsOverride
+
+        override = LimitsOverride(burst, *(quota or (None, 0)), conc)  # type: ignore[arg-type]
+        for s in self.stores:
+            s.set_limits("q", override if override else None, "op")
+        ref = self.ref
+        assert ref is not None
+        if not override:
+            ref.lim_override = {}
+        for kind, value in (("burst", burst), ("quota", quota), ("conc", conc)):
+            if value is not None:
+                ref.lim_override[kind] = value
+        ref.nodes = ref.live(self.clock.now_us)
+        ref.apply(self.clock.now_us)
+
+    @precondition(lambda self: self.ref is not None)
+    @rule(interval=st.sampled_from([None, *INTERVALS]))
+    def set_interval(self, interval: int | None) -> None:
+        for s in self.stores:
+            s.set_interval("q", interval, "op")
+        ref = self.ref
+        assert ref is not None
+        ref.override = interval or 0
+        ref.nodes = ref.live(self.clock.now_us)
+        ref.apply(self.clock.now_us)
+
+    @invariant()
+    def stores_agree_with_the_reference(self) -> None:
+        ref = self.ref
+        if ref is None:
+            return
+        now = self.clock.now_us
+        ref.nodes = ref.live(now)
+        ref.apply(now)  # what the next start uses: expired declarations no longer count
+        for s in self.stores:
+            status = s.status("q")
+            assert status is not None
+            src, state = status.sources, status.state
+            o = src.limits_override
+            got = (
+                state.interval_us, tuple(vars(state.limits).values()), src.declared_us,
+                None if src.declared_limits is None else tuple(vars(src.declared_limits).values()), src.override_us,
+                {k: v for k, v in (("burst", o.burst), ("quota", None if o.quota is None else (o.quota, o.window_us)),
+                                   ("conc", o.concurrency)) if v is not None},
+                sorted((n.node, n.interval_us, tuple(vars(n.limits).values()), n.expires_us) for n in src.nodes),
+            )  # fmt: skip
+            expected = (
+                ref.interval, ref.limits, ref.declared, ref.declared_limits, ref.override, ref.lim_override,
+                sorted((n, i, lim, e) for n, (i, lim, e) in ref.nodes.items()),
+            )  # fmt: skip
+            assert got == expected, (type(s).__name__, got, expected)
+
+
+@pytest.mark.slow
+def test_every_store_follows_the_deploy_rules_of_the_interval_and_the_limits(redis_url: str) -> None:
+    REDIS_URL[:] = [redis_url]
+    SourcesAgree.TestCase.settings = settings(
+        max_examples=max(EXAMPLES // 2, 1),
+        stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    SourcesAgree.TestCase().runTest()

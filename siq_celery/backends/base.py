@@ -37,6 +37,7 @@ from ..types import (
     Declared,
     IntervalSources,
     Limits,
+    LimitsOverride,
     NodeDeclaration,
     ParkedTask,
     QueueState,
@@ -266,6 +267,13 @@ class Backend(ABC):
         (see :func:`siq_celery.model.override`)."""
 
     @abstractmethod
+    def set_limits(self, queue: str, override: LimitsOverride | None, origin: str = "") -> QueueState:
+        """An operator's override of some of the queue's limits (the kinds ``override``
+        sets, merged into any earlier one), recorded with ``origin`` and the store time;
+        None clears every override of them, back to what the code declares (see
+        :func:`siq_celery.model.override_limits`)."""
+
+    @abstractmethod
     def declare(
         self,
         queue: str,
@@ -278,10 +286,10 @@ class Backend(ABC):
         announce: bool = True,
         limits: Limits = NO_LIMITS,
     ) -> Declared:
-        """The code declares ``interval_us`` for ``queue`` (creating its state with
-        ``epoch`` if missing), atomically with recomputing the effective interval; see
-        :func:`siq_celery.model.declare` for ``node``, ``ttl_us`` and ``announce``. An
-        announcement (or a creation) also makes ``limits`` the queue's burst and quota."""
+        """The code declares ``interval_us`` and ``limits`` for ``queue`` (creating its
+        state with ``epoch`` if missing), atomically with recomputing the effective interval
+        and limits; see :func:`siq_celery.model.declare` for ``node``, ``ttl_us`` and
+        ``announce``."""
 
     @abstractmethod
     def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
@@ -705,6 +713,12 @@ class ModelBackend(Backend):
             tx.save_sources(model.override(state, tx.sources(), tx.now_us, interval_us, origin))
             return _copy(state)
 
+    def set_limits(self, queue: str, override: LimitsOverride | None, origin: str = "") -> QueueState:
+        with self.transaction(queue) as tx:
+            state = self._existing(tx, queue)
+            tx.save_sources(model.override_limits(state, tx.sources(), tx.now_us, override, origin))
+            return _copy(state)
+
     def declare(
         self,
         queue: str,
@@ -721,12 +735,13 @@ class ModelBackend(Backend):
             created = tx.state is None
             state = self._created(tx, queue, interval_us, epoch, limits)
             sources, done = model.declare(
-                state, tx.sources(), tx.now_us, interval_us, node=node, ttl_us=ttl_us, origin=origin, announce=announce
-            )
-            if announce:
-                model.set_limits(state, limits)
+                state, tx.sources(), tx.now_us, interval_us, node=node, ttl_us=ttl_us, origin=origin,
+                announce=announce, limits=limits,
+            )  # fmt: skip
             tx.save_sources(sources)
-            return replace(done, created=created, old_interval_us=0 if created else done.old_interval_us)
+            if created:
+                return replace(done, created=True, old_interval_us=0, old_limits=NO_LIMITS)
+            return done
 
     def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
         with self._following_one(queue) as tx:
@@ -848,14 +863,35 @@ def sources_from_json(text: str | None, queue: str = "", where: str = "") -> Int
         return IntervalSources()
     try:
         raw = json.loads(text)
+        override = raw.get("limits_override") or {}
         return IntervalSources(
             int(raw["declared_us"]), str(raw["declared_by"]), int(raw["declared_at_us"]),
             int(raw["override_us"]), str(raw["override_by"]), int(raw["override_at_us"]),
-            tuple(NodeDeclaration(str(n["node"]), int(n["interval_us"]), int(n["expires_us"])) for n in raw["nodes"]),
+            tuple(
+                NodeDeclaration(str(n["node"]), int(n["interval_us"]), int(n["expires_us"]), _limits(n.get("limits")))
+                for n in raw["nodes"]
+            ),
+            _limits(raw.get("declared_limits")),
+            LimitsOverride(
+                _maybe_int(override.get("burst")), _maybe_int(override.get("quota")),
+                int(override.get("window_us") or 0), _maybe_int(override.get("concurrency")),
+            ),
+            str(raw.get("limits_override_by") or ""), int(raw.get("limits_override_at_us") or 0),
         )  # fmt: skip
     except (ValueError, TypeError, KeyError, AttributeError):
         log_unreadable_sources(queue, where or "the store", [repr(text[:200])])
         return IntervalSources()
+
+
+def _maybe_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _limits(raw: Any) -> Limits | None:
+    """Stored limits (None: none stored, as a record of an earlier version has)."""
+    if raw is None:
+        return None
+    return Limits(int(raw["burst"]), int(raw["quota"]), int(raw["window_us"]), int(raw["concurrency"]))
 
 
 def match_names(names: Iterator[str] | list[str], pattern: str) -> list[str]:

@@ -29,11 +29,13 @@ from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
 from ..model import counts_from_fields
 from ..types import (
     NO_LIMITS,
+    NO_OVERRIDE,
     ClaimResult,
     Decision,
     Declared,
     IntervalSources,
     Limits,
+    LimitsOverride,
     NodeDeclaration,
     ParkedTask,
     QueueState,
@@ -65,7 +67,7 @@ ACL_RULES = (
 
 SCRIPTS = (
     "claim", "start", "restamp", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status",
-    "park", "release", "unpark", "backoff", "start_all", "declare", "renew",
+    "park", "release", "unpark", "backoff", "start_all", "declare", "renew", "set_limits",
 )  # fmt: skip
 
 
@@ -193,16 +195,42 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+def _limits(values: Sequence[Any]) -> Limits | None:
+    """siq_limits_reply: four values, -1 each for none."""
+    burst, quota, window, conc = (int(v) for v in values)
+    return None if burst < 0 else Limits(burst, quota, window, conc)
+
+
+def _override(values: Sequence[Any]) -> LimitsOverride:
+    """siq_override_reply: burst, quota, window, concurrency; -1: that kind not overridden."""
+    burst, quota, window, conc = (int(v) for v in values)
+    return LimitsOverride(
+        None if burst < 0 else burst, None if quota < 0 else quota, window if quota >= 0 else 0,
+        None if conc < 0 else conc,
+    )  # fmt: skip
+
+
+#: Values of siq_sources_reply before its nodes, and per node.
+_SOURCES_FIXED, _SOURCES_PER_NODE = 16, 7
+
+
 def _sources(reply: Sequence[Any]) -> IntervalSources:
-    """siq_sources_reply: six fields, then (node, interval, expires) per live node."""
+    """siq_sources_reply: six interval fields, the declared limits, the limits override, its
+    origin and time; then (node, interval, expires, four limits) per live node."""
     text = [v.decode() if isinstance(v, bytes) else str(v) for v in reply]
     nodes = tuple(
         sorted(
-            (NodeDeclaration(text[i], int(text[i + 1]), int(text[i + 2])) for i in range(6, len(text), 3)),
+            (
+                NodeDeclaration(text[i], int(text[i + 1]), int(text[i + 2]), _limits(text[i + 3 : i + 7]))
+                for i in range(_SOURCES_FIXED, len(text), _SOURCES_PER_NODE)
+            ),
             key=lambda n: n.node,
         )
     )
-    return IntervalSources(int(text[0]), text[1], int(text[2]), int(text[3]), text[4], int(text[5]), nodes)
+    return IntervalSources(
+        int(text[0]), text[1], int(text[2]), int(text[3]), text[4], int(text[5]), nodes, _limits(text[6:10]),
+        _override(text[10:14]), text[14], int(text[15]),
+    )  # fmt: skip
 
 
 def _ledger_entry(queue: str, raw: Mapping[bytes, bytes]) -> LedgerRow | FinishEntry:
@@ -537,6 +565,16 @@ class RedisBackend(Backend):
         log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[STATE_REPLY:]])
         return self._state(reply)[0]
 
+    def set_limits(self, queue: str, override: LimitsOverride | None, origin: str = "") -> QueueState:
+        o = override or NO_OVERRIDE
+        args = [
+            -1 if o.burst is None else o.burst, -1 if o.quota is None else o.quota, o.window_us,
+            -1 if o.concurrency is None else o.concurrency, origin, self.idle_expiry_us(queue),
+        ]  # fmt: skip
+        reply = self._run("set_limits", queue, self.keys(queue).all, args)
+        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[STATE_REPLY:]])
+        return self._state(reply)[0]
+
     def declare(
         self,
         queue: str,
@@ -553,10 +591,13 @@ class RedisBackend(Backend):
                 *_limit_args(limits)]  # fmt: skip
         reply = self._run("declare", queue, self.keys(queue).all, args)
         created, old_declared, declared, old, interval, replaced, by = reply[:7]
-        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[7:]])
+        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[28:]])
+        old_limits = _limits(reply[15:19]) if not created else NO_LIMITS
         return Declared(
-            bool(created), int(old_declared), int(declared), int(old), int(interval), int(replaced), by.decode()
-        )
+            bool(created), int(old_declared), int(declared), int(old), int(interval), int(replaced), _text(by),
+            _limits(reply[7:11]), _limits(reply[11:15]), old_limits or NO_LIMITS, _limits(reply[19:23]) or NO_LIMITS,
+            _override(reply[23:27]), _text(reply[27]),
+        )  # fmt: skip
 
     def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
         args = [hold_us, int(keep_first), self.idle_expiry_us(queue)]

@@ -143,8 +143,12 @@ class _SqliteTransaction(Transaction):
             self._key,
         ).fetchone()
         self.state = None
-        self._times = (0, 0)
-        self._limits = (0, 0, 0, 0)
+        # What the state's side rows hold, as read; None: not read from a state of this
+        # life (missing or corrupt), so a state created here writes them whatever they
+        # hold: a stale row (left by a lost state, or by a delete of an earlier version)
+        # must not come back as this state's limits or times.
+        self._times: tuple[int, int] | None = None
+        self._limits: tuple[int, int, int, int] | None = None
         self._window: _SqliteWindow | None = None
         self._leases: _SqliteLeases | None = None
         if row is not None:
@@ -356,17 +360,17 @@ class _SqliteTransaction(Transaction):
             "INSERT OR REPLACE INTO siq_queues VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (*self._key, s.epoch, s.interval_us, s.ticket, s.current, s.anchor_us, s.last_start_us, int(s.paused)),
         )
-        if (s.started_us, s.held_until_us) != self._times:
+        if self._times is None or (s.started_us, s.held_until_us) != self._times:
             self._c.execute(
                 "INSERT OR REPLACE INTO siq_queue_times VALUES (?, ?, ?, ?)",
                 (*self._key, s.started_us, s.held_until_us),
             )
-        if (s.burst, s.quota, s.window_us) != self._limits[:3]:
+        if self._limits is None or (s.burst, s.quota, s.window_us) != self._limits[:3]:
             self._c.execute(
                 "INSERT OR REPLACE INTO siq_queue_limits VALUES (?, ?, ?, ?, ?)",
                 (*self._key, s.burst, s.quota, s.window_us),
             )
-        if s.concurrency != self._limits[3]:
+        if self._limits is None or s.concurrency != self._limits[3]:
             self._c.execute(
                 "INSERT OR REPLACE INTO siq_queue_concurrency VALUES (?, ?, ?)", (*self._key, s.concurrency)
             )

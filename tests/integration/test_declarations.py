@@ -17,6 +17,7 @@ import pytest
 from siq_celery.backends import Backend, backend_from_url
 from tests.apps.geo import make_app
 from tests.integration.conftest import CeleryRun, gaps_ms
+from tests.integration.test_limits import most_in_flight
 
 pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
@@ -165,3 +166,41 @@ def test_renewals_keep_a_slower_node_live_past_its_ttl_and_killed_it_stops_count
     assert at_expiry is not None and at_expiry.state.interval_us == 50_000, "the killed node's declaration held"
     assert min(after) >= 50.0 and statistics.median(after) < 75.0  # a gap above 50 ms: a late body, not the limit
     assert live_nodes(backend).keys() == {"new@siq-test"}
+
+
+def capped_batch(run: CeleryRun, numbers: range, work: float) -> int:
+    """Run ``numbers`` through geo.capped; the most bodies at once, as the bodies count it."""
+    task = run.app.tasks["geo.capped"]
+    for n in numbers:
+        task.delay(n, work)
+    wanted = set(numbers)
+    starts = run.wait_for(lambda s: wanted <= {r["n"] for r in s}, 60, f"tasks {numbers}")
+    starts = [s for s in starts if s["n"] in wanted]
+    deadline = time.monotonic() + 10
+    while not wanted <= {f["n"] for f in run.finishes()} and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ends = {f["n"]: f["t"] for f in run.finishes() if f["n"] in wanted}
+    assert len(starts) == len(wanted) and len(ends) == len(wanted), "every task runs once"
+    return most_in_flight(starts, ends, max(ends.values()))[0]
+
+
+def test_a_rolling_deploy_of_a_concurrency_cap_holds_the_smaller_cap_until_the_old_node_stops(
+    celery_run: CeleryRun,
+) -> None:
+    """The limits follow the interval's deploy rules with real workers: old code caps the
+    queue at 1, new code at 3; side by side the stricter cap holds, as the bodies count it,
+    and when the old node stops (withdrawing its declaration) the new cap holds."""
+    old = celery_run.start_worker("old", env={"SIQ_TEST_CONCURRENCY": "1"})
+    new = celery_run.start_worker("new", 4, env={"SIQ_TEST_CONCURRENCY": "3"})
+    old.wait_ready()
+    new.wait_ready()
+    both = capped_batch(celery_run, range(12), 0.1)
+    during = celery_run.siq("status", "{geo}capped")
+    old.stop()
+    alone = capped_batch(celery_run, range(100, 130), 0.1)
+    after = celery_run.siq("status", "{geo}capped")
+    print(f"most bodies at once: side by side {both}, new code alone {alone}\n{during}\n{after}")
+    assert both == 1, "side by side, the old code's cap of 1 holds"
+    assert "0/1" in during and "0/3" in after, (during, after)
+    assert "none; concurrency" in after, "a declaration of no spacing reads none"
+    assert alone == 3, "the new cap holds once the old node has stopped (and is used)"

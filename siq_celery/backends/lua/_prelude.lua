@@ -57,18 +57,30 @@ local function siq_load(key)
   return s, nil
 end
 
--- A state created from nothing waits one interval before its first start: it cannot
--- know when the last start was, and that is the price of never bursting after a loss.
--- With a burst the credit starts spent (model.py: new_state): still one interval.
-local function siq_new(now, interval, epoch, burst, quota, window, conc)
+-- A queue's limits beyond the interval, as a table (model.py: Limits, normalized as
+-- _limit_fields): burst, quota, window_us (a quota needs both), concurrency; 0 is none.
+local function siq_limits(burst, quota, window, conc)
   burst, quota, window = math.max(tonumber(burst) or 0, 0), tonumber(quota) or 0, tonumber(window) or 0
   conc = math.max(tonumber(conc) or 0, 0)
   if window <= 0 then quota = 0 end
   if quota <= 0 then quota, window = 0, 0 end
+  return {burst = burst, quota = quota, window_us = window, concurrency = conc}
+end
+
+local function siq_limits_equal(a, b)
+  return a ~= nil and b ~= nil and a.burst == b.burst and a.quota == b.quota and a.window_us == b.window_us
+    and a.concurrency == b.concurrency
+end
+
+-- A state created from nothing waits one interval before its first start: it cannot
+-- know when the last start was, and that is the price of never bursting after a loss.
+-- With a burst the credit starts spent (model.py: new_state): still one interval.
+local function siq_new(now, interval, epoch, burst, quota, window, conc)
+  local l = siq_limits(burst, quota, window, conc)
   return {epoch = epoch, interval_us = interval, ticket = 0, current = 0,
-          anchor_us = now, last_start_us = now + burst * interval, paused = 0, started_us = 0,
-          held_until_us = 0, until_us = 0, idle_us = 0, burst = burst, quota = quota, window_us = window,
-          w_used = 0, concurrency = conc}
+          anchor_us = now, last_start_us = now + l.burst * interval, paused = 0, started_us = 0,
+          held_until_us = 0, until_us = 0, idle_us = 0, burst = l.burst, quota = l.quota, window_us = l.window_us,
+          w_used = 0, concurrency = l.concurrency}
 end
 
 -- A state created from nothing forgets the window's starts, as it forgets its last start.
@@ -76,10 +88,9 @@ local function siq_new_window(wkey)
   redis.call('DEL', wkey)
 end
 
--- The code declares other limits (model.py: set_limits).
-local function siq_set_limits(s, burst, quota, window, conc)
-  local fresh = siq_new(0, 1, '', burst, quota, window, conc)
-  s.burst, s.quota, s.window_us, s.concurrency = fresh.burst, fresh.quota, fresh.window_us, fresh.concurrency
+-- The state runs at other limits (model.py: set_limits); l: a siq_limits table.
+local function siq_set_limits(s, l)
+  s.burst, s.quota, s.window_us, s.concurrency = l.burst, l.quota, l.window_us, l.concurrency
 end
 
 local function siq_save(key, s)
@@ -428,23 +439,39 @@ local function siq_count_start(key, now, slot, interval, deferrals)
   redis.call('HSET', key, 'last_us', now)
 end
 
--- Where the interval comes from (model.py: declare, override, effective_interval): a hash
--- with declared_us, declared_by, declared_at_us, override_us, override_by, override_at_us,
--- and per live worker node 'n:<node>' (its declared interval) and 'e:<node>' (when its
--- declaration expires unless renewed). Returns the fields as a table, nodes in .nodes
--- (node -> {interval, expires}), dropping expired nodes from the table (and, with
--- prune, from the hash). A field that holds no whole number where one belongs reads as 0
--- (a node's: the node is dropped); each is listed in .unreadable as 'field value', for the
--- caller's log (the next save of the sources drops it).
+-- Where the interval and the limits come from (model.py: declare, override,
+-- override_limits, effective_interval, effective_limits): a hash with declared_us,
+-- declared_by, declared_at_us, override_us, override_by, override_at_us; the declared
+-- limits declared_burst, declared_quota, declared_window_us, declared_conc (absent: none
+-- declared, or by an earlier version); the limits override, one field per kind set
+-- (override_burst; override_quota with override_window_us; override_conc; absent: that
+-- kind not overridden), limits_by and limits_at_us; and per live worker node
+-- 'n:<node>' (its declared interval), 'e:<node>' (when its declaration expires unless
+-- renewed) and its declared limits 'b:<node>', 'q:<node>', 'w:<node>', 'c:<node>' (absent:
+-- a node of an earlier version, which declares none). Returns the fields as a table,
+-- nodes in .nodes (node -> {interval, expires, limits or nil}), the declared limits in
+-- .declared_limits (nil: none), the override in .override (kind -> value, nil: not
+-- overridden), dropping expired nodes from the table (and, with prune, from the hash). A
+-- field that holds no whole number where one belongs reads as 0 (a node's interval: the
+-- node is dropped); each is listed in .unreadable as 'field value', for the caller's log
+-- (the next save of the sources drops it).
+local SIQ_TEXT_FIELDS = {declared_by = true, override_by = true, limits_by = true}
+local SIQ_NODE_LIMITS = {['b:'] = 'burst', ['q:'] = 'quota', ['w:'] = 'window_us', ['c:'] = 'concurrency'}
+
+local function siq_node_fields(node)
+  return 'n:' .. node, 'e:' .. node, 'b:' .. node, 'q:' .. node, 'w:' .. node, 'c:' .. node
+end
+
 local function siq_sources(key, now, prune)
   local raw = redis.call('HGETALL', key)
   local src = {declared_us = 0, declared_by = '', declared_at_us = 0,
-               override_us = 0, override_by = '', override_at_us = 0, nodes = {}, unreadable = {}}
-  local intervals, expires = {}, {}
+               override_us = 0, override_by = '', override_at_us = 0, limits_by = '', limits_at_us = 0,
+               nodes = {}, unreadable = {}}
+  local intervals, expires, limits, fields = {}, {}, {}, {}
   for i = 1, #raw, 2 do
     local f, v = raw[i], raw[i + 1]
     local kind, node = string.sub(f, 1, 2), string.sub(f, 3)
-    if f == 'declared_by' or f == 'override_by' then
+    if SIQ_TEXT_FIELDS[f] then
       src[f] = v
     else
       local number = tonumber(v)
@@ -454,20 +481,39 @@ local function siq_sources(key, now, prune)
       end
       if kind == 'n:' then intervals[node] = number
       elseif kind == 'e:' then expires[node] = number
-      else src[f] = number end
+      elseif SIQ_NODE_LIMITS[kind] then
+        limits[node] = limits[node] or {}
+        limits[node][SIQ_NODE_LIMITS[kind]] = number
+      else fields[f] = number end
     end
+  end
+  for _, f in ipairs({'declared_us', 'declared_at_us', 'override_us', 'override_at_us', 'limits_at_us'}) do
+    if fields[f] then src[f] = fields[f] end
+  end
+  if fields.declared_burst then
+    src.declared_limits = siq_limits(fields.declared_burst, fields.declared_quota, fields.declared_window_us,
+                                     fields.declared_conc)
+  end
+  src.override = {burst = fields.override_burst, concurrency = fields.override_conc}
+  if fields.override_quota then
+    local q = siq_limits(0, fields.override_quota, fields.override_window_us, 0)
+    src.override.quota, src.override.window_us = q.quota, q.window_us
   end
   for node, interval in pairs(intervals) do
     local e = expires[node]
     if interval > 0 and e and e > now then
-      src.nodes[node] = {interval, e}
+      local l = limits[node]
+      if l and l.burst then l = siq_limits(l.burst, l.quota, l.window_us, l.concurrency) else l = nil end
+      src.nodes[node] = {interval, e, l}
     elseif prune then
-      redis.call('HDEL', key, 'n:' .. node, 'e:' .. node)
+      redis.call('HDEL', key, siq_node_fields(node))
     end
   end
-  if prune then  -- an expiry left without its interval
-    for node, _ in pairs(expires) do
-      if not intervals[node] then redis.call('HDEL', key, 'e:' .. node) end
+  if prune then  -- an expiry or limits left without their interval
+    for _, by_node in ipairs({expires, limits}) do
+      for node, _ in pairs(by_node) do
+        if not intervals[node] then redis.call('HDEL', key, siq_node_fields(node)) end
+      end
     end
   end
   return src
@@ -485,6 +531,40 @@ local function siq_effective(src)
   return src.declared_us
 end
 
+-- The limits at least as strict as each of a list (model.py: strictest): the smallest
+-- burst; a quota if any has one, of the smallest N over the longest window among those;
+-- the smallest concurrency cap among those with one.
+local function siq_strictest(list)
+  local burst, quota, window, cap = nil, 0, 0, 0
+  for _, l in ipairs(list) do
+    if burst == nil or l.burst < burst then burst = l.burst end
+    if l.quota > 0 then
+      if quota == 0 or l.quota < quota then quota = l.quota end
+      if l.window_us > window then window = l.window_us end
+    end
+    if l.concurrency > 0 and (cap == 0 or l.concurrency < cap) then cap = l.concurrency end
+  end
+  return siq_limits(burst, quota, window, cap)
+end
+
+-- Kind by kind: the override if set, else the strictest live declaration (nodes of an
+-- earlier version have no say), else the last declaration, else the state's own limits.
+local function siq_effective_limits(src, s)
+  local live = {}
+  for _, d in pairs(src.nodes) do
+    if d[3] then table.insert(live, d[3]) end
+  end
+  local base = src.declared_limits
+  if #live > 0 then base = siq_strictest(live) end
+  if base == nil then base = siq_limits(s.burst, s.quota, s.window_us, s.concurrency) end
+  local o = src.override
+  local burst, quota, window, conc = base.burst, base.quota, base.window_us, base.concurrency
+  if o.burst then burst = o.burst end
+  if o.quota then quota, window = o.quota, o.window_us end
+  if o.concurrency then conc = o.concurrency end
+  return siq_limits(burst, quota, window, conc)
+end
+
 -- When the earliest live node declaration expires (0: none live): the effective interval
 -- may change then without any script declaring (siq_follow_expiry).
 local function siq_until(src)
@@ -495,35 +575,80 @@ local function siq_until(src)
   return soonest
 end
 
--- The effective interval follows the expiry of node declarations (model.py: follow_expiry):
--- once the earliest live declaration seen at the last recomputation (s.until_us) has
--- expired, the interval is recomputed from those still live. Every script that decides by
--- the interval calls it first, so a killed node's declaration stops counting exactly
--- siq_declaration_ttl after its last renewal, on the store's clock, whether or not a live
--- node declares in between. True if s changed (the caller saves it).
-local function siq_follow_expiry(sources_key, s, now)
-  if s.until_us == 0 or now < s.until_us then return false end
-  local src = siq_sources(sources_key, now, true)
+-- The state runs at what its sources give (model.py: apply_sources): the effective interval
+-- (none: the stored one stays) and limits; until_us follows the live declarations.
+local function siq_apply_sources(src, s)
   local effective = siq_effective(src)
   if effective > 0 then s.interval_us = effective end
+  siq_set_limits(s, siq_effective_limits(src, s))
   s.until_us = siq_until(src)
+end
+
+-- The effective interval and limits follow the expiry of node declarations (model.py:
+-- follow_expiry): once the earliest live declaration seen at the last recomputation
+-- (s.until_us) has expired, they are recomputed from those still live. Every script that
+-- decides by the interval calls it first, so a killed node's declaration stops counting
+-- exactly siq_declaration_ttl after its last renewal, on the store's clock, whether or not
+-- a live node declares in between. True if s changed (the caller saves it).
+local function siq_follow_expiry(sources_key, s, now)
+  if s.until_us == 0 or now < s.until_us then return false end
+  siq_apply_sources(siq_sources(sources_key, now, true), s)
   return true
 end
 
 local function siq_save_sources(key, src)
   redis.call('HSET', key, 'declared_us', src.declared_us, 'declared_by', src.declared_by,
              'declared_at_us', src.declared_at_us, 'override_us', src.override_us,
-             'override_by', src.override_by, 'override_at_us', src.override_at_us)
+             'override_by', src.override_by, 'override_at_us', src.override_at_us,
+             'limits_by', src.limits_by, 'limits_at_us', src.limits_at_us)
+  local d = src.declared_limits
+  if d then
+    redis.call('HSET', key, 'declared_burst', d.burst, 'declared_quota', d.quota,
+               'declared_window_us', d.window_us, 'declared_conc', d.concurrency)
+  end
+  local o = src.override
+  if o.burst then redis.call('HSET', key, 'override_burst', o.burst)
+  else redis.call('HDEL', key, 'override_burst') end
+  if o.quota then redis.call('HSET', key, 'override_quota', o.quota, 'override_window_us', o.window_us)
+  else redis.call('HDEL', key, 'override_quota', 'override_window_us') end
+  if o.concurrency then redis.call('HSET', key, 'override_conc', o.concurrency)
+  else redis.call('HDEL', key, 'override_conc') end
 end
 
--- The sources as a flat reply: the six fields, then node, interval, expires per live node.
+-- Limits as four reply values; -1 for each when there are none (nil).
+local function siq_limits_reply(reply, l)
+  if l then
+    for _, v in ipairs({l.burst, l.quota, l.window_us, l.concurrency}) do table.insert(reply, v) end
+  else
+    for _ = 1, 4 do table.insert(reply, -1) end
+  end
+end
+
+-- The limits override as four reply values: each kind's, -1 for one not overridden (the
+-- window: 0 then).
+local function siq_override_reply(reply, o)
+  table.insert(reply, o.burst or -1)
+  table.insert(reply, o.quota or -1)
+  table.insert(reply, o.window_us or 0)
+  table.insert(reply, o.concurrency or -1)
+end
+
+-- The sources as a flat reply (redis.py: _sources): the six interval fields, the declared
+-- limits (siq_limits_reply), the limits override (siq_override_reply), limits_by,
+-- limits_at_us; then node, interval, expires and its four limits (siq_limits_reply) per
+-- live node.
 local function siq_sources_reply(src)
   local reply = {src.declared_us, src.declared_by, src.declared_at_us, src.override_us,
                  src.override_by, src.override_at_us}
+  siq_limits_reply(reply, src.declared_limits)
+  siq_override_reply(reply, src.override)
+  table.insert(reply, src.limits_by)
+  table.insert(reply, src.limits_at_us)
   for node, d in pairs(src.nodes) do
     table.insert(reply, node)
     table.insert(reply, d[1])
     table.insert(reply, d[2])
+    siq_limits_reply(reply, d[3])
   end
   return reply
 end

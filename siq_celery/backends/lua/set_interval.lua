@@ -1,7 +1,7 @@
 -- set_interval: an operator's override of the queue's interval (it applies from the next
 -- start and holds across worker restarts that do not change the code's declaration), or
 -- clearing it: back to what the code declares (model.py: override).
--- KEYS[1..8]  the queue's keys (QueueKeys.all): KEYS[1] its state hash, KEYS[7] its interval
+-- KEYS[1..11]  the queue's keys (QueueKeys.all): KEYS[1] its state hash, KEYS[7] its interval
 --             sources hash (see siq_sources); all of them for idle expiry
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  the override in microseconds (> 0), or 0 to clear it
@@ -22,9 +22,7 @@ else
   src.override_us, src.override_by, src.override_at_us = 0, '', 0
 end
 siq_save_sources(KEYS[7], src)
-local effective = siq_effective(src)
-if effective > 0 then s.interval_us = effective end
-s.until_us = siq_until(src)
+siq_apply_sources(src, s)
 siq_save(KEYS[1], s)
 siq_touch(KEYS, s, tonumber(ARGV[4]), now)
 local reply = siq_reply(s, now)

@@ -6,8 +6,9 @@
 -- KEYS[6]  the queue's counts (of refused starts, and siq_count_start's)
 -- KEYS[7]  the queue's window (siq_units); KEYS[8]  its leases (siq_read_leases)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
--- The interval reported is the one the next start will use (a node declaration that expired
--- since the last recomputation no longer counts: siq_follow_expiry); nothing is written.
+-- The interval and limits reported are the ones the next start will use (a node declaration
+-- that expired since the last recomputation no longer counts: siq_follow_expiry); nothing is
+-- written.
 -- Returns siq_reply (with when the last start was authorized and when the last back-off
 -- ends) followed by the finished and parked counts, the duplicates refused, the
 -- reclaims, the cost units in the window ending now, the live leases, the counts hash (HGETALL, one nested
@@ -19,8 +20,7 @@ if err then return redis.error_reply(err) end
 if not s then return {} end
 local src = siq_sources(KEYS[5], now, false)
 if s.until_us > 0 and now >= s.until_us then  -- as siq_follow_expiry will have it (read only here)
-  local effective = siq_effective(src)
-  if effective > 0 then s.interval_us = effective end
+  siq_apply_sources(src, s)
 end
 local reply = siq_reply(s, now)
 table.insert(reply, redis.call('ZCARD', KEYS[2]))
