@@ -4,6 +4,8 @@
                           #                           [--submit-rows 20000]
     python bench/spark.py --ledger PATH --audit-rows N     # write a one-queue synthetic ledger
     python bench/spark.py --sort PATH                      # the yardstick alone: read + sort
+    python bench/spark.py --audit-only [--limits] --audit-rows 2000000   # the audit table alone; --limits:
+                                                           # a queue of each limit, with their faults
 
 The audit table puts each size's ``siq audit`` beside a plain Spark job on the same file
 (read the Parquet, sort every row by queue and start, no-op sink) and prints the ratio;
@@ -28,7 +30,7 @@ from siq_celery import IntervalTask
 from siq_celery.embedded import EmbeddedRedis
 from siq_celery.spark import submit_dataframe
 from siq_celery.spark.audit import run_audit, spark_session
-from siq_celery.spark.synthetic import write_synthetic_ledger
+from siq_celery.spark.synthetic import LIMIT_QUEUES, write_synthetic_ledger
 
 ONE_QUEUE = [("synthetic:busy", 20_000)]
 
@@ -41,28 +43,43 @@ def plain_sort(spark: Any, path: str) -> float:
     return time.monotonic() - started
 
 
-def audit_table(spark: Any, sizes: list[int]) -> list[str]:
+def audit_table(spark: Any, sizes: list[int], limits: bool = False) -> list[str]:
     """One queue (the case that used to run in one task), each size: the audit beside the
-    plain sort of the same file, run one after the other."""
-    lines = ["| ledger rows (one queue) | siq audit (all tables, report) | rows/s | plain read + sort | audit / sort "
+    plain sort of the same file, run one after the other. ``limits``: instead, one queue
+    of each limit (window quota, concurrency cap, burst) with 100 of each of their faults."""
+    what = "three queues, one limit each" if limits else "one queue"
+    lines = [f"| ledger rows ({what}) | siq audit (all tables, report) | rows/s | plain read + sort | audit / sort "
              "| faults found (100 of each injected) |",
              "|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for rows in sizes:
         with tempfile.TemporaryDirectory() as tmp:
             ledger = f"{tmp}/ledger.parquet"
-            injected = write_synthetic_ledger(ledger, rows, violations=100, inversions=100, duplicates=100,
-                                              missing=100, queues=ONE_QUEUE)  # fmt: skip
+            injected = write_ledger(ledger, rows, limits)
             sort_s = plain_sort(spark, ledger)
             started = time.monotonic()
             report = run_audit(spark, [ledger], f"{tmp}/audit", log=lambda m: print(m, flush=True))
             took = time.monotonic() - started
-        found = {k: sum(q[k] for q in report["summary"]) for k in
-                 ("violations", "inversions", "duplicate_starts", "missing_tickets")}  # fmt: skip
+        kinds = LIMIT_FIGURES if limits else PLAIN_FIGURES
+        found = {k: sum(q[k] for q in report["summary"]) for k in kinds}
         exact = set(found.values()) == {100}
         lines.append(f"| {injected.rows:,} | {took:.1f} s | {injected.rows / took:,.0f} | {sort_s:.1f} s "
-                     f"| {took / sort_s:.2f} | {'all 4 kinds, exactly' if exact else found} |")  # fmt: skip
+                     f"| {took / sort_s:.2f} | {f'all {len(kinds)} kinds, exactly' if exact else found} |")  # fmt: skip
         print(lines[-1], flush=True)
     return lines
+
+
+PLAIN_FIGURES = ("violations", "inversions", "duplicate_starts", "missing_tickets")
+#: The burst's faults are counted among the violations (its queue has no others).
+LIMIT_FIGURES = ("violations", "window_violations", "concurrency_violations")
+
+
+def write_ledger(path: str, rows: int, limits: bool = False) -> Any:
+    """The benchmark's synthetic ledger (see :func:`audit_table`)."""
+    if limits:
+        return write_synthetic_ledger(path, rows, window_overruns=100, concurrency_overruns=100, burst_overruns=100,
+                                      queues=LIMIT_QUEUES)  # fmt: skip
+    return write_synthetic_ledger(path, rows, violations=100, inversions=100, duplicates=100, missing=100,
+                                  queues=ONE_QUEUE)  # fmt: skip
 
 
 def _plain_publish(broker: str, queue: str) -> Any:
@@ -130,11 +147,16 @@ def main() -> None:
     parser.add_argument("--submit-rows", type=int, default=20_000)
     parser.add_argument("--ledger", metavar="PATH", help="only write a one-queue synthetic ledger of --audit-rows")
     parser.add_argument("--sort", metavar="PATH", help="only run the plain read + sort of a ledger (a yardstick)")
+    parser.add_argument(
+        "--limits",
+        action="store_true",
+        help="audit ledgers of a window quota, a concurrency cap and a burst (one queue each)",
+    )
+    parser.add_argument("--audit-only", action="store_true", help="only the audit table (no bulk submission)")
     args = parser.parse_args()
     sizes = [int(x) for x in args.audit_rows.split(",")]
     if args.ledger:
-        write_synthetic_ledger(args.ledger, sizes[0], violations=100, inversions=100, duplicates=100, missing=100,
-                               queues=ONE_QUEUE)  # fmt: skip
+        write_ledger(args.ledger, sizes[0], args.limits)
         return
     spark = spark_session("local[2]", "siq bench")
     spark.sparkContext.setLogLevel("ERROR")
@@ -143,11 +165,13 @@ def main() -> None:
             print(f"read + sort: {plain_sort(spark, args.sort):.1f} s")
             return
         print(f"# siq_celery Spark benchmark, {time.strftime('%Y-%m-%d')}, {platform.node()}, PySpark local[2]\n")
-        with EmbeddedRedis() as server:
-            print(f"## Bulk submission of {args.submit_rows:,} rows (Redis broker, no workers)\n", flush=True)
-            print("\n".join(submit_table(spark, args.submit_rows, server.url)) + "\n", flush=True)
-        print("## siq audit of one busy queue, beside a plain Spark sort of the same ledger\n", flush=True)
-        print("\n".join(audit_table(spark, sizes)) + "\n", flush=True)
+        if not args.audit_only:
+            with EmbeddedRedis() as server:
+                print(f"## Bulk submission of {args.submit_rows:,} rows (Redis broker, no workers)\n", flush=True)
+                print("\n".join(submit_table(spark, args.submit_rows, server.url)) + "\n", flush=True)
+        what = "a queue of each limit" if args.limits else "one busy queue"
+        print(f"## siq audit of {what}, beside a plain Spark sort of the same ledger\n", flush=True)
+        print("\n".join(audit_table(spark, sizes, args.limits)) + "\n", flush=True)
     finally:
         spark.stop()
 

@@ -33,6 +33,7 @@ from .intervals import format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
 from .limits import NO_SPACING_US, format_limits, format_override, limits_override
 from .queue import RESUME_GRACE_S, IntervalQueue, new_epoch, who
+from .readings import has_limits, limits_text
 from .types import NO_LIMITS, QueueStatus
 
 
@@ -138,29 +139,10 @@ def _interval_text(interval_us: int) -> str:
     return "none" if interval_us <= NO_SPACING_US else format_interval(interval_us)
 
 
-def _limits(st: QueueStatus) -> str:
-    """What binds beyond the interval: the quota's use of its window now, the burst, and the
-    bodies running against the concurrency cap; each kind an operator overrides marked so."""
-    s, o, parts = st.state, st.sources.limits_override, []
-    if s.quota:
-        parts.append(f"{st.window_used}/{s.quota} in {format_interval(s.window_us)}" + _mark(o.quota))
-    if s.burst:
-        parts.append(f"burst {s.burst}" + _mark(o.burst))
-    if s.concurrency:
-        parts.append(f"in flight {st.in_flight}/{s.concurrency}" + _mark(o.concurrency))
-    lifted = [kind for kind, v in (("quota", o.quota), ("concurrency", o.concurrency)) if v == 0]
-    parts += [f"no {kind} (override)" for kind in lifted]
-    return ", ".join(parts) or "-"
-
-
-def _mark(overridden: int | None) -> str:
-    return " (override)" if overridden is not None else ""
-
-
 def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
-    """The status table; a ``limits`` column only when a queue has a quota, a burst or a cap."""
-    limits = any(st.state.quota or st.state.burst or st.state.concurrency or st.sources.limits_override
-                 for st in statuses)  # fmt: skip
+    """The status table; a ``limits`` column only when a queue has a quota, a burst or a cap
+    (or an operator's override of one)."""
+    limits = any(has_limits(st) for st in statuses)
     rows = [[
         "queue", "interval", *(["limits"] if limits else []), "declared", "override", "ticket", "current", "backlog",
         "parked", "paused", "last start", "next start",
@@ -168,7 +150,7 @@ def status_rows(statuses: list[QueueStatus]) -> list[list[str]]:
     for st in statuses:
         s = st.state
         rows.append([
-            st.queue, _spacing(st), *([_limits(st)] if limits else []), _declared(st), _override(st),
+            st.queue, _spacing(st), *([limits_text(st)] if limits else []), _declared(st), _override(st),
             str(s.ticket), str(s.current), str(s.backlog), str(st.parked), "yes" if s.paused else "no",
             _last_start(st), _next_start(st),
         ])  # fmt: skip

@@ -5,11 +5,11 @@ Redis: the same script, into a capped stream with the queue's hash tag; on SQLit
 row in the same transaction), and the finish record with the finish. ``siq export``
 turns them into rows of the schema below, which ``siq audit`` reads.
 
-Schema version 2 (``v``), one row per authorized start; times are integer microseconds
+Schema version 3 (``v``), one row per authorized start; times are integer microseconds
 since the Unix epoch on the store's clock:
 
 ======================  ======================================================
-``v``                   schema version (2)
+``v``                   schema version (3)
 ``queue``               interval queue
 ``epoch``               life of the queue's state the ticket belongs to
 ``ticket``              ticket number (ticket order is start order); a start of cost c holds
@@ -21,15 +21,32 @@ since the Unix epoch on the store's clock:
 ``start_us``            the authorized start
 ``interval_us``         the queue's interval when the start was authorized
 ``finish_us``           when the finish was recorded (null: not finished, or lost)
-``outcome``             ``SUCCESS`` / ``FAILURE`` (null without a finish)
+``outcome``             ``SUCCESS`` / ``FAILURE`` (null without a finish); ``RETRY``,
+                        ``BACKOFF`` or the state of a body that ended otherwise
 ``deferrals``           times the task was sent back to wait before this start
 ``host``                worker node name (Celery) or host name
 ``pid``                 process id of the starting process
 ``cost``                slots the start took (``cost=``): the next start may come
                         ``cost x interval`` after it
+``burst``               the queue's burst when the start was authorized (0: none)
+``quota``               its window quota, in cost units (0: none); the start counts
+                        ``min(cost, quota)`` units of the window
+``window_us``           the quota's window (0: no quota)
+``concurrency``         its concurrency cap (0: none); a start under a cap took a lease
+``lease_us``            the time to live of the lease the start took (0: it took none): it
+                        held its lease at least until ``start_us + lease_us`` unless its
+                        finish gave it back first (renewals keep it longer)
+``lease_returned``      true: the finish gave the start's lease back, in the same atomic step
+                        that recorded ``finish_us``; false: the lease had expired before the
+                        finish came; null: no finish, or no lease
 ======================  ======================================================
 
-Version 1 had no ``cost``: a reader takes a missing or null ``cost`` as 1.
+Version 1 had no ``cost``: a reader takes a missing or null ``cost`` as 1. Version 2 had
+none of ``burst`` .. ``lease_returned``: a reader takes them as 0 or null (no such limit).
+
+A start that took a lease is matched to its finish by the lease (a copy of a task still
+running while another copy starts has a lease of its own); otherwise by its task id, the
+finish completing the latest start of that id.
 """
 
 from __future__ import annotations
@@ -37,10 +54,12 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-SCHEMA_VERSION = 2
+from .types import Limits
+
+SCHEMA_VERSION = 3
 
 #: Default cap on start records kept per queue (finishes are kept alongside). About
 #: 5.5 hours of starts at 200 ms; export more often, or raise ``siq_ledger_max``.
@@ -65,7 +84,7 @@ class StartRecord:
 
 @dataclass
 class LedgerRow:
-    """One row of the exported ledger (schema version 2: see the module docstring)."""
+    """One row of the exported ledger (schema version 3: see the module docstring)."""
 
     queue: str
     epoch: str
@@ -81,14 +100,28 @@ class LedgerRow:
     host: str = ""
     pid: int = 0
     cost: int = 1
+    burst: int = 0
+    quota: int = 0
+    window_us: int = 0
+    concurrency: int = 0
+    lease_us: int = 0
+    lease_returned: bool | None = None
     v: int = SCHEMA_VERSION
+    #: The lease the start took, as the store wrote it (not exported: it matches the
+    #: start with its finish; a store may keep it shortened).
+    lease: str | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {name: getattr(self, name) for name in COLUMNS}
+
+    @property
+    def limits(self) -> Limits:
+        """The limits in force at the start (besides its interval)."""
+        return Limits(self.burst, self.quota, self.window_us, self.concurrency)
 
 
-#: Column names in schema order.
-COLUMNS = tuple(f.name for f in fields(LedgerRow))
+#: Column names in schema order (what ``siq export`` writes).
+COLUMNS = tuple(f.name for f in fields(LedgerRow) if f.name != "lease")
 
 
 def arrow_schema() -> Any:
@@ -99,36 +132,75 @@ def arrow_schema() -> Any:
         "queue": pa.string(), "epoch": pa.string(), "ticket": pa.int64(), "task_id": pa.string(),
         "task_name": pa.string(), "slot_us": pa.int64(), "start_us": pa.int64(), "interval_us": pa.int64(),
         "finish_us": pa.int64(), "outcome": pa.string(), "deferrals": pa.int32(), "host": pa.string(),
-        "pid": pa.int32(), "cost": pa.int32(), "v": pa.int16(),
+        "pid": pa.int32(), "cost": pa.int32(), "burst": pa.int32(), "quota": pa.int64(),
+        "window_us": pa.int64(), "concurrency": pa.int32(), "lease_us": pa.int64(), "lease_returned": pa.bool_(),
+        "v": pa.int16(),
     }  # fmt: skip
     return pa.schema([(name, types[name]) for name in COLUMNS])
 
 
 @dataclass(frozen=True)
 class FinishEntry:
+    """A finish as Redis keeps it, apart from its start: ``lease`` the lease it named (None:
+    none), ``returned`` whether it gave that lease back (False: it had expired)."""
+
     task_id: str
     finish_us: int
     outcome: str
+    lease: str | None = None
+    returned: bool = True
+
+
+def complete(row: LedgerRow, finish_us: int, outcome: str, returned: bool) -> None:
+    """Complete ``row`` with its finish; ``returned``: the finish gave the start's lease back
+    (a row without a lease records none)."""
+    row.finish_us, row.outcome = finish_us, outcome
+    row.lease_returned = returned if row.lease_us else None
 
 
 def join_finishes(entries: Iterable[LedgerRow | FinishEntry]) -> Iterator[LedgerRow]:
     """Rows from a time-ordered stream of start rows and finish entries (as Redis keeps
-    them): each finish completes the latest unfinished start of its task id. A row is
-    yielded when its finish arrives, or at the end of the stream (not finished). Memory
-    holds only the starts still waiting for their finish."""
-    waiting: dict[str, LedgerRow] = {}
+    them): a finish that names a lease completes the start that took it; any other
+    completes the latest unfinished start of its task id. A row is yielded when its finish
+    arrives, or at the end of the stream (not finished). A start without a lease that is
+    followed by another start of its task id never finished (its worker died); one with a
+    lease may still be running (a redelivered copy runs beside it) and waits for its own
+    finish. Memory holds only the starts still waiting for their finish."""
+    waiting: dict[str, list[LedgerRow]] = {}
     for entry in entries:
         if isinstance(entry, LedgerRow):
             if entry.task_id is None:
                 yield entry
                 continue
-            earlier = waiting.pop(entry.task_id, None)
-            if earlier is not None:  # started again (a worker died mid-run): the first never finished
-                yield earlier
-            waiting[entry.task_id] = entry
+            earlier = waiting.setdefault(entry.task_id, [])
+            if any(r.lease is None for r in earlier):  # started again: those never finished
+                yield from (r for r in earlier if r.lease is None)
+                earlier[:] = [r for r in earlier if r.lease is not None]
+            earlier.append(entry)
         else:
-            row = waiting.pop(entry.task_id, None)
-            if row is not None:  # a finish whose start was trimmed away is dropped
-                row.finish_us, row.outcome = entry.finish_us, entry.outcome
-                yield row
-    yield from waiting.values()
+            rows = waiting.get(entry.task_id)
+            if not rows:  # a finish whose start was trimmed away is dropped
+                continue
+            at = _matching(rows, entry.lease)
+            if at is None:
+                continue
+            row = rows.pop(at)
+            if not rows:
+                del waiting[entry.task_id]
+            complete(row, entry.finish_us, entry.outcome, entry.lease is not None and entry.returned)
+            yield row
+    for rows in waiting.values():
+        yield from rows
+
+
+def _matching(rows: list[LedgerRow], lease: str | None) -> int | None:
+    """Which of a task id's waiting ``rows`` (oldest first) a finish naming ``lease``
+    completes: the start that took that lease (else the latest written without one: an
+    older writer's); without a lease, the latest."""
+    if lease is None:
+        return len(rows) - 1
+    for wanted in (lease, None):
+        for i in range(len(rows) - 1, -1, -1):
+            if rows[i].lease == wanted:
+                return i
+    return None

@@ -1,8 +1,10 @@
-"""What a queue's status says beyond its fields, for ``siq exporter`` and ``siq top``
-alike: until when a hold lasts, and how long the backlog takes to start."""
+"""What a queue's status says beyond its fields, for ``siq exporter``, ``siq top`` and
+``siq status`` alike: until when a hold lasts, how long the backlog takes to start, and
+what binds beyond the interval."""
 
 from __future__ import annotations
 
+from .intervals import format_interval
 from .types import US, QueueStatus
 
 
@@ -24,3 +26,31 @@ def drain_seconds(st: QueueStatus) -> float:
     head, n, i = st.next_start_us, s.backlog, s.interval_us
     spaced = max(s.anchor_us + n * i, max(s.last_start_us + i, head) + (n - 1 - s.burst) * i)
     return (max(head, spaced, st.window_last_us) - st.now_us) / US
+
+
+def has_limits(st: QueueStatus) -> bool:
+    """Whether the queue has a limit beyond its interval (a quota, a burst or a cap), or an
+    operator's override of one."""
+    s = st.state
+    return bool(s.quota or s.burst or s.concurrency or st.sources.limits_override)
+
+
+def limits_text(st: QueueStatus) -> str:
+    """What binds beyond the interval, for people (``siq status``, ``siq top``): the quota's
+    use of its window now, the burst, and the bodies running against the concurrency cap
+    (``3/5 in 1s, burst 2, in flight 2/3``), each kind an operator overrides marked so;
+    ``-`` for none."""
+    s, o, parts = st.state, st.sources.limits_override, []
+    if s.quota:
+        parts.append(f"{st.window_used}/{s.quota} in {format_interval(s.window_us)}" + _mark(o.quota))
+    if s.burst:
+        parts.append(f"burst {s.burst}" + _mark(o.burst))
+    if s.concurrency:
+        parts.append(f"in flight {st.in_flight}/{s.concurrency}" + _mark(o.concurrency))
+    lifted = [kind for kind, v in (("quota", o.quota), ("concurrency", o.concurrency)) if v == 0]
+    parts += [f"no {kind} (override)" for kind in lifted]
+    return ", ".join(parts) or "-"
+
+
+def _mark(overridden: int | None) -> str:
+    return " (override)" if overridden is not None else ""

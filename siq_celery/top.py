@@ -2,7 +2,9 @@
 
 It reads the store as the exporter does (:class:`siq_celery.metrics.StoreCollector`):
 for each queue the rate of the last few seconds against its limit (from the store's count
-of starts), the backlog and the time to drain it, the lateness of recent starts (the
+of starts), what binds beyond the interval as ``siq status`` shows it (a ``limits`` column:
+the quota's use of its window, the burst, the bodies in flight against the cap; only when
+some queue has one), the backlog and the time to drain it, the lateness of recent starts (the
 ledger's, from the moment ``siq top`` first saw the queue: nothing older is read), and
 whether it is paused or held. ``q`` or Ctrl-C quits. Drawn with ``rich``; read-only,
 like the exporter.
@@ -21,8 +23,9 @@ from typing import Any
 
 from .backends import Backend
 from .errors import SiqError
+from .limits import NO_SPACING_US
 from .metrics import StoreCollector
-from .readings import drain_seconds, held_until
+from .readings import drain_seconds, has_limits, held_until, limits_text
 from .types import QueueStatus
 
 #: The rate is measured over about this many seconds of readings.
@@ -98,9 +101,11 @@ def table(collector: StoreCollector, rates: QueueRates, pattern: str, recent: Re
     if scrape.left_out:
         title += f" ({scrape.left_out} more not shown)"
     grid = Table(title=title, title_justify="left", expand=True)
+    limited = any(has_limits(st) for st in scrape.statuses)  # a limits column only then, as siq status
     for name, justify in (("queue", "left"), ("rate/s", "right"), ("limit/s", "right"), ("of limit", "right"),
-                          ("backlog", "right"), ("drain", "right"), ("late p50", "right"), ("late max", "right"),
-                          ("parked", "right"), ("state", "left")):  # fmt: skip
+                          *([("limits", "left")] if limited else []), ("backlog", "right"), ("drain", "right"),
+                          ("late p50", "right"), ("late max", "right"), ("parked", "right"),
+                          ("state", "left")):  # fmt: skip
         grid.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     recent = recent or RecentLateness()
     if scrape.up:
@@ -108,15 +113,17 @@ def table(collector: StoreCollector, rates: QueueRates, pattern: str, recent: Re
         with contextlib.suppress(SiqError):  # the lateness is left as it was; the rest is shown
             recent.read(collector.backend, scrape.statuses)
     for st in scrape.statuses:
-        limit = 1e6 / st.state.interval_us
+        # a queue with a quota or a cap alone has no spacing of its own: no rate limit to show
+        limit = 1e6 / st.state.interval_us if st.state.interval_us > NO_SPACING_US else None
         rate = rates.rate(st.queue, now, st.counts.starts)
         late = recent.of(st.queue)
         state = "paused" if st.state.paused else ("held" if held_until(st) else "running")
         grid.add_row(
             st.queue,
             "-" if rate is None else f"{rate:.2f}",
-            f"{limit:.2f}",
-            "-" if rate is None else f"{100 * rate / limit:.0f}%",
+            "-" if limit is None else f"{limit:.2f}",
+            "-" if rate is None or limit is None else f"{100 * rate / limit:.0f}%",
+            *([limits_text(st)] if limited else []),
             str(st.state.backlog),
             f"{drain_seconds(st):.1f}s",
             f"{late[len(late) // 2] / 1000:.1f}ms" if late else "-",

@@ -49,7 +49,36 @@ def test_json_lines_one_row_per_start_with_its_finish(store_url: str, tmp_path: 
     rows = [json.loads(line) for line in (tmp_path / "geo.jsonl").read_text().splitlines()]
     assert [r["ticket"] for r in rows] == [1, 2, 3, 4, 5] and tuple(rows[0]) == COLUMNS
     assert [r["outcome"] for r in rows] == ["SUCCESS", "FAILURE", "SUCCESS", "SUCCESS", "SUCCESS"]
-    assert all(r["v"] == 2 and r["cost"] == 1 and r["finish_us"] == r["start_us"] for r in rows)
+    assert all(r["v"] == 3 and r["cost"] == 1 and r["finish_us"] == r["start_us"] for r in rows)
+    assert all(r["quota"] == r["concurrency"] == r["lease_us"] == 0 and r["lease_returned"] is None for r in rows)
+
+
+def test_an_export_carries_the_limits_in_force_and_each_lease_given_back(store_url: str, tmp_path: Path) -> None:
+    """What ``siq audit`` checks the window quota and the concurrency cap by, in both formats."""
+    from siq_celery.backends import backend_from_url
+
+    clock = PinnedClock()
+    backend = backend_from_url(store_url, clock=clock, lease_timeout_us=30_000_000)
+    q = IntervalQueue("api", interval=0.1, quota="10/1m", concurrency=2, burst=1, backend=backend)
+    t0 = q.ensure().last_start_us
+    for i in range(1, 4):
+        clock.now_us = t0 + i * I
+        d = q.start(q.claim(), task_id=f"t{i}", record=StartRecord("job", f"t{i}", "h", 1))
+        if i < 3:
+            clock.now_us += 50
+            q.finish(f"t{i}", lease=d.lease)
+    for name in ("api.jsonl", "api.parquet"):
+        assert export(store_url, "api", "--out", str(tmp_path / name))[0] == 0
+    rows = [json.loads(line) for line in (tmp_path / "api.jsonl").read_text().splitlines()]
+    assert pq.read_table(tmp_path / "api.parquet").to_pylist() == rows
+    assert [(r["quota"], r["window_us"], r["concurrency"], r["burst"], r["lease_us"]) for r in rows] == [
+        (10, 60_000_000, 2, 1, 30_000_000)
+    ] * 3
+    assert [(r["finish_us"] and r["finish_us"] - r["start_us"], r["lease_returned"]) for r in rows] == [
+        (50, True),
+        (50, True),
+        (None, None),
+    ]
 
 
 def test_parquet_has_the_documented_schema(store_url: str, tmp_path: Path) -> None:
@@ -127,8 +156,8 @@ def test_parked_tasks_export_as_json_lines(store_url: str, tmp_path: Path) -> No
 
 
 def test_a_sqlite_ledger_from_before_costs_were_recorded_reads_as_cost_1(tmp_path: Path) -> None:
-    """A database whose ledger table predates the cost column gets it when first opened:
-    old rows read as cost 1, new starts record theirs."""
+    """A database whose ledger table predates the cost column (and the limits) gets them
+    when first opened: old rows read as cost 1 without limits, new starts record theirs."""
     import sqlite3
 
     from siq_celery.backends import backend_from_url
@@ -150,3 +179,6 @@ def test_a_sqlite_ledger_from_before_costs_were_recorded_reads_as_cost_1(tmp_pat
     clock.now_us = t0 + I
     assert q.start(ticket, task_id="y", record=StartRecord("job", "y", "h", 1), cost=4).authorized
     assert [(r.epoch, r.ticket, r.cost) for r in q.ledger()] == [("old", 7, 1), (ticket.epoch, 1, 4)]
+    old = next(iter(q.ledger()))  # and no limits, no lease (ledger schema 3's columns)
+    assert (old.burst, old.quota, old.window_us, old.concurrency, old.lease_us) == (0, 0, 0, 0, 0)
+    assert old.lease_returned is None

@@ -255,3 +255,46 @@ def test_a_redis_database_the_server_lacks_is_siq_up_0_not_a_traceback(redis_url
     scrape = collector.scrape()
     assert not scrape.up
     assert "siq_up 0.0" in text(collector)
+
+
+def test_top_shows_the_limits_beyond_the_interval_as_siq_status_does() -> None:
+    """A ``limits`` column (the quota's use of its window, the burst, the bodies in flight
+    against the cap), only when some queue has one; a queue without spacing of its own has
+    no rate limit to show."""
+    import io
+
+    from rich.console import Console
+
+    from siq_celery import IntervalQueue
+    from siq_celery.cli import status_rows
+    from siq_celery.top import QueueRates, table
+
+    def shown(backend: object) -> list[list[str]]:
+        console = Console(file=io.StringIO(), width=200, color_system=None)
+        console.print(table(StoreCollector(backend), QueueRates(), "*"))  # type: ignore[arg-type]
+        text = console.file.getvalue()  # type: ignore[attr-defined]
+        return [[c.strip() for c in line.strip("│┃ ").split("│" if "│" in line else "┃")]
+                for line in text.splitlines() if line.startswith(("│", "┃"))]  # fmt: skip
+
+    clock = PinnedClock()
+    backend = backend_from_url("memory://top-limits", clock=clock)
+    IntervalQueue("plain", interval="100ms", backend=backend).ensure()
+    assert "limits" not in shown(backend)[0]
+    api = IntervalQueue("api", interval="100ms", quota="5/1m", burst=2, concurrency=3, backend=backend)
+    api.ensure()
+    cap = IntervalQueue("cap", interval=None, concurrency=2, backend=backend)
+    cap.ensure()
+    for _ in range(2):
+        clock.advance(us=I)
+        assert api.start(api.claim()).authorized
+    clock.advance(us=I)
+    assert cap.start(cap.claim()).authorized
+    head, *rows = shown(backend)
+    by_queue = {r[0]: dict(zip(head, r, strict=True)) for r in rows}
+    print(head, by_queue)
+    assert head[:5] == ["queue", "rate/s", "limit/s", "of limit", "limits"]
+    assert by_queue["api"]["limits"] == "2/5 in 1m, burst 2, in flight 2/3" and by_queue["api"]["limit/s"] == "10.00"
+    assert by_queue["cap"]["limits"] == "in flight 1/2" and by_queue["cap"]["limit/s"] == "-"
+    assert by_queue["plain"]["limits"] == "-"
+    statuses = [backend.status(q) for q in ("api", "cap", "plain")]
+    assert [r[2] for r in status_rows(statuses)[1:]] == [by_queue[q]["limits"] for q in ("api", "cap", "plain")]

@@ -487,8 +487,10 @@ class Transaction(ABC):
         """Number the parked tasks 1..n in their order (a reset's new life); n."""
 
     @abstractmethod
-    def record_finish(self, task_id: str, outcome: str) -> None:
-        """Complete the latest unfinished ledger row of ``task_id`` (if any)."""
+    def record_finish(self, task_id: str, outcome: str, lease: str = "", returned: bool = False) -> None:
+        """Complete the ledger row of the start that took ``lease`` (if any, still
+        unfinished), else the latest ledger row of ``task_id`` if unfinished; ``returned``:
+        this finish gave the lease back (:func:`siq_celery.ledger.complete`)."""
 
     @abstractmethod
     def sources(self) -> IntervalSources:
@@ -605,13 +607,7 @@ class ModelBackend(Backend):
             if decision.authorized:
                 _count_start(tx, decision, record)
             if record is not None and self.ledger_max and decision.authorized:
-                tx.record_start(
-                    LedgerRow(
-                        queue, state.epoch, ticket, task_id or record.task_id, record.task_name, decision.slot_us,
-                        decision.now_us, state.interval_us, deferrals=record.deferrals, host=record.host,
-                        pid=record.pid, cost=cost,
-                    )
-                )  # fmt: skip
+                tx.record_start(self._ledger_row(queue, state, ticket, task_id, record, decision, cost))
             return decision
 
     def start_all(
@@ -652,14 +648,21 @@ class ModelBackend(Backend):
                     _count_start(tx, d, record)
             if record is not None and self.ledger_max and decisions[0].authorized:
                 for tx, queue, state, d in zip(txs, queues, states, decisions, strict=True):
-                    tx.record_start(
-                        LedgerRow(
-                            queue, state.epoch, d.ticket, task_id or record.task_id, record.task_name, d.slot_us,
-                            d.now_us, state.interval_us, deferrals=record.deferrals, host=record.host, pid=record.pid,
-                            cost=cost,
-                        )
-                    )  # fmt: skip
+                    tx.record_start(self._ledger_row(queue, state, d.ticket, task_id, record, d, cost))
             return decisions
+
+    def _ledger_row(
+        self, queue: str, state: QueueState, ticket: int, task_id: str | None, record: StartRecord, d: Decision,
+        cost: int,
+    ) -> LedgerRow:  # fmt: skip
+        """The ledger row of an authorized start: who started, the slot it met, and the
+        limits in force (with the lease it took, if any)."""
+        return LedgerRow(
+            queue, state.epoch, ticket, task_id or record.task_id, record.task_name, d.slot_us, d.now_us,
+            state.interval_us, deferrals=record.deferrals, host=record.host, pid=record.pid, cost=cost,
+            burst=state.burst, quota=state.quota, window_us=state.window_us, concurrency=state.concurrency,
+            lease_us=self.lease_timeout_us if d.lease else 0, lease=d.lease or None,
+        )  # fmt: skip
 
     def _lost(self, tx: Transaction, task_id: str | None) -> bool:
         if task_id is None or not self.max_lost_deliveries:
@@ -676,13 +679,12 @@ class ModelBackend(Backend):
         self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = ""
     ) -> None:
         with self.transaction(queue) as tx:
-            if lease:
-                model.give_back(tx.state, tx.leases(), lease, tx.now_us)
+            returned = bool(lease) and model.give_back(tx.state, tx.leases(), lease, tx.now_us)
             tx.clear_unfinished(task_id)
             if remember:
                 tx.add_finished(task_id)
             if self.ledger_max:
-                tx.record_finish(task_id, outcome)
+                tx.record_finish(task_id, outcome, lease, returned)
 
     def renew_leases(self, queue: str, leases: Sequence[str]) -> int:
         if not leases:

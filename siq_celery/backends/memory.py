@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from ..ledger import LedgerRow
+from ..ledger import LedgerRow, complete
 from ..model import LAST_COUNTED, DictLeases, ListWindow
 from ..types import IntervalSources, ParkedTask, QueueState
 from .base import ModelBackend, Transaction, _copy, match_names
@@ -116,11 +116,17 @@ class _MemoryTransaction(Transaction):
     def start_counts(self) -> dict[str, int]:
         return dict(self._store.start_counts.get(self._queue, {}))
 
-    def record_finish(self, task_id: str, outcome: str) -> None:
-        for row in reversed(self._store.ledgers.get(self._queue, ())):
+    def record_finish(self, task_id: str, outcome: str, lease: str = "", returned: bool = False) -> None:
+        rows = self._store.ledgers.get(self._queue, ())
+        if lease:  # the start that took it (ledger.join_finishes: the same rules)
+            for row in reversed(rows):
+                if row.lease == lease and row.finish_us is None:
+                    complete(row, self.now_us, outcome, returned)
+                    return
+        for row in reversed(rows):
             if row.task_id == task_id:
-                if row.finish_us is None:
-                    row.finish_us, row.outcome = self.now_us, outcome
+                if row.finish_us is None and not (lease and row.lease):
+                    complete(row, self.now_us, outcome, False)
                 return
 
     def _parked(self) -> dict[str, tuple[ParkedTask, int | None]]:

@@ -236,10 +236,12 @@ def _sources(reply: Sequence[Any]) -> IntervalSources:
 def _ledger_entry(queue: str, raw: Mapping[bytes, bytes]) -> LedgerRow | FinishEntry:
     f = {k.decode(): v.decode() for k, v in raw.items()}
     if f.get("e") == "f":
-        return FinishEntry(f["id"], int(f["ft"]), f["o"])
+        return FinishEntry(f["id"], int(f["ft"]), f["o"], f.get("l"), f.get("x") != "1")
     return LedgerRow(
         queue, f["ep"], int(f["t"]), f["id"] or None, f["n"], int(f["sl"]), int(f["st"]), int(f["iv"]),
-        deferrals=int(f["d"]), host=f["h"], pid=int(f["p"]), cost=int(f.get("c", 1)),
+        deferrals=int(f["d"]), host=f["h"], pid=int(f["p"]), cost=int(f.get("c", 1)), burst=int(f.get("b", 0)),
+        quota=int(f.get("q", 0)), window_us=int(f.get("w", 0)), concurrency=int(f.get("k", 0)),
+        lease_us=int(f.get("lt", 0)), lease=f.get("l"),
     )  # fmt: skip
 
 

@@ -52,7 +52,9 @@ CREATE TABLE IF NOT EXISTS siq_ledger (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, epoch TEXT NOT NULL, ticket INTEGER NOT NULL,
     task_id TEXT, task_name TEXT NOT NULL, slot_us INTEGER NOT NULL, start_us INTEGER NOT NULL,
     interval_us INTEGER NOT NULL, finish_us INTEGER, outcome TEXT, deferrals INTEGER NOT NULL,
-    host TEXT NOT NULL, pid INTEGER NOT NULL, cost INTEGER NOT NULL DEFAULT 1
+    host TEXT NOT NULL, pid INTEGER NOT NULL, cost INTEGER NOT NULL DEFAULT 1, burst INTEGER NOT NULL DEFAULT 0,
+    quota INTEGER NOT NULL DEFAULT 0, window_us INTEGER NOT NULL DEFAULT 0, concurrency INTEGER NOT NULL DEFAULT 0,
+    lease_us INTEGER NOT NULL DEFAULT 0, lease_returned INTEGER, lease TEXT
 );
 CREATE INDEX IF NOT EXISTS siq_ledger_by_start ON siq_ledger (prefix, queue, start_us);
 CREATE INDEX IF NOT EXISTS siq_ledger_by_task ON siq_ledger (prefix, queue, task_id);
@@ -101,21 +103,31 @@ CREATE TABLE IF NOT EXISTS siq_interval_sources (
 """
 _LEDGER_COLUMNS = (
     "queue", "epoch", "ticket", "task_id", "task_name", "slot_us", "start_us", "interval_us", "finish_us",
-    "outcome", "deferrals", "host", "pid", "cost",
+    "outcome", "deferrals", "host", "pid", "cost", "burst", "quota", "window_us", "concurrency", "lease_us",
+    "lease_returned", "lease",
 )  # fmt: skip
+#: Ledger columns added after the table was first made, with their definitions (ledger schema 2 and 3).
+_LEDGER_ADDED = {
+    "cost": "INTEGER NOT NULL DEFAULT 1", "burst": "INTEGER NOT NULL DEFAULT 0", "quota": "INTEGER NOT NULL DEFAULT 0",
+    "window_us": "INTEGER NOT NULL DEFAULT 0", "concurrency": "INTEGER NOT NULL DEFAULT 0",
+    "lease_us": "INTEGER NOT NULL DEFAULT 0", "lease_returned": "INTEGER", "lease": "TEXT",
+}  # fmt: skip
 _FIELDS = ("epoch", "interval_us", "ticket", "current", "anchor_us", "last_start_us", "paused")
 
 
-def _add_ledger_cost(conn: sqlite3.Connection) -> None:
-    """A database made before the ledger recorded each start's cost gets the column (its
-    rows read as cost 1). Another process may add it first."""
-    if any(row[1] == "cost" for row in conn.execute("PRAGMA table_info(siq_ledger)")):
-        return
-    try:
-        conn.execute("ALTER TABLE siq_ledger ADD COLUMN cost INTEGER NOT NULL DEFAULT 1")
-    except sqlite3.OperationalError as exc:
-        if "duplicate column" not in str(exc):
-            raise
+def _add_ledger_columns(conn: sqlite3.Connection) -> None:
+    """A database made before the ledger recorded each start's cost (schema 2) and the
+    limits in force (schema 3) gets the columns: its rows read as cost 1, no limits and no
+    lease. Another process may add them first."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(siq_ledger)")}
+    for name, definition in _LEDGER_ADDED.items():
+        if name in have:
+            continue
+        try:
+            conn.execute(f"ALTER TABLE siq_ledger ADD COLUMN {name} {definition}")
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc):
+                raise
 
 
 class _SqliteTransaction(Transaction):
@@ -248,10 +260,21 @@ class _SqliteTransaction(Transaction):
             (self._b.key_prefix, *values),
         )
 
-    def record_finish(self, task_id: str, outcome: str) -> None:
-        self._c.execute(
-            "UPDATE siq_ledger SET finish_us=?, outcome=? WHERE rowid = (SELECT rowid FROM siq_ledger "
-            "WHERE prefix=? AND queue=? AND task_id=? ORDER BY rowid DESC LIMIT 1) AND finish_us IS NULL",
+    def record_finish(self, task_id: str, outcome: str, lease: str = "", returned: bool = False) -> None:
+        if (
+            lease
+            and self._c.execute(  # the start that took the lease (ledger.complete)
+                "UPDATE siq_ledger SET finish_us=?, outcome=?, lease_returned=? WHERE rowid = (SELECT rowid FROM "
+                "siq_ledger WHERE prefix=? AND queue=? AND task_id IS ? AND lease=? AND finish_us IS NULL "
+                "ORDER BY rowid DESC LIMIT 1)",
+                (self.now_us, outcome, int(returned), *self._key, task_id, lease),
+            ).rowcount
+        ):
+            return
+        self._c.execute(  # else the latest start of the task id, if unfinished (and, a lease named, without one)
+            "UPDATE siq_ledger SET finish_us=?, outcome=?, lease_returned=CASE WHEN lease_us > 0 THEN 0 END "
+            "WHERE rowid = (SELECT rowid FROM siq_ledger WHERE prefix=? AND queue=? AND task_id=? "
+            f"ORDER BY rowid DESC LIMIT 1) AND finish_us IS NULL{' AND lease IS NULL' if lease else ''}",
             (self.now_us, outcome, *self._key, task_id),
         )
 
@@ -494,7 +517,7 @@ class SqliteBackend(ModelBackend):
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
-            _add_ledger_cost(conn)
+            _add_ledger_columns(conn)
             conn.execute("PRAGMA busy_timeout=0")  # BEGIN IMMEDIATE is retried by _begin
             conn.execute("PRAGMA wal_autocheckpoint=0")  # see _checkpoint
             self._local.conn, self._local.pid = conn, os.getpid()
@@ -567,7 +590,10 @@ class SqliteBackend(ModelBackend):
             )
             while batch := cursor.fetchmany(10_000):
                 for values in batch:
-                    yield LedgerRow(*values)
+                    row = dict(zip(_LEDGER_COLUMNS, values, strict=True))
+                    if row["lease_returned"] is not None:
+                        row["lease_returned"] = bool(row["lease_returned"])
+                    yield LedgerRow(**row)
         finally:
             conn.close()
 

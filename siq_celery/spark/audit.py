@@ -53,7 +53,7 @@ from typing import Any
 
 from siq_celery.ledger import SCHEMA_VERSION
 from siq_celery.queue import MAX_COST
-from siq_celery.spark import audit_tables
+from siq_celery.spark import audit_tables, limits
 
 # ``name as name``: kept importable from here (main: ``siq audit`` and this file run as a
 # script; spark_session: the tests and the benchmark).
@@ -78,14 +78,15 @@ REPORT_ROWS_MAX = 10_000
 def read_ledger(spark: Any, paths: Sequence[str], fmt: str | None = None) -> Any:
     """One DataFrame of every ledger row in ``paths`` (Parquet and JSON Lines may be mixed);
     ValueError if a row has a newer schema version than this audit reads."""
-    df, counted, _ = _read_and_check(spark, paths, fmt)
+    df, counted, _, _ = _read_and_check(spark, paths, fmt)
     counted.unpersist()
     return df
 
 
-def _read_and_check(spark: Any, paths: Sequence[str], fmt: str | None) -> tuple[Any, Any, int]:
-    """The ledger, its census (cached: :func:`census`), and how many of its rows cannot be
-    audited (no queue or no start), in one pass that also refuses a newer schema."""
+def _read_and_check(spark: Any, paths: Sequence[str], fmt: str | None) -> tuple[Any, Any, int, bool]:
+    """The ledger, its census (cached: :func:`census`), how many of its rows cannot be
+    audited (no queue or no start), and whether any row records a limit beyond the
+    interval, in one pass that also refuses a newer schema."""
     from pyspark.sql import functions as F
 
     df = read_ledger_files(spark, paths, fmt)
@@ -93,18 +94,31 @@ def _read_and_check(spark: Any, paths: Sequence[str], fmt: str | None) -> tuple[
     [check] = counted.agg(
         F.max("newest").alias("newest"),
         F.sum(F.when(F.col("queue").isNull() | F.col("hour_n").isNull(), F.col("n"))).alias("unplaced"),
+        _limited().alias("limits"),
     ).collect()
     if check["newest"] is not None and check["newest"] > SCHEMA_VERSION:
         counted.unpersist()
         raise ValueError(f"ledger schema version {check['newest']} is newer than this siq audit ({SCHEMA_VERSION})")
-    return df, counted, int(check["unplaced"] or 0)
+    return df, counted, int(check["unplaced"] or 0), bool(check["limits"])
+
+
+def _limited() -> Any:
+    """An aggregate of :func:`census` rows: whether any records a limit beyond the interval."""
+    from pyspark.sql import functions as F
+
+    return F.coalesce(F.greatest(*(F.max(c) for c in LIMITS)) > 0, F.lit(False))
+
+
+#: The ledger columns that record a limit beyond the interval (0 or null: none).
+LIMITS = ("burst", "quota", "concurrency")
 
 
 def census(df: Any) -> Any:
-    """Ledger rows counted by (queue, hour, host, pid), with the first and last start and
-    the newest schema version of each: one small table from one pass, which the schema
-    check, the pieces, the per-hour hosts and the worker shares all read. Rows without a
-    queue or a start are counted under a null ``queue`` or ``hour_n``."""
+    """Ledger rows counted by (queue, hour, host, pid), with the first and last start, the
+    newest schema version and the largest burst, quota and cap of each (a limit beyond the
+    interval: :data:`LIMITS`): one small table from one pass, which the schema check, the
+    pieces, the per-hour hosts and the worker shares all read. Rows without a queue or a
+    start are counted under a null ``queue`` or ``hour_n``."""
     from pyspark.sql import functions as F
 
     return df.groupBy("queue", _hour_of(), "host", "pid").agg(
@@ -112,6 +126,7 @@ def census(df: Any) -> Any:
         F.min("start_us").alias("t0"),
         F.max("start_us").alias("t1"),
         F.max("v").alias("newest"),
+        *(F.max(c).alias(c) for c in LIMITS),
     )
 
 
@@ -120,6 +135,25 @@ def _placed(census_table: Any) -> Any:
     from pyspark.sql import functions as F
 
     return census_table.filter(F.col("queue").isNotNull() & F.col("hour_n").isNotNull())
+
+
+def _per_queue(census_table: Any) -> Any:
+    """Per queue of :func:`census` (placed rows): ``t0`` its first start, ``t1`` its last,
+    ``rows``."""
+    from pyspark.sql import functions as F
+
+    return (
+        _placed(census_table)
+        .groupBy("queue")
+        .agg(F.min("t0").alias("t0"), F.max("t1").alias("t1"), F.sum("n").alias("rows"))
+    )
+
+
+def limited_queues(census_table: Any) -> Any:
+    """The queues (one ``queue`` column) whose ledger rows record a limit beyond the
+    interval: those :mod:`siq_celery.spark.limits` checks."""
+
+    return _placed(census_table).groupBy("queue").agg(_limited().alias("limited")).filter("limited").select("queue")
 
 
 def _hour_of() -> Any:
@@ -141,16 +175,18 @@ def auditable(df: Any) -> Any:
 # The start order: the one sort of the audit.
 
 
-def narrow_starts(df: Any) -> Any:
+def narrow_starts(df: Any, bursts: bool = True) -> Any:
     """One narrow row per auditable start, with what the order-dependent tables need:
     lateness, the cost (1 where the ledger has none: schema version 1; held to 1 ..
-    MAX_COST), 0/1 flags for unfinished and failed, and a 64-bit hash of the task id (for
-    duplicates, without carrying the ids themselves through the sort)."""
+    MAX_COST), with ``bursts`` the burst (a start under one is checked by
+    :mod:`siq_celery.spark.limits`, not pairwise), 0/1 flags for unfinished and failed, and
+    a 64-bit hash of the task id (for duplicates, without carrying the ids themselves
+    through the sort)."""
     from pyspark.sql import functions as F
 
     cost = F.least(F.greatest(F.coalesce(F.col("cost"), F.lit(1)), F.lit(1)), F.lit(MAX_COST)).cast("int")
     return auditable(df).select(
-        "queue", "epoch", "ticket", "start_us", "interval_us", cost.alias("cost"),
+        "queue", "epoch", "ticket", "start_us", "interval_us", cost.alias("cost"), *(["burst"] if bursts else []),
         (F.col("start_us") - F.col("slot_us")).alias("lateness_us"),
         F.col("finish_us").isNull().cast("byte").alias("unfinished"),
         (F.col("outcome") == "FAILURE").cast("byte").alias("failure"),
@@ -164,25 +200,23 @@ def ordered_starts(
     rows_per_piece: int = ROWS_PER_PIECE,
     cached: list[Any] | None = None,
     census_table: Any = None,
+    bursts: bool = True,
 ) -> Any:
     """:func:`narrow_starts` of ``df`` in start order, each with its gap and its
     violation and inversion flags (bytes), computed in parallel pieces of each queue
     (:mod:`siq_celery.spark.pieces`): the one sort of the audit, which :func:`run_audit`
-    writes once. ``census_table``: :func:`census` of ``df`` (made here if not given)."""
+    writes once. ``census_table``: :func:`census` of ``df`` (made here if not given).
+    ``bursts``: some row may record a burst (False: none does, and the sort carries no
+    burst column)."""
     from pyspark.sql import functions as F
 
     if census_table is None:
         census_table = kept(census(df), cached)
-    per_queue = (
-        _placed(census_table)
-        .groupBy("queue")
-        .agg(F.min("t0").alias("t0"), F.max("t1").alias("t1"), F.sum("n").alias("rows"))
-    )
-    spans = piece_spans(per_queue, rows_per_piece).transform(lambda small: kept(small, cached))
-    pieced = in_pieces(narrow_starts(df), spans)
+    spans = piece_spans(_per_queue(census_table), rows_per_piece).transform(lambda small: kept(small, cached))
+    pieced = in_pieces(narrow_starts(df, bursts), spans)
     return (
         in_start_order(pieced, piece_ends(pieced, cached), tolerance_us)
-        .drop("piece", "highest_before", "prev_start_us")
+        .drop("piece", "highest_before", "prev_start_us", "burst")
         .withColumn("violation", F.col("violation").cast("byte"))
         .withColumn("inversion", F.col("inversion").cast("byte"))
     )
@@ -191,26 +225,49 @@ def ordered_starts(
 # The tables.
 
 
+def swept_starts(
+    df: Any, rows_per_piece: int = ROWS_PER_PIECE, cached: list[Any] | None = None, census_table: Any = None
+) -> Any:
+    """The starts of the queues of ``df`` that record a limit beyond the interval, swept
+    in pieces (:func:`siq_celery.spark.limits.swept_starts`): the second sort of the audit,
+    of those queues only, which :func:`run_audit` writes once."""
+    if census_table is None:
+        census_table = kept(census(df), cached)
+    limited = kept(limited_queues(census_table), cached)
+    return limits.swept_starts(auditable(df), limited, _per_queue(census_table), rows_per_piece, cached)
+
+
 def audit(
     df: Any,
     tolerance_us: int = 1000,
     ordered: Any = None,
     cached: list[Any] | None = None,
     census_table: Any = None,
+    swept: Any = None,
+    limited: bool | None = None,
 ) -> dict[str, Any]:
     """Every audit table of ``df`` (ledger rows), as Spark DataFrames, by name. They are
-    read from ``ordered`` (:func:`ordered_starts`, made here if not given) and
-    ``census_table`` (:func:`census` of ``df``, likewise); how each is made:
-    :mod:`siq_celery.spark.audit_tables`. The small tables it caches go on ``cached``, for
-    the caller to unpersist when done.
+    read from ``ordered`` (:func:`ordered_starts`, made here if not given), ``swept``
+    (:func:`swept_starts`, likewise, when ``limited``: some row records a limit beyond the
+    interval; None: found out here) and ``census_table`` (:func:`census` of ``df``,
+    likewise); how each is made: :mod:`siq_celery.spark.audit_tables`. The small tables it
+    caches go on ``cached``, for the caller to unpersist when done.
     """
+
     if census_table is None:
         census_table = kept(census(df), cached)
+    if limited is None:
+        limited = bool(census_table.agg(_limited()).first()[0])
     if ordered is None:
-        ordered = ordered_starts(df, tolerance_us, cached=cached, census_table=census_table)
+        ordered = ordered_starts(df, tolerance_us, cached=cached, census_table=census_table, bursts=limited)
+    if limited and swept is None:
+        swept = swept_starts(df, cached=cached, census_table=census_table)
     ledger = auditable(df)
     placed = _placed(census_table)
-    hours = audit_tables.per_hour(ordered.withColumn("hour_n", _hour_of()), placed, cached)
+    checked = limits.verdicts(swept, tolerance_us).withColumn("hour_n", _hour_of()) if limited else None
+    limit_hours = audit_tables.limit_hours(checked, cached) if checked is not None else None
+    flagged = audit_tables.flagged(checked, cached) if checked is not None else None
+    hours = audit_tables.per_hour(ordered.withColumn("hour_n", _hour_of()), placed, cached, limit_hours)
     duplicates = audit_tables.duplicates(ordered, ledger, cached)
     missing = audit_tables.missing_tickets(ordered)
     return {
@@ -220,7 +277,8 @@ def audit(
         "gaps": audit_tables.gap_histogram(hours.gaps),
         "rate": audit_tables.rate(ordered, hours.hourly),
         "workers": audit_tables.workers(placed),
-        "violations": audit_tables.violations(ordered, ledger, cached),
+        "violations": audit_tables.violations(ordered, ledger, cached, flagged),
+        "limit_violations": audit_tables.limit_violations(flagged, ledger),
         "duplicates": duplicates,
     }
 
@@ -246,17 +304,23 @@ def run_audit(
     def done(stage: str) -> None:
         log(f"  {stage:<10} written ({time.monotonic() - started:.1f} s)")
 
-    df, counted, unaudited = _read_and_check(spark, paths, fmt)
+    df, counted, unaudited, limited = _read_and_check(spark, paths, fmt)
     done("(census)")
     # Every start in queue order with its gap and flags, written once (a narrow table) and
     # read back by the tables that need it: a second pass over Parquet costs less than
-    # keeping it in memory, and nothing is sorted twice.
-    work = f"{out}/_ordered"
+    # keeping it in memory, and nothing is sorted twice. The queues with limits beyond the
+    # interval are swept once more (their events), written and read back the same way.
+    work, sweep = f"{out}/_ordered", f"{out}/_limits"
     cached: list[Any] = [counted]  # the small tables kept while they are read, dropped at the end
     try:
-        write_table(ordered_starts(df, tolerance_us, rows_per_piece, cached, counted), work)
+        write_table(ordered_starts(df, tolerance_us, rows_per_piece, cached, counted, limited), work)
         done("(ordered)")
-        tables = audit(df, tolerance_us, read_table(spark, work), cached, counted)
+        swept = None
+        if limited:
+            write_table(swept_starts(df, rows_per_piece, cached, counted), sweep)
+            swept = read_table(spark, sweep)
+            done("(limits)")
+        tables = audit(df, tolerance_us, read_table(spark, work), cached, counted, swept, limited)
         report: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -268,6 +332,7 @@ def run_audit(
         for small in cached:
             small.unpersist()
         remove(spark, work)
+        remove(spark, sweep)
     report["rows"] = int(read_table(spark, f"{out}/summary").agg({"starts": "sum"}).first()[0] or 0)
     report["unaudited_rows"] = unaudited
     report["seconds"] = round(time.monotonic() - started, 1)

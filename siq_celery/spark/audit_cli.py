@@ -69,10 +69,15 @@ def _print_report(report: dict[str, Any], out: str) -> None:
         left_out = ", ".join(f"{n:,} rows of {name}" for name, n in report["left_out"].items())
         print(f"report.json and report.html left out {left_out} (all in the tables under {out})")
     for q in report["summary"]:
+        limits = ""
+        if q.get("max_window_units") is not None:
+            limits += f", {q['window_violations']} window violations (at most {q['max_window_units']:,} units)"
+        if q.get("max_in_flight") is not None:
+            limits += f", {q['concurrency_violations']} over the concurrency cap (at most {q['max_in_flight']} at once)"
         print(
             f"{q['queue']}: {q['starts']:,} starts, {q['rate_pct']}% of the rate, {q['violations']} violations, "
             f"min gap {q['min_gap_ms']:.2f} ms, {q['inversions']} inversions, {q['duplicate_starts']} duplicate "
-            f"starts, {q['missing_tickets']} tickets never started"
+            f"starts, {q['missing_tickets']} tickets never started{limits}"
         )  # fmt: skip
     print(f"report: {out}/report.html ({report['rows']:,} rows in {report['seconds']} s, "
           f"{report['rows_per_second']:,} rows/s)")  # fmt: skip

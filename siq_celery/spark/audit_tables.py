@@ -31,9 +31,10 @@ class PerHour(NamedTuple):
     lateness: Any
 
 
-def per_hour(rows: Any, placed: Any, cached: list[Any] | None) -> PerHour:
+def per_hour(rows: Any, placed: Any, cached: list[Any] | None, limits: Any = None) -> PerHour:
     """:class:`PerHour` of ``rows`` (the starts in order, with ``hour_n``); ``placed``: the
-    census rows with a queue and an hour, for the worker hosts of each hour."""
+    census rows with a queue and an hour, for the worker hosts of each hour; ``limits``:
+    :func:`limit_hours` (None: no row records a limit beyond the interval)."""
     from pyspark.sql import functions as F
 
     hosts = placed.groupBy("queue", "hour_n").agg(F.collect_set("host").alias("hosts"))
@@ -55,11 +56,30 @@ def per_hour(rows: Any, placed: Any, cached: list[Any] | None) -> PerHour:
             F.sum("failure").alias("failures"),
         )
         .join(hosts, ["queue", "hour_n"], "left")
+        .transform(lambda table: _with_limits(table, limits))
         .transform(_with_hour_names)
         .transform(lambda small: kept(small, cached))  # one row per queue and hour
     )
     # One row per distinct gap (with its interval) or lateness, in µs, per hour.
     return PerHour(hourly, _counts(rows, cached, "interval_us", "gap_us"), _counts(rows, cached, "lateness_us"))
+
+
+def _with_limits(hourly: Any, limits: Any) -> Any:
+    """The hourly figures with those of :func:`limit_hours` (None: 0 violations, no peaks);
+    a burst's starts beyond its allowance count among the spacing violations."""
+    from pyspark.sql import functions as F
+
+    if limits is None:
+        return hourly.select(
+            "*", *(F.lit(0).cast("long").alias(c) for c in ("window_violations", "concurrency_violations")),
+            *(F.lit(None).cast("long").alias(c) for c in ("max_window_units", "max_in_flight")),
+        )  # fmt: skip
+    return (
+        hourly.join(limits, ["queue", "hour_n"], "left")
+        .fillna(0, ["burst_violations", "window_violations", "concurrency_violations"])
+        .withColumn("violations", F.col("violations") + F.col("burst_violations"))
+        .drop("burst_violations")
+    )
 
 
 def _counts(rows: Any, cached: list[Any] | None, *values: str) -> Any:
@@ -97,6 +117,10 @@ def figures(hours: PerHour, *keys: str) -> Any:
         F.max("last_start_us").alias("last_start_us"),
         (F.sum("interval_sum") / F.sum("interval_count")).alias("mean_interval_us"),
         F.sum("violations").alias("violations"),
+        F.sum("window_violations").alias("window_violations"),
+        F.sum("concurrency_violations").alias("concurrency_violations"),
+        F.max("max_window_units").alias("max_window_units"),
+        F.max("max_in_flight").alias("max_in_flight"),
         F.sum("inversions").alias("inversions"),
         (F.min("min_gap_us") / 1000).alias("min_gap_ms"),
         (F.max("lateness_max_us") / 1000).alias("lateness_max_ms"),
@@ -254,29 +278,99 @@ def workers(placed: Any) -> Any:
     )
 
 
-def violations(ordered: Any, ledger: Any, cached: list[Any] | None) -> Any:
+def violations(ordered: Any, ledger: Any, cached: list[Any] | None, flagged: Any = None) -> Any:
     """The starts too soon after the one before them, with their task ids, found again in
     the ledger by queue, epoch, ticket and start (rows that tie on all four are listed
-    together)."""
+    together). ``flagged``: :func:`flagged` (the starts beyond a burst's allowance are
+    among them: ``required_gap_us`` is then the distance from the start before to the
+    earliest start GCRA allowed)."""
     from pyspark.sql import functions as F
 
     keys = ["queue", "epoch", "ticket", "start_us"]
-    offending = kept(
-        ordered.filter(F.col("violation") == 1).select(
-            *keys,
-            (F.col("start_us") - F.col("gap_us")).alias("prev_start_us"),
-            "gap_us",
-            "required_gap_us",
-            "interval_us",
-        ),
-        cached,
+    offending = ordered.filter(F.col("violation") == 1).select(
+        *keys,
+        (F.col("start_us") - F.col("gap_us")).alias("prev_start_us"),
+        "gap_us",
+        "required_gap_us",
+        "interval_us",
     )
+    if flagged is not None:
+        offending = offending.unionByName(
+            flagged.filter(F.col("kind") == "burst").select(
+                *keys, "prev_start_us", (F.col("start_us") - F.col("prev_start_us")).alias("gap_us"),
+                (F.col("limit_us") - F.col("prev_start_us")).alias("required_gap_us"), "interval_us",
+            )
+        )  # fmt: skip
     return (
-        _small(offending)
+        _small(kept(offending, cached))
         .join(ledger.select(*keys, "task_id", "host", "pid"), keys)
         .select("queue", "epoch", "ticket", "task_id", "prev_start_us", "start_us", "gap_us", "required_gap_us",
                 "interval_us", "host", "pid")
     )  # fmt: skip
+
+
+def limit_hours(checked: Any, cached: list[Any] | None) -> Any:
+    """Per queue and hour (``hour_n``) of ``checked`` (:func:`siq_celery.spark.limits.verdicts`
+    with ``hour_n``): the starts beyond a burst's allowance, window and concurrency
+    violations, and the most units in a window and leases in flight at a start (null
+    without a quota, a cap), cached."""
+    from pyspark.sql import functions as F
+
+    return kept(
+        checked.groupBy("queue", "hour_n").agg(
+            F.sum("burst_violation").cast("long").alias("burst_violations"),
+            F.sum("window_violation").cast("long").alias("window_violations"),
+            F.sum("concurrency_violation").cast("long").alias("concurrency_violations"),
+            F.max(F.when(F.col("quota") > 0, F.col("window_units"))).cast("long").alias("max_window_units"),
+            F.max(F.when(F.col("concurrency") > 0, F.col("in_flight"))).cast("long").alias("max_in_flight"),
+        ),
+        cached,
+    )
+
+
+def flagged(checked: Any, cached: list[Any] | None) -> Any:
+    """The starts of ``checked`` (:func:`siq_celery.spark.limits.verdicts`) that broke a
+    limit, one row per limit broken: ``kind`` (``burst``, ``window``, ``concurrency``),
+    ``value`` (units in the window, leases in flight; for a burst, the start itself),
+    ``limit`` (the quota, the cap; the burst) and ``limit_us`` (a burst's earliest allowed
+    start), cached (a few rows)."""
+    from pyspark.sql import functions as F
+
+    kinds = [
+        ("burst", "burst_violation", F.col("start_us"), F.col("burst")),
+        ("window", "window_violation", F.col("window_units"), F.col("quota")),
+        ("concurrency", "concurrency_violation", F.col("in_flight"), F.col("concurrency")),
+    ]
+    parts = [
+        checked.filter(F.col(flag) == 1).select(
+            "queue", "epoch", "ticket", "start_us", "prev_start_us", "interval_us", "window_us",
+            F.lit(kind).alias("kind"), value.cast("long").alias("value"), limit.cast("long").alias("limit"),
+            F.col("burst_cap_us").alias("limit_us"),
+        )
+        for kind, flag, value, limit in kinds
+    ]  # fmt: skip
+    return kept(parts[0].unionByName(parts[1]).unionByName(parts[2]), cached)
+
+
+def limit_violations(flagged: Any, ledger: Any) -> Any:
+    """The starts that broke a window quota or a concurrency cap, with their task ids (found
+    again in the ledger as :func:`violations` finds its rows): ``kind``, ``value`` (units in
+    the window at the start, itself included; leases in flight, its own included) and
+    ``limit`` (the quota, the cap)."""
+    from pyspark.sql import functions as F
+
+    columns = ("queue", "epoch", "ticket", "task_id", "start_us", "kind", "value", "limit", "window_us", "host", "pid")
+    if flagged is None:
+        return ledger.sparkSession.createDataFrame(
+            [], "queue string, epoch string, ticket long, task_id string, start_us long, kind string, value long, "
+            "limit long, window_us long, host string, pid int",
+        )  # fmt: skip
+    keys = ["queue", "epoch", "ticket", "start_us"]
+    return (
+        _small(flagged.filter(F.col("kind") != "burst").drop("interval_us", "prev_start_us", "limit_us"))
+        .join(ledger.select(*keys, "task_id", "host", "pid"), keys)
+        .select(*columns)
+    )
 
 
 def _small(table: Any) -> Any:

@@ -19,6 +19,9 @@ def ledger_schema() -> Any:
         T.StructField("finish_us", T.LongType()), T.StructField("outcome", T.StringType()),
         T.StructField("deferrals", T.IntegerType()), T.StructField("host", T.StringType()),
         T.StructField("pid", T.IntegerType()), T.StructField("cost", T.IntegerType()),
+        T.StructField("burst", T.IntegerType()), T.StructField("quota", T.LongType()),
+        T.StructField("window_us", T.LongType()), T.StructField("concurrency", T.IntegerType()),
+        T.StructField("lease_us", T.LongType()), T.StructField("lease_returned", T.BooleanType()),
         T.StructField("v", T.ShortType()),
     ])  # fmt: skip
 
@@ -26,7 +29,8 @@ def ledger_schema() -> Any:
 def read_ledger_files(spark: Any, paths: Sequence[str], fmt: str | None = None) -> Any:
     """One DataFrame of the ledger files in ``paths``, Parquet and JSON Lines mixed (each by
     its extension, or all as ``fmt``), read with :func:`ledger_schema`: a column an older
-    schema version lacks (``cost``, before version 2) reads as null."""
+    schema version lacks (``cost``, before version 2; the limits and the lease, before
+    version 3) reads as null."""
     frames = []
     for kind in ("parquet", "json"):
         chosen = [p for p in paths if (fmt or format_of(p)) == kind]

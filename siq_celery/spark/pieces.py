@@ -34,15 +34,16 @@ def piece_spans(per_queue: Any, rows_per_piece: int = ROWS_PER_PIECE) -> Any:
     return per_queue.select("queue", "t0", "t1", pieces.alias("pieces"))
 
 
-def in_pieces(df: Any, spans: Any) -> Any:
+def in_pieces(df: Any, spans: Any, time: str = "start_us") -> Any:
     """``df`` (rows with a queue and a start) with the ``piece`` of each row. ``spans``:
-    :func:`piece_spans` of the same rows."""
+    :func:`piece_spans` of the same rows. ``time``: the column that places a row (the
+    limits' sweep places its events by when they happen)."""
     from pyspark.sql import functions as F
 
     # Equal stretches of time: a piece is a range of start_us, so equal starts share one,
     # and every row of an earlier piece started no later than any row of a later one.
     # (In doubles: a hostile start_us must not overflow; division and product are monotone.)
-    from_t0 = F.col("start_us").cast("double") - F.col("t0").cast("double")
+    from_t0 = F.col(time).cast("double") - F.col("t0").cast("double")
     width = F.col("t1").cast("double") - F.col("t0").cast("double") + 1.0
     return (
         df.join(F.broadcast(spans), "queue")
@@ -58,6 +59,15 @@ def last_slot_us() -> Any:
 
     extra = F.greatest(F.coalesce(F.col("cost"), F.lit(1)) - 1, F.lit(0))
     return F.col("start_us") + extra * F.coalesce(F.col("interval_us"), F.lit(0))
+
+
+def burst_allowed(columns: list[str]) -> Any:
+    """Whether the row's start came under a burst (B > 0: the pairwise spacing check does
+    not apply; :mod:`siq_celery.spark.limits` checks GCRA's bound). Rows of a table without
+    a ``burst`` column (``columns``), or with a null one (schema 1 and 2), have none."""
+    from pyspark.sql import functions as F
+
+    return F.coalesce(F.col("burst") > 0, F.lit(False)) if "burst" in columns else F.lit(False)
 
 
 def in_line() -> Any:
@@ -112,6 +122,7 @@ def in_start_order(pieced: Any, ends: Any, tolerance_us: int) -> Any:
         .rowsBetween(Window.unboundedPreceding, -1)
     )
     first_in_piece = F.lag("start_us").over(in_piece).isNull()
+    pairwise = ~burst_allowed(pieced.columns)
     return (
         pieced.repartition("queue", "piece")
         .withColumn("prev_in_piece", F.lag("start_us").over(in_piece))
@@ -128,8 +139,10 @@ def in_start_order(pieced: Any, ends: Any, tolerance_us: int) -> Any:
         .withColumn("required_gap_us", F.col("prev_end_us") - F.col("prev_start_us") + F.col("interval_us"))
         .drop("prev_end_us")
         .withColumn(
-            "violation",
-            F.coalesce((F.col("gap_us") < F.col("required_gap_us") - tolerance_us).cast("int"), F.lit(0)),
+            "violation",  # a start the burst allowed is checked by GCRA instead (limits.py)
+            F.coalesce(
+                ((F.col("gap_us") < F.col("required_gap_us") - tolerance_us) & pairwise).cast("int"), F.lit(0)
+            ),
         )
         .withColumn(
             "inversion", F.coalesce((in_line() < F.col("highest_before")).cast("int"), F.lit(0))

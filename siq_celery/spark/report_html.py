@@ -15,6 +15,11 @@ _SUMMARY_COLUMNS = (
     ("inversions", "inversions"), ("duplicate_starts", "duplicate starts"), ("missing_tickets", "never started"),
     ("unfinished", "unfinished"), ("failures", "failures"), ("epochs", "epochs"), ("worker_hosts", "hosts"),
 )  # fmt: skip
+#: Shown when some queue has a window quota or a concurrency cap.
+_LIMIT_COLUMNS = (
+    ("window_violations", "window violations"), ("max_window_units", "most units in a window"),
+    ("concurrency_violations", "over the cap"), ("max_in_flight", "most in flight"),
+)  # fmt: skip
 
 
 def _fmt(value: Any) -> str:
@@ -65,6 +70,8 @@ def render(report: dict[str, Any]) -> str:
         for row in report.get(name, []):
             by_queue[row["queue"]][name].append(row)
     sections = []
+    limited = any(q.get(k) is not None for q in report["summary"] for k in ("max_window_units", "max_in_flight"))
+    limits = _LIMIT_COLUMNS if limited else ()
     for q in report["summary"]:
         parts = by_queue[q["queue"]]
         gap_counts = [0.0] * 61
@@ -89,7 +96,7 @@ def render(report: dict[str, Any]) -> str:
             + _bars([float(v) for v in hosts.values()], ("", ""), "starts per worker host: " + ", ".join(
                 f"{h} {100 * n / max(q['starts'], 1):.1f}%" for h, n in sorted(hosts.items())))
             + "<h3>by hour (UTC)</h3>"
-            + _table(parts["by_hour"], (("hour", "hour"), *_SUMMARY_COLUMNS[:8]))
+            + _table(parts["by_hour"], (("hour", "hour"), *_SUMMARY_COLUMNS[:8], *limits))
         )  # fmt: skip
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>siq audit</title><style>"
@@ -98,14 +105,17 @@ def render(report: dict[str, Any]) -> str:
         "figure{margin:1em 0}figcaption{font-weight:600}</style></head><body>"
         f"<h1>siq audit</h1><p>{_fmt(report['rows'])} ledger rows from {html.escape(', '.join(report['inputs']))}; "
         f"a violation is a start less than interval - {report['tolerance_us'] / 1000:g} ms after the one before it "
-        f"(c x interval after a start of cost c; store clock). Generated {html.escape(report['generated_at'])}"
+        f"(c x interval after a start of cost c; store clock; under a burst B, a start GCRA did not allow with a "
+        f"tolerance of B intervals). A window violation is a start at which the window ending there holds more "
+        f"than its quota; over the cap, a start at which more than the cap were in flight, itself included. "
+        f"Generated {html.escape(report['generated_at'])}"
         + (f" in {report['seconds']:g} s ({_fmt(report['rows_per_second'])} rows/s)" if "seconds" in report else "")
         + ".</p>"
         + "".join(
             f"<p>{html.escape(name)}: {_fmt(n)} rows not shown here (see the Parquet table)</p>"
             for name, n in report.get("left_out", {}).items()
         )
-        + _table(report["summary"], (("queue", "queue"), *_SUMMARY_COLUMNS))
+        + _table(report["summary"], (("queue", "queue"), *_SUMMARY_COLUMNS, *limits))
         + "".join(sections)
         + "</body></html>"
     )

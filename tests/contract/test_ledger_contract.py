@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from siq_celery import IntervalQueue
 from siq_celery.ledger import StartRecord
 from siq_celery.types import Verdict
 from tests.conftest import Store
 
 I = 100_000
+S = 1_000_000
 
 
 def rec(task_id: str, deferrals: int = 0) -> StartRecord:
@@ -31,7 +33,8 @@ def test_only_authorized_starts_are_recorded_with_every_field(store: Store) -> N
     assert row.as_dict() == {
         "queue": "q", "epoch": first.epoch, "ticket": 1, "task_id": "a", "task_name": "geo.lookup",
         "slot_us": t0 + I, "start_us": t0 + I + 7, "interval_us": I, "finish_us": None, "outcome": None,
-        "deferrals": 2, "host": "node1@host", "pid": 4242, "cost": 1, "v": 2,
+        "deferrals": 2, "host": "node1@host", "pid": 4242, "cost": 1, "burst": 0, "quota": 0, "window_us": 0,
+        "concurrency": 0, "lease_us": 0, "lease_returned": None, "v": 3,
     }  # fmt: skip
 
 
@@ -132,3 +135,93 @@ def test_delete_removes_the_ledger(store: Store) -> None:
     assert q.start(q.claim(), task_id="a", record=rec("a")).authorized
     assert q.delete()
     assert list(q.ledger()) == []
+
+
+def test_a_start_records_the_limits_in_force_and_the_finish_the_lease_it_gave_back(store: Store) -> None:
+    """What the audit needs (ledger schema 3): burst, quota, window and cap at the start, the
+    lease's time to live, and whether the finish gave it back, in the step that recorded
+    ``finish_us``: the lease counts until exactly then on the store's clock."""
+    backend = store.backend(lease_timeout_us=3 * S)
+    q = IntervalQueue("q", interval="100ms", quota="5/2s", burst=2, concurrency=2, backend=backend)
+    t0 = q.ensure().last_start_us
+    first, second = q.claim_many(2)
+    store.clock.now_us = t0 + I
+    a = q.start(first, task_id="a", record=rec("a"))
+    b = q.start(second, task_id="b", record=rec("b"))
+    assert a.authorized and b.authorized and a.lease and b.lease
+    store.clock.now_us = t0 + I + 700
+    q.finish("a", lease=a.lease)
+    assert q.status().in_flight == 1  # given back at t0 + I + 700, the finish's own time
+    rows = {r.task_id: r for r in q.ledger()}
+    assert {k: v for k, v in rows["a"].as_dict().items() if k in LIMIT_FIELDS} == {
+        "burst": 2, "quota": 5, "window_us": 2 * S, "concurrency": 2, "lease_us": 3 * S, "finish_us": t0 + I + 700,
+        "lease_returned": True, "v": 3,
+    }  # fmt: skip
+    assert (rows["b"].finish_us, rows["b"].lease_us, rows["b"].lease_returned) == (None, 3 * S, None)
+
+
+LIMIT_FIELDS = ("burst", "quota", "window_us", "concurrency", "lease_us", "finish_us", "lease_returned", "v")
+
+
+def test_a_finish_after_its_lease_expired_records_that_it_gave_none_back(store: Store) -> None:
+    q = IntervalQueue("q", interval="100ms", concurrency=1, backend=store.backend(lease_timeout_us=S))
+    t0 = q.ensure().last_start_us
+    store.clock.now_us = t0 + I
+    d = q.start(q.claim(), task_id="a", record=rec("a"))
+    store.clock.now_us = t0 + I + S  # not renewed: expired at start + 1 s
+    q.finish("a", lease=d.lease)
+    [row] = q.ledger()
+    assert (row.finish_us, row.lease_us, row.lease_returned) == (t0 + I + S, S, False)
+
+
+def test_two_copies_of_a_task_running_at_once_each_finish_their_own_start(store: Store) -> None:
+    """A redelivered copy starts while the first still runs (a broker's visibility timeout):
+    each took a lease of its own, and each finish completes the start that took its lease,
+    whichever ends first. A finish naming no lease completes the latest start."""
+    q = IntervalQueue("q", interval="100ms", concurrency=3, backend=store.backend(lease_timeout_us=10 * S))
+    t0 = q.ensure().last_start_us
+    one, two, three = q.claim_many(3)
+    store.clock.now_us = t0 + I
+    first = q.start(one, task_id="a", record=rec("a"))
+    store.clock.now_us = t0 + 2 * I
+    copy = q.start(two, task_id="a", record=rec("a"))
+    assert first.authorized and copy.authorized and first.lease != copy.lease
+    store.clock.now_us = t0 + 2 * I + 500
+    q.finish("a", "RETRY", remember=False, lease=copy.lease)
+    store.clock.now_us = t0 + 4 * I
+    q.finish("a", "BACKOFF", remember=False, lease=first.lease)
+    store.clock.now_us = t0 + 5 * I
+    third = q.start(three, task_id="a", record=rec("a"))
+    store.clock.now_us = t0 + 5 * I + 900
+    q.finish("a", "SUCCESS")  # no lease named: it gave none back
+    rows = sorted(q.ledger(), key=lambda r: r.start_us)
+    assert third.authorized and q.status().in_flight == 1
+    assert [(r.start_us, r.finish_us, r.outcome, r.lease_returned) for r in rows] == [
+        (t0 + I, t0 + 4 * I, "BACKOFF", True),
+        (t0 + 2 * I, t0 + 2 * I + 500, "RETRY", True),
+        (t0 + 5 * I, t0 + 5 * I + 900, "SUCCESS", False),
+    ]
+
+
+def test_a_combined_start_records_its_lease_only_where_a_cap_took_one(store: Store) -> None:
+    from siq_celery import CombinedQueue, Limit
+
+    backend = store.backend(lease_timeout_us=3 * S)
+    pace = IntervalQueue("{api}pace", interval="100ms", backend=backend)
+    cap = IntervalQueue("{api}cap", interval=Limit(concurrency=1), backend=backend)
+    pace.ensure()
+    t0 = cap.ensure().last_start_us
+    both = CombinedQueue([pace, cap])
+    ticket = both.claim()
+    store.clock.now_us = t0 + I
+    lease = next(d.lease for d in both.start(ticket, task_id="a", record=rec("a")) if d.lease)
+    store.clock.now_us = t0 + I + 300
+    both.finish("a", lease=lease)
+    [paced], [capped] = pace.ledger(), cap.ledger()
+    assert (paced.concurrency, paced.lease_us, paced.finish_us, paced.lease_returned) == (0, 0, t0 + I + 300, None)
+    assert (capped.concurrency, capped.lease_us, capped.finish_us, capped.lease_returned) == (
+        1,
+        3 * S,
+        t0 + I + 300,
+        True,
+    )

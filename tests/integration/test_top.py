@@ -43,14 +43,15 @@ def tmux(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @contextmanager
-def watch_top(url: str, until: Callable[[Rows], bool], timeout: float = 20.0) -> Iterator[Rows]:
-    """Run ``siq top`` on ``url`` in a tmux pane; give its table's rows (by queue) once
-    ``until`` holds of them (or at the timeout), then check that it quits on ``q``."""
+def watch_top(url: str, until: Callable[[Rows], bool], timeout: float = 20.0, width: int = 120) -> Iterator[Rows]:
+    """Run ``siq top`` on ``url`` in a tmux pane ``width`` columns wide; give its table's
+    rows (by queue) once ``until`` holds of them (or at the timeout), then check that it
+    quits on ``q``."""
     require_tool("tmux", "apt-get install tmux")
     session = f"siq-top-{uuid.uuid4().hex[:8]}"
     # The pane's own size, not the COLUMNS and LINES a test runner may have exported.
     command = f"env -u COLUMNS -u LINES {SIQ} --url {url} top"
-    opened = tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "12", command)
+    opened = tmux("new-session", "-d", "-s", session, "-x", str(width), "-y", "12", command)
     assert opened.returncode == 0, opened.stderr
     try:
         rows: Rows = {}
@@ -92,3 +93,21 @@ def test_top_shows_rate_backlog_and_pause_and_quits_on_q() -> None:
             assert 15 < float(api[1]) <= 22 and api[2] == "20.00"
             assert 1 <= int(api[4]) <= 4 and api[9] == "running"  # backlog: the callers waiting in line
             assert shop[2] == "5.00" and shop[9] == "paused"
+
+
+def test_top_shows_what_binds_beyond_the_interval() -> None:
+    """A quota's use of its window, the burst and the bodies in flight against the cap, in a
+    ``limits`` column (the fifth) as ``siq status`` shows them; a cap alone has no rate limit
+    to show."""
+    with EmbeddedRedis() as server:
+        backend = backend_from_url(server.url)
+        api = IntervalQueue("api", interval="10ms", quota="5/1m", burst=2, concurrency=3, backend=backend)
+        api.ensure(reset=True)
+        cap = IntervalQueue("cap", interval=None, concurrency=2, backend=backend)
+        cap.ensure(reset=True)
+        held = [api.wait_for_turn(task_id=f"t{n}") for n in range(2)]  # running: their leases held
+        assert all(d.lease for d in held) and cap.wait_for_turn(task_id="c").lease
+
+        with watch_top(server.url, lambda rows: "api" in rows and "cap" in rows, width=160) as rows:
+            assert rows["api"][2] == "100.00" and rows["api"][4] == "2/5 in 1m, burst 2, in flight 2/3"
+            assert rows["cap"][2] == "-" and rows["cap"][4] == "in flight 1/2"

@@ -425,12 +425,33 @@ local function siq_commit(key, s, ticket, cost, now, wkey, lkey, member, expires
 end
 
 -- A start in the ledger stream (e=s). Short field names: a stream keeps them per entry.
--- c: the start's cost (an entry written before it was recorded reads as 1).
-local function siq_ledger_start(key, cap, s, ticket, task_id, slot, now, name, host, pid, deferrals, cost)
-  if cap > 0 then
-    redis.call('XADD', key, 'MAXLEN', '~', cap, '*', 'e', 's', 'ep', s.epoch, 't', ticket, 'id', task_id,
-      'n', name, 'sl', slot, 'st', now, 'iv', s.interval_us, 'h', host, 'p', pid, 'd', deferrals, 'c', cost)
+-- c: the start's cost (an entry written before it was recorded reads as 1). The limits in
+-- force (ledger.py, schema 3), each only when not 0: b burst, q quota, w window_us,
+-- k concurrency; with a lease taken, lt its time to live and l its tag (siq_lease_tag).
+local function siq_lease_tag(task_id, member)
+  local prefix = task_id .. ':'
+  if task_id ~= '' and string.sub(member, 1, #prefix) == prefix then return string.sub(member, #prefix + 1) end
+  return member
+end
+
+local function siq_ledger_start(key, cap, s, ticket, task_id, slot, now, name, host, pid, deferrals, cost, lease,
+                                lease_ttl)
+  if cap <= 0 then return end
+  local entry = {'e', 's', 'ep', s.epoch, 't', ticket, 'id', task_id, 'n', name, 'sl', slot, 'st', now,
+                 'iv', s.interval_us, 'h', host, 'p', pid, 'd', deferrals, 'c', cost}
+  for _, f in ipairs({{'b', s.burst}, {'q', s.quota}, {'w', s.window_us}, {'k', s.concurrency}}) do
+    if f[2] ~= 0 then
+      table.insert(entry, f[1])
+      table.insert(entry, f[2])
+    end
   end
+  if lease and lease ~= '' then
+    table.insert(entry, 'lt')
+    table.insert(entry, lease_ttl)
+    table.insert(entry, 'l')
+    table.insert(entry, siq_lease_tag(task_id, lease))
+  end
+  redis.call('XADD', key, 'MAXLEN', '~', cap, '*', unpack(entry))
 end
 
 -- Starts without a finish, per task id (model.py: too_many_lost): a sorted set of task

@@ -68,7 +68,8 @@ end
 local interval = s.interval_us  -- the interval this start was measured against
 local lease = siq_commit(KEYS[1], s, ticket, cost, now, KEYS[10], KEYS[11], ARGV[21], now + tonumber(ARGV[22]))
 if max_lost > 0 then siq_count_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15]), tonumber(ARGV[16])) end
-siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11], cost)
+siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11], cost,
+                 lease, tonumber(ARGV[22]))
 siq_count_start(KEYS[8], now, slot, interval, tonumber(ARGV[11]) or 0)
 siq_touch(KEYS, s, tonumber(ARGV[13]), now)
 return {'authorized', ticket, now, 0, slot, interval, lease, 0}

@@ -107,7 +107,8 @@ for i = 1, n do
   local s = states[i]
   replies[i][7] = siq_commit(key(i, 1), s, tickets[i], cost, now, key(i, 10), key(i, 11),
                               ARGV[lease_args], now + tonumber(ARGV[lease_args + 1]))
-  siq_ledger_start(key(i, 3), cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7], cost)
+  siq_ledger_start(key(i, 3), cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7], cost,
+                   replies[i][7], tonumber(ARGV[lease_args + 1]))
   siq_count_start(key(i, 8), now, replies[i][5], replies[i][6], tonumber(ARGV[7]) or 0)
   touch(i)
 end
