@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from .errors import InvalidQueueNameError
 
@@ -60,7 +61,7 @@ class QueueKeys:
     prefix: str
     queue: str
 
-    @property
+    @cached_property
     def base(self) -> str:
         """``prefix:{queue}``, or ``prefix:{group}rest`` for a name with its own tag."""
         tagged = self.queue.startswith("{")
@@ -117,8 +118,10 @@ class QueueKeys:
         (siq_read_leases in the Lua prelude)."""
         return f"{self.base}:leases"
 
-    @property
+    @cached_property
     def all(self) -> tuple[str, ...]:
+        """Every key a script of the queue may touch, in the order the Lua scripts take
+        them (worked out once per QueueKeys: the backends keep one per queue name)."""
         return (
             self.state, self.finished, self.ledger, self.parked, self.parked_messages, self.releasing, self.intervals,
             self.refused, self.unfinished, self.window, self.leases,
