@@ -921,9 +921,12 @@ def restamp(state: QueueState, epoch: str, started_us: int, now_us: int, window:
     A caller whose authorization reply came back slowly (its process was descheduled)
     starts its body later than the store recorded; re-stamping makes the next start wait
     a full interval from (nearly) the real start. It can only delay later starts. With a
-    window quota the start moves in the window too (it leaves the window later).
+    window quota the start moves in the window too (it leaves the window later). A queue
+    with a burst is never re-stamped: its bound is on the store's clock (at most
+    ceil(W / I) + B starts in any window W), and a late body is what the burst lets the
+    line catch up on, which moving the start forward would take away.
     """
-    if state.epoch != epoch or state.last_start_us != started_us or now_us < started_us:
+    if state.burst or state.epoch != epoch or state.last_start_us != started_us or now_us < started_us:
         return None
     state.last_start_us = state.started_us = now_us
     state.anchor_us = max(state.anchor_us, now_us)

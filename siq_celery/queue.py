@@ -481,8 +481,11 @@ class IntervalQueue:
     def _settle(self, decision: Decision, epoch: str, round_trip: float) -> Decision:
         """If the authorization came back slowly, the body starts later than the store
         recorded: re-stamp the start (while it is still the last one) so the next start
-        waits a full interval from nearly the real start."""
+        waits a full interval from nearly the real start. Not with a burst: a late body is
+        what the burst lets the line catch up on."""
         late_after = late_reply_threshold(decision.interval_us or self.interval_us)  # the stored interval
+        if self.limits.burst:  # the store would refuse it (model.restamp): spare the round trip
+            return decision
         for _ in range(MAX_RESTAMPS):
             if round_trip <= late_after:
                 break

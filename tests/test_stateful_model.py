@@ -316,7 +316,7 @@ class StoresAgree(RuleBasedStateMachine):
         got = self._all("restamp", epoch, started)
         now = self.clock.now_us
         expected = None
-        if epoch == q["epoch"] and started == q["last"] and now >= started:  # type: ignore[index, operator]
+        if not self.limits.burst and epoch == q["epoch"] and started == q["last"] and now >= started:  # type: ignore[index, operator]
             q["last"] = expected = now  # type: ignore[index]
             q["anchor"] = max(q["anchor"], now)  # type: ignore[index, call-overload]
             if self.starts:

@@ -294,6 +294,19 @@ def test_a_restamped_start_leaves_the_window_from_its_restamped_time(store: Stor
     assert d.verdict is Verdict.WAIT and d.slot_us == t0 + I + 500 + S
 
 
+def test_a_late_body_under_a_burst_is_not_restamped_and_the_line_catches_up(store: Store) -> None:
+    """With a burst the bound is on the store's clock; a late body is what the credit is
+    for. Re-stamping it would move the line's grid forward and spend the credit."""
+    q = queue(store, burst=2)
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(3)
+    at(store, t0 + I)
+    assert q.start(tickets[0]).authorized
+    at(store, t0 + I + 3 * I)  # the reply came back three intervals late
+    assert q.backend.restamp(q.name, tickets[0].epoch, t0 + I) is None
+    assert q.start(tickets[1]).authorized and q.start(tickets[2]).authorized  # caught up at once
+
+
 def test_a_combined_start_creates_each_queue_with_its_own_limits(store: Store) -> None:
     backend = store.backend()
     slow = IntervalQueue("{g}slow", interval="1s", backend=backend)

@@ -1,16 +1,17 @@
 -- restamp: move the last start to now if it is still the caller's (its authorization
 -- reply came back slowly, so its body starts later than the store recorded). Only ever
--- delays later starts.
+-- delays later starts. A queue with a burst is never re-stamped (model.restamp).
 -- KEYS[1]  the queue's state hash
 -- KEYS[2]  the queue's window (siq_units): with a quota the start moves there too
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  the caller's epoch
 -- ARGV[3]  the caller's authorized start, microseconds
--- Returns the new start time, or 0 if the last start is no longer the caller's.
+-- Returns the new start time, or 0 if the last start is no longer the caller's (or the
+-- queue has a burst).
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
-if not s or s.epoch ~= ARGV[2] or s.last_start_us ~= tonumber(ARGV[3]) or now < s.last_start_us then
+if not s or s.burst > 0 or s.epoch ~= ARGV[2] or s.last_start_us ~= tonumber(ARGV[3]) or now < s.last_start_us then
   return 0
 end
 s.last_start_us = now
