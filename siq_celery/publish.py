@@ -42,6 +42,9 @@ Send = Callable[..., Any]
 #: worker claims one, and waits, logging why, until the store answers or is repaired.
 NO_TICKET_ERRORS = (StoreUnavailableError, CorruptStateError)
 
+#: The headers a publish writes: a caller's old ones (a retry's) never go out again.
+OUR_HEADERS = frozenset((*HEADER_NAMES, DEFERRALS))
+
 #: Claims sent by apply_async whose answers before_task_publish reads, by task id. It holds
 #: a claim only for the duration of one apply_async call.
 _CLAIMS_IN_FLIGHT: dict[str, tuple[PendingTicket, IntervalQueue, SiqSettings]] = {}
@@ -56,16 +59,15 @@ def publish(
     queue = task.siq_queue(args, kwargs)  # a queue with no interval anywhere fails here, at publish
     cost = task.siq_cost(args, kwargs)
     # A retry arrives with the old ticket's headers: it is a new start, with a new ticket.
-    options["headers"] = {
-        k: v for k, v in (options.get("headers") or {}).items() if k not in (*HEADER_NAMES, DEFERRALS)
-    }
+    given = options.get("headers")
+    options["headers"] = {k: v for k, v in given.items() if k not in OUR_HEADERS} if given else {}
     settings = siq_state(task.app).settings
     task_id = task_id or uuid()
     # Protocol 1 keeps the ETA in the body, and a queue with a long backlog may need
     # parking: both claim first. Otherwise the claim's round trip overlaps Celery
     # building the message, and the ticket is read back in before_task_publish
     # (put_ticket_in_headers), just before it is sent.
-    if task.app.conf.task_protocol == 1 or queue.last_delay > settings.horizon / 2:
+    if settings.protocol_1 or queue.last_delay > settings.horizon / 2:
         ticket = claim_into(task, queue, options, cost)
         if ticket is not None and ticket.delay > settings.horizon:
             extra = {"link": link, "link_error": link_error, "shadow": shadow}
@@ -133,7 +135,7 @@ def publish_many(
     producer_given = options.pop("producer", None)
     check_many_options(options)
     options["headers"] = {  # as in publish: old ticket headers never go out again
-        k: v for k, v in (options.get("headers") or {}).items() if k not in (*HEADER_NAMES, DEFERRALS)
+        k: v for k, v in (options.get("headers") or {}).items() if k not in OUR_HEADERS
     }
     own_eta = options.get("eta") is not None or options.get("countdown") is not None
     normalized = [normalize_call(c) for c in calls]

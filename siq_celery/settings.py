@@ -96,6 +96,9 @@ class SiqSettings:
     default_quota: Any = None
     default_concurrency: int | None = None
     lease_timeout: float = 60.0
+    #: Celery's task_protocol 1 keeps the ETA in the body: a publish claims before it builds
+    #: the message (read once, as the rest: the publish path reads no app.conf).
+    protocol_1: bool = False
 
     @property
     def horizon_us(self) -> int:
@@ -126,6 +129,7 @@ class SiqSettings:
             url=url,
             default_interval_us=parse_interval(default) if default is not None else None,
             key_prefix=conf.get("siq_key_prefix") or DEFAULT_KEY_PREFIX,
+            protocol_1=conf.get("task_protocol") == 1,
             max_sleep=_seconds(conf, "siq_max_sleep", 0.1),
             countdown_margin=_seconds(conf, "siq_countdown_margin", 0.02),
             broker_wait_below=_seconds(conf, "siq_broker_wait_below", 0.02),
