@@ -63,7 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +323,20 @@ MS = lambda v: f"{v:.2f} ms"  # noqa: E731
 WHOLE = lambda v: f"{v:.0f}"  # noqa: E731
 
 
+def grid(args: argparse.Namespace, limiters: list[str], run: Callable[..., dict[str, Any]]) -> Iterator[Any]:
+    """Each cell of a table by interval, body profile and limiter: ``(ms, profile, limiter,
+    count, cells)`` of ``args.runs`` runs of ``run(limiter, interval_s, bodies, count)``,
+    with a comment line after each interval giving its task count."""
+    for ms in (float(x) for x in args.intervals.split(",")):
+        interval_s = ms / 1000
+        count = args.count or int(min(400, max(100, args.seconds / interval_s)))
+        for profile in args.profiles.split(","):
+            for limiter in limiters:
+                runs = [run(limiter, interval_s, PROFILES[profile], count) for _ in range(args.runs)]
+                yield ms, profile, limiter, count, Cells(runs)
+        print(f"<!-- {ms:g} ms: {count} tasks per run -->", flush=True)
+
+
 def spacing(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None:
     print(f"# spacing: siq_celery vs BullMQ vs Celery rate_limit, 4 worker processes, {args.runs} runs per cell: "
           f"median (min-max); {load()}\n", flush=True)  # fmt: skip
@@ -330,34 +344,29 @@ def spacing(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None
           "| max starts / 10 I | inversions | store-clock violations |")  # fmt: skip
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)
     summary = []
-    for ms in (float(x) for x in args.intervals.split(",")):
-        interval_s = ms / 1000
-        count = args.count or int(min(400, max(100, args.seconds / interval_s)))
-        for profile in args.profiles.split(","):
-            bodies = PROFILES[profile]
-            for limiter in limiters:
-                cells = Cells([
-                    bench.run_bullmq(interval_s, bodies, count) if limiter == "bullmq"
-                    else bench.run_celery(limiter, interval_s, bodies, count)
-                    for _ in range(args.runs)
-                ])  # fmt: skip
-                if limiter == "siq" and args.explain:
-                    ms2 = lambda v: f"{v:.2f}"  # noqa: E731
-                    print(f"<!-- siq {ms:g} ms {profile}, medians: taken by a pool process "
-                          f"{cells('arrived_early', ms2)} ms before the slot, authorized "
-                          f"{cells('auth_late', ms2)} ms after it, body {cells('body_after_auth', ms2)} ms "
-                          "after that -->")  # fmt: skip
-                store = cells("store_violations", WHOLE) if limiter == "siq" else "n/a"
-                print(
-                    f"| {ms:g} ms | {profile} | {limiter} | {cells('rate', PCT)} | {cells('min_gap', MS)} "
-                    f"| {cells('violations', WHOLE)} | {cells('p99_late', MS)} | {cells('window', WHOLE)} "
-                    f"| {cells('inversions', WHOLE)} | {store} |",
-                    flush=True,
-                )
-                summary.append(f"SUMMARY spacing {ms:g}ms {profile} {limiter}: rate {cells('rate', PCT)}, "
-                               f"body violations {cells('violations', WHOLE)}, store-clock violations {store}, "
-                               f"{len(cells.runs)} runs of {count}")  # fmt: skip
-        print(f"<!-- {ms:g} ms: {count} tasks per run -->", flush=True)
+
+    def run(limiter: str, interval_s: float, bodies: list[float], count: int) -> dict[str, Any]:
+        if limiter == "bullmq":
+            return bench.run_bullmq(interval_s, bodies, count)
+        return bench.run_celery(limiter, interval_s, bodies, count)
+
+    for ms, profile, limiter, count, cells in grid(args, limiters, run):
+        if limiter == "siq" and args.explain:
+            ms2 = lambda v: f"{v:.2f}"  # noqa: E731
+            print(f"<!-- siq {ms:g} ms {profile}, medians: taken by a pool process "
+                  f"{cells('arrived_early', ms2)} ms before the slot, authorized "
+                  f"{cells('auth_late', ms2)} ms after it, body {cells('body_after_auth', ms2)} ms "
+                  "after that -->")  # fmt: skip
+        store = cells("store_violations", WHOLE) if limiter == "siq" else "n/a"
+        print(
+            f"| {ms:g} ms | {profile} | {limiter} | {cells('rate', PCT)} | {cells('min_gap', MS)} "
+            f"| {cells('violations', WHOLE)} | {cells('p99_late', MS)} | {cells('window', WHOLE)} "
+            f"| {cells('inversions', WHOLE)} | {store} |",
+            flush=True,
+        )
+        summary.append(f"SUMMARY spacing {ms:g}ms {profile} {limiter}: rate {cells('rate', PCT)}, "
+                       f"body violations {cells('violations', WHOLE)}, store-clock violations {store}, "
+                       f"{len(cells.runs)} runs of {count}")  # fmt: skip
     print("\n" + "\n".join(summary) + f"\nSUMMARY spacing done: {load()}\n", flush=True)
 
 
@@ -373,33 +382,28 @@ def burst(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None:
           "| smallest gap | p99 lateness | inversions | store-clock gaps < I |")  # fmt: skip
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
     summary = []
-    for ms in (float(x) for x in args.intervals.split(",")):
-        interval_s = ms / 1000
-        count = args.count or int(min(400, max(100, args.seconds / interval_s)))
-        for profile in args.profiles.split(","):
-            bodies = PROFILES[profile]
-            for limiter in limiters:
-                cells = Cells([
-                    bench.run_bullmq(interval_s, bodies, count, b + 1 if limiter == "bullmq-burst" else 1)
-                    if limiter in BULLMQ else bench.run_celery(limiter, interval_s, bodies, count)
-                    for _ in range(args.runs)
-                ])  # fmt: skip
-                siq = limiter.startswith("siq")
-                store = cells("excess_store", WHOLE) if siq else "n/a"
-                ledger = f"{cells('excess_ledger', WHOLE)} of {cells('ledger_rows', WHOLE)} rows" if siq else "n/a"
-                print(
-                    f"| {ms:g} ms | {profile} | {names[limiter]} | {cells('rate', PCT)} | {store} "
-                    f"| {cells('excess_ledger', WHOLE) if siq else 'n/a'} "
-                    f"| {cells('excess_bodies', WHOLE)} | {cells('min_gap', MS)} | {cells('p99_late', MS)} "
-                    f"| {cells('inversions', WHOLE)} | {cells('store_violations', WHOLE) if siq else 'n/a'} |",
-                    flush=True,
-                )
-                bound = f" (bound {b if limiter == 'siq-burst' else 0})" if siq else ""
-                bodies_excess = cells("excess_bodies", WHOLE)
-                summary.append(f"SUMMARY burst {ms:g}ms {profile} {names[limiter]}: rate {cells('rate', PCT)}, "
-                               f"excess store clock {store}{bound}, ledger {ledger}, bodies {bodies_excess}, "
-                               f"{len(cells.runs)} runs of {count}")  # fmt: skip
-        print(f"<!-- {ms:g} ms: {count} tasks per run -->", flush=True)
+
+    def run(limiter: str, interval_s: float, bodies: list[float], count: int) -> dict[str, Any]:
+        if limiter in BULLMQ:
+            return bench.run_bullmq(interval_s, bodies, count, b + 1 if limiter == "bullmq-burst" else 1)
+        return bench.run_celery(limiter, interval_s, bodies, count)
+
+    for ms, profile, limiter, count, cells in grid(args, limiters, run):
+        siq = limiter.startswith("siq")
+        store = cells("excess_store", WHOLE) if siq else "n/a"
+        ledger = f"{cells('excess_ledger', WHOLE)} of {cells('ledger_rows', WHOLE)} rows" if siq else "n/a"
+        print(
+            f"| {ms:g} ms | {profile} | {names[limiter]} | {cells('rate', PCT)} | {store} "
+            f"| {cells('excess_ledger', WHOLE) if siq else 'n/a'} "
+            f"| {cells('excess_bodies', WHOLE)} | {cells('min_gap', MS)} | {cells('p99_late', MS)} "
+            f"| {cells('inversions', WHOLE)} | {cells('store_violations', WHOLE) if siq else 'n/a'} |",
+            flush=True,
+        )
+        bound = f" (bound {b if limiter == 'siq-burst' else 0})" if siq else ""
+        bodies_excess = cells("excess_bodies", WHOLE)
+        summary.append(f"SUMMARY burst {ms:g}ms {profile} {names[limiter]}: rate {cells('rate', PCT)}, "
+                       f"excess store clock {store}{bound}, ledger {ledger}, bodies {bodies_excess}, "
+                       f"{len(cells.runs)} runs of {count}")  # fmt: skip
     print("\n" + "\n".join(summary) + f"\nSUMMARY burst done: {load()}\n", flush=True)
 
 
