@@ -708,3 +708,16 @@ local function siq_sources_reply(src)
   end
   return reply
 end
+
+-- An operator's override written (set_interval, set_limits): the sources saved, the state
+-- run at what they now give, saved and touched; the reply is the state (siq_reply), then each
+-- unreadable field of the sources as 'field value'.
+local function siq_commit_override(keys, s, src, idle_us, now)
+  siq_save_sources(keys[7], src)
+  siq_apply_sources(src, s)
+  siq_save(keys[1], s)
+  siq_touch(keys, s, idle_us, now)
+  local reply = siq_reply(s, now)
+  for _, field in ipairs(src.unreadable) do table.insert(reply, field) end
+  return reply
+end

@@ -22,10 +22,4 @@ if interval > 0 then
 else
   src.override_us, src.override_by, src.override_at_us = 0, '', 0
 end
-siq_save_sources(KEYS[7], src)
-siq_apply_sources(src, s)
-siq_save(KEYS[1], s)
-siq_touch(KEYS, s, tonumber(ARGV[4]), now)
-local reply = siq_reply(s, now)
-for _, field in ipairs(src.unreadable) do table.insert(reply, field) end
-return reply
+return siq_commit_override(KEYS, s, src, tonumber(ARGV[4]), now)

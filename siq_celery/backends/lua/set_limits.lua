@@ -33,10 +33,4 @@ else
   if conc >= 0 then o.concurrency = conc end
   src.limits_by, src.limits_at_us = ARGV[6], now
 end
-siq_save_sources(KEYS[7], src)
-siq_apply_sources(src, s)
-siq_save(KEYS[1], s)
-siq_touch(KEYS, s, tonumber(ARGV[7]), now)
-local reply = siq_reply(s, now)
-for _, field in ipairs(src.unreadable) do table.insert(reply, field) end
-return reply
+return siq_commit_override(KEYS, s, src, tonumber(ARGV[7]), now)
