@@ -9,6 +9,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -336,21 +337,36 @@ def test_a_pool_process_that_stops_withdraws_its_per_key_declarations(tmp_path: 
 def test_a_renewal_says_when_the_effective_interval_followed_an_expiry(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = api_app(tmp_path)  # 'api' at 100 ms
+    def followed_the_expiry(state: Any) -> None:  # a read after the TTL follows it already
+        assert state.backend.status("api").state.interval_us == 100_000  # type: ignore[union-attr]
+
+    renew_after_an_old_node_expired(tmp_path, monkeypatch, caplog, {"interval": "300ms"}, after=followed_the_expiry)
+    assert "queue 'api': effective 300ms -> 100ms (a worker's declaration expired" in caplog.text
+
+
+def renew_after_an_old_node_expired(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, old: dict[str, Any],
+    before: Callable[[Any], None] = lambda state: None, after: Callable[[Any], None] = lambda state: None,
+) -> None:  # fmt: skip
+    """'api' declared by a node killed at once (``old``: its declaration, TTL 30 s), then
+    by a live node of the code at 100 ms, no limits, which renews after the TTL, logging
+    into ``caplog`` what the expiry changed; ``before`` and ``after`` check the app's
+    siq state on either side of the expiry."""
+    app = api_app(tmp_path)
     clock = PinnedClock()
     state = siq_state(app)
     state._backend = backend_from_url(f"sqlite:///{tmp_path}/s.db", clock=clock)
-    IntervalQueue("api", backend=state.backend, interval="300ms").declare(node="old@host", ttl=30)  # then killed
+    IntervalQueue("api", backend=state.backend, **old).declare(node="old@host", ttl=30)  # then killed
     now = [1000.0]
     monkeypatch.setattr("siq_celery.declarations.time.monotonic", lambda: now[0])
     node = NodeDeclarations(app, "w1@host")
     node.announce()
+    before(state)
     clock.advance(30.0)
-    assert state.backend.status("api").state.interval_us == 100_000  # type: ignore[union-attr]
+    after(state)
     now[0] += 10.0
     with caplog.at_level(logging.WARNING, "siq_celery"):
         node.renew_if_due()
-    assert "queue 'api': effective 300ms -> 100ms (a worker's declaration expired" in caplog.text
     node.withdraw()
 
 
@@ -409,22 +425,12 @@ def test_a_deploy_that_changes_the_limits_logs_what_changed_and_the_override_it_
 def test_a_renewal_says_when_the_effective_limits_followed_an_expiry(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = api_app(tmp_path)  # 'api' at 100 ms, no limits
-    clock = PinnedClock()
-    state = siq_state(app)
-    state._backend = backend_from_url(f"sqlite:///{tmp_path}/s.db", clock=clock)
-    IntervalQueue("api", backend=state.backend, interval="100ms", concurrency=1).declare(node="old@host", ttl=30)
-    now = [1000.0]
-    monkeypatch.setattr("siq_celery.declarations.time.monotonic", lambda: now[0])
-    node = NodeDeclarations(app, "w1@host")
-    node.announce()
-    assert state.backend.status("api").state.concurrency == 1  # type: ignore[union-attr]  # the old node's cap holds
-    clock.advance(30.0)
-    now[0] += 10.0
-    with caplog.at_level(logging.WARNING, "siq_celery"):
-        node.renew_if_due()
+    def old_cap_holds(state: Any) -> None:
+        assert state.backend.status("api").state.concurrency == 1  # type: ignore[union-attr]  # the old node's cap holds
+
+    renew_after_an_old_node_expired(tmp_path, monkeypatch, caplog, {"interval": "100ms", "concurrency": 1},
+                                    before=old_cap_holds)  # fmt: skip
     assert "queue 'api': effective limits concurrency 1 -> none (a worker's declaration expired" in caplog.text
-    node.withdraw()
 
 
 def test_a_deploy_that_changes_per_key_limits_logs_each_change_once_not_once_per_key(
