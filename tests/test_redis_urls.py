@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import inspect
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,7 +24,9 @@ def exercise(url: str) -> None:
     with q.slot() as decision:
         assert decision.authorized
     assert q.status().state.current == 1
+    assert q.claim_later().ticket().number == 2  # a publish's claim: the thread's own connection
     q.delete()
+    q.close()
 
 
 def test_unix_socket_url(tmp_path: Path) -> None:
@@ -86,29 +87,108 @@ def test_the_readme_acl_is_the_one_the_code_needs() -> None:
     assert f"ACL SETUSER siq on >PASSWORD {' '.join(ACL_RULES)}\n" in readme
 
 
-def test_a_publish_claims_with_the_pool_of_redis_py_5_0_to_5_2(redis_url: str) -> None:
-    """redis-py 5.0 to 5.2 require the command name in ``get_connection``: the claim sent
-    ahead of a publish must still get its connection there."""
-    q = IntervalQueue("old-pool", url=redis_url, interval="10ms")
+def test_claims_sent_while_others_are_unread_each_get_their_own_reply(redis_url: str) -> None:
+    """A publish inside a publish (or two threads, or two greenlets): the first claim's
+    connection still waits for its reply, so the second opens another; each reply reaches
+    its own claim, read in any order, and both connections serve later claims. redis-py's
+    pool is not involved (its checkout costs as much as the claim)."""
+    q = IntervalQueue("nested", url=redis_url, interval="10ms")
     q.ensure()
-    first = q.claim()  # scripts loaded with the pool as it is
+    first = q.claim()
     pool = q.backend.client.connection_pool  # type: ignore[attr-defined]
-    real = pool.get_connection
-    name = inspect.signature(real).parameters.get("command_name")
-    takes_name = name is not None and name.default is inspect.Parameter.empty  # redis-py 5.0-5.2 itself
-    asked: list[str] = []
 
-    def get_connection(command_name: str, *keys: object, **options: object) -> object:
-        asked.append(command_name)
-        return real(command_name) if takes_name else real()
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a claim took a connection of redis-py's pool")
 
-    pool.get_connection = get_connection  # the 5.0-5.2 signature: no default
+    pool.get_connection = refuse
     try:
-        pending = q.backend.claim_later(q.name, 1, q.interval_us, first.epoch)
+        outer = q.backend.claim_later(q.name, 1, q.interval_us, first.epoch)
+        inner = q.backend.claim_later(q.name, 1, q.interval_us, first.epoch)
+        innermost = q.backend.claim_later(q.name, 1, q.interval_us, first.epoch)
+        assert inner.result().first == first.number + 2
+        assert innermost.result().first == first.number + 3
+        assert outer.result().first == first.number + 1
+        assert len(q.backend._spare) == 3  # type: ignore[attr-defined]
+        assert [q.claim_later().ticket().number for _ in range(4)] == [first.number + n for n in range(4, 8)]
+        assert len(q.backend._spare) == 3  # type: ignore[attr-defined]
     finally:
         del pool.get_connection
-    assert asked == ["EVALSHA"]
-    assert pending.result().first == first.number + 1
+    q.close()
+
+
+def test_the_claim_goes_on_the_wire_as_redis_py_would_send_it(redis_url: str) -> None:
+    """A publish's claim is encoded once per queue and only its epoch is written anew
+    (RedisBackend._claim_command): the bytes must be redis-py's own, for every argument,
+    after a change of any of them, and with a pinned clock."""
+    from siq_celery.backends.redis import RedisBackend, _limit_args
+    from siq_celery.types import Limits
+
+    def expected(backend: RedisBackend, queue: str, now: object, epoch: str, limits: Limits) -> bytes:
+        keys = backend.keys(queue).all
+        sha = backend._script("claim").sha
+        args = (now, 1, 5000, epoch, backend.idle_expiry_us(queue), *_limit_args(limits))
+        return b"".join(conn.pack_command("EVALSHA", sha, len(keys), *keys, *args))
+
+    client = redis.Redis.from_url(redis_url)
+    conn = client.connection_pool.get_connection()
+    store = RedisBackend(client)
+    for queue, limits in [("géo", Limits()), ("géo", Limits(2, 1000, 10_000_000, 3)), ("{t}:k", Limits(quota=5))]:
+        for epoch in ("0123456789abcdef", "fedcba9876543210"):
+            assert store._claim_command(queue, 1, 5000, epoch, limits) == expected(store, queue, "", epoch, limits)
+        store.expire_when_idle(queue, 86_400_000_000)
+        assert store._claim_command(queue, 1, 5000, "0" * 16, limits) == expected(store, queue, "", "0" * 16, limits)
+    pinned = RedisBackend(client, clock=lambda: 1_700_000_000_000_000)
+    got = pinned._claim_command("géo", 1, 5000, "0" * 16, Limits())
+    assert got == expected(pinned, "géo", 1_700_000_000_000_000, "0" * 16, Limits())
+    client.connection_pool.release(conn)
+    client.close()
+
+
+def test_a_claim_after_the_server_closed_the_connection_reconnects(redis_url: str) -> None:
+    """The thread's own connection, closed by the server (its idle ``timeout``, a proxy, a
+    failover) between two publishes, is opened again before the claim, as the pool does:
+    the publish keeps its ticket."""
+    q = IntervalQueue("reopened", url=redis_url, interval="10ms")
+    q.ensure()
+    assert q.claim_later().ticket().number == 1
+    admin = redis.Redis.from_url(redis_url)
+    assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+    assert q.claim_later().ticket().number == 2
+    [own] = q.backend._spare  # type: ignore[attr-defined]
+    q.close()
+    assert own._sock is None  # closing the queue's store closes it too
+    admin.close()
+
+
+def test_a_forked_child_claims_on_a_connection_of_its_own(redis_url: str) -> None:
+    """A prefork worker's child inherits its parent's claim connection: it must open its
+    own (replies on a shared socket would reach the wrong process), and the parent's
+    keeps working."""
+    import multiprocessing
+
+    q = IntervalQueue("forked", url=redis_url, interval="10ms")
+    q.ensure()
+    assert q.claim_later().ticket().number == 1
+    [parent_conn] = q.backend._spare  # type: ignore[attr-defined]
+    ctx = multiprocessing.get_context("fork")
+    got = ctx.Queue()
+
+    def child() -> None:
+        numbers = [q.claim_later().ticket().number for _ in range(3)]
+        got.put([*numbers, any(c is parent_conn for c in q.backend._spare)])  # type: ignore[attr-defined]
+
+    procs = [ctx.Process(target=child) for _ in range(2)]
+    for p in procs:
+        p.start()
+    numbers = [q.claim_later().ticket().number for _ in range(3)]
+    results = [got.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert all(r[-1] is False for r in results)
+    assert sorted(numbers + [n for r in results for n in r[:-1]]) == list(range(2, 11))
+    assert q.backend._spare == [parent_conn]  # type: ignore[attr-defined]
+    q.close()
 
 
 @pytest.mark.parametrize(

@@ -136,6 +136,7 @@ def _exercise(url: str) -> None:
         status = q.status()
         assert (status.state.ticket, status.state.current) == (2, 2)
         assert [row.ticket for row in q.ledger()] == [2]
+        assert q.claim_later().ticket().number == 3  # a publish's claim: the thread's own connection
         q.delete()
     finally:
         q.close()

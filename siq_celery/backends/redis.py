@@ -10,6 +10,7 @@ URLs: ``redis://[[user]:password@]host:port/db``, ``rediss://`` (TLS), ``unix://
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, ClassVar
@@ -26,6 +27,7 @@ from ..errors import (
 )
 from ..keys import QueueKeys
 from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
+from ..lru import LRUCache
 from ..model import counts_from_fields
 from ..types import (
     NO_LIMITS,
@@ -43,7 +45,15 @@ from ..types import (
     Release,
     Verdict,
 )
-from .base import RELEASE_LEASE_US, RELEASE_LIMIT, Backend, PendingClaim, log_unreadable_sources, match_names
+from .base import (
+    IDLE_EXPIRY_REMEMBERED,
+    RELEASE_LEASE_US,
+    RELEASE_LIMIT,
+    Backend,
+    PendingClaim,
+    log_unreadable_sources,
+    match_names,
+)
 
 try:
     import redis
@@ -178,6 +188,20 @@ def _claim_result(reply: Sequence[Any]) -> ClaimResult:
     return ClaimResult(int(first), int(n), epoch.decode(), int(base), int(floor), int(interval), int(now), window)
 
 
+def _bulk(value: str | int | bytes) -> bytes:
+    """One argument as RESP writes it (a bulk string)."""
+    data = value if isinstance(value, bytes) else str(value).encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def _resp(*args: str | int | bytes, count: int | None = -1) -> bytes:
+    """A command as RESP writes it: ``*<count>`` (``count``: the number of arguments of the
+    whole command when ``args`` is only its start; None: no header, ``args`` are its end)
+    and each argument as a bulk string."""
+    head = b"" if count is None else b"*%d\r\n" % (len(args) if count == -1 else count)
+    return head + b"".join(_bulk(a) for a in args)
+
+
 def _limit_args(limits: Limits) -> list[int]:
     return [limits.burst, limits.quota, limits.window_us, limits.concurrency]
 
@@ -284,6 +308,9 @@ class RedisBackend(Backend):
             raise ConfigurationError("RedisBackend takes exactly one of client= and connect=")
         self._client, self._connect = client, connect
         self._scripts: dict[str, Any] = {}
+        self._spare: list[Any] = []  # connections for claims (_claim_connection), of this process
+        self._spare_pid = os.getpid()
+        self._claim_parts: LRUCache[tuple[Any, ...], tuple[bytes, bytes]] = LRUCache(IDLE_EXPIRY_REMEMBERED)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
@@ -380,41 +407,82 @@ class RedisBackend(Backend):
         by :meth:`PendingClaim.result` (a plain server only; Cluster claims at once)."""
         if isinstance(self.client, RedisCluster):
             return super().claim_later(queue, count, interval_us, epoch, limits=limits)
-        keys = self.keys(queue).all
-        key = keys[0]
-        script = self._script("claim")
-        pool = self.client.connection_pool
         try:
-            conn = _connection_from(pool)
+            conn, give_back = self._claim_connection()
         except _REDIS_ERRORS as exc:
             raise store_error(exc, queue) from None
         try:
-            conn.send_command(
-                "EVALSHA", script.sha, len(keys), *keys, self._now_arg(), count, interval_us, epoch,
-                self.idle_expiry_us(queue), *_limit_args(limits),
-            )  # fmt: skip
+            conn.send_packed_command([self._claim_command(queue, count, interval_us, epoch, limits)])
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             conn.disconnect()
-            pool.release(conn)
+            give_back(conn)
             raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
 
         def fetch() -> ClaimResult:
             try:
                 reply = conn.read_response()
             except redis.exceptions.NoScriptError:
-                pool.release(conn)  # the script was flushed: the failed call claimed nothing
+                give_back(conn)  # the script was flushed: the failed call claimed nothing
                 return self.claim(queue, count, interval_us, epoch, limits=limits)
             except redis.ResponseError as exc:
-                pool.release(conn)
-                raise self._translate(exc, queue, key) from None
+                give_back(conn)
+                raise self._translate(exc, queue, self.keys(queue).all[0]) from None
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 conn.disconnect()
-                pool.release(conn)
+                give_back(conn)
                 raise StoreUnavailableError(f"queue {queue!r}: cannot reach the Redis state store: {exc}") from exc
-            pool.release(conn)
+            give_back(conn)
             return _claim_result(reply)
 
         return PendingClaim(fetch)
+
+    def _claim_connection(self) -> tuple[Any, Callable[[Any], None]]:
+        """A connection for one claim sent now and read later, and what gives it back.
+
+        Claims keep connections of their own, outside redis-py's pool: its checkout and
+        return cost a publish as much as the claim's own send and receive (BENCHMARKS.md,
+        "Publish cost with a window quota"). A list's ``pop`` and ``append`` are atomic, so
+        threads and greenlets each take a different one, and a claim sent while another is
+        unread (a publish inside a publish) opens a second; a forked child never uses its
+        parent's sockets."""
+        if self._spare_pid != os.getpid():
+            self._spare, self._spare_pid = [], os.getpid()
+        try:
+            conn = self._spare.pop()
+        except IndexError:
+            pool = self.client.connection_pool
+            conn = pool.connection_class(**pool.connection_kwargs)
+        try:  # as the pool checks what it hands out: connected, and nothing unread on it
+            conn.connect()
+            if conn.can_read():  # closed by the server (its idle timeout, a failover)
+                raise redis.ConnectionError("connection not ready")
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            conn.disconnect()
+            try:
+                conn.connect()
+            except BaseException:
+                self._spare.append(conn)
+                raise
+        return conn, self._spare.append
+
+    def _claim_command(self, queue: str, count: int, interval_us: int, epoch: str, limits: Limits) -> bytes:
+        """The claim's EVALSHA as it goes on the wire. With the store's clock everything but
+        the epoch is the same from one claim of a queue to the next, so the rest is encoded
+        once per queue and kept (redis-py's encoding of the 20 arguments is a third of a
+        publish's own cost: BENCHMARKS.md, "Publish cost with a window quota")."""
+        if self.clock:  # a pinned clock: a new time every claim
+            keys = self.keys(queue).all
+            args = (self._now_arg(), count, interval_us, epoch, self.idle_expiry_us(queue), *_limit_args(limits))
+            return _resp("EVALSHA", self._script("claim").sha, len(keys), *keys, *args)
+        idle = self.idle_expiry_us(queue)
+        parts = self._claim_parts.get((queue, count, interval_us, idle, limits))
+        if parts is None:
+            keys = self.keys(queue).all
+            head = ("EVALSHA", self._script("claim").sha, len(keys), *keys, "", count, interval_us)
+            tail = (idle, *_limit_args(limits))
+            parts = (_resp(*head, count=len(head) + 1 + len(tail)), _resp(*tail, count=None))
+            self._claim_parts[(queue, count, interval_us, idle, limits)] = parts
+        return parts[0] + _bulk(epoch) + parts[1]
 
     def start(
         self,
@@ -800,14 +868,7 @@ class RedisBackend(Backend):
             raise store_error(exc) from None
 
     def close(self) -> None:
+        for conn in self._spare if self._spare_pid == os.getpid() else ():
+            conn.disconnect()
         if self._client is not None:
             self._client.close()
-
-
-def _connection_from(pool: Any) -> Any:
-    """A connection of redis-py's pool. redis-py 5.3 and later take no argument (and warn
-    at one); 5.0 to 5.2, which the package still accepts, need the command's name."""
-    try:
-        return pool.get_connection()
-    except TypeError:
-        return pool.get_connection("EVALSHA")
