@@ -33,7 +33,7 @@ from .app_state import siq_state
 from .combined import CombinedQueue
 from .errors import CorruptStateError, LostDeliveriesError, QueueNotFoundError, StoreUnavailableError
 from .intervals import parse_duration
-from .leases import KEEPER
+from .leases import FINISH_RETRY_S, KEEPER, PendingFinish
 from .ledger import StartRecord
 from .messages import DEFERRALS, HEADER_NAMES, KEEP_TICKET, deferrals, ticket_from_headers, ticket_headers
 from .parking import park, parked_message, release_now_and_then
@@ -168,13 +168,21 @@ def record_finish(task: IntervalTaskLike, status: str, task_id: str, args: Any, 
     """After SUCCESS or FAILURE (not RETRY, not our Ignore): the task is done, so a
     redelivered copy of it must not run again; parked tasks due by now are released."""
     queue, line = task.siq_line(args, kwargs)
+    outcome, lease = "SUCCESS" if status == "SUCCESS" else "FAILURE", _lease(task)
     try:
-        line.finish(task_id, "SUCCESS" if status == "SUCCESS" else "FAILURE", lease=_lease(task))
+        line.finish(task_id, outcome, lease=lease)
     except (StoreUnavailableError, CorruptStateError) as exc:
-        logger.warning("%s[%s]: could not record the finish (a redelivered copy may run again): %s",
-                       task.name, task_id, exc)  # fmt: skip
+        # Tried again from this process until the store takes it, the run's lease renewed
+        # meanwhile: a redelivered copy finds it live (RUNNING), then finished (DUPLICATE).
+        logger.warning("%s[%s]: could not record the finish yet; trying again every %.1fs, its lease kept: %s",
+                       task.name, task_id, FINISH_RETRY_S, exc)  # fmt: skip
+        KEEPER.finish_later(PendingFinish(
+            line.backend, _names(line), lease or task_id, lambda: line.finish(task_id, outcome, lease=lease),
+            f"the finish of {task.name}[{task_id}]",
+        ))  # fmt: skip
+        task.request.siq_lease = ""  # the keeper holds it now
     finally:
-        _dropped(task, line)
+        _dropped(task, line)  # unless the keeper holds it now
     release_now_and_then(task.app, queue, task.name)
 
 

@@ -1,12 +1,18 @@
-"""Keeping the concurrency leases of the bodies running in this process.
+"""Keeping the leases of the bodies running in this process.
 
-A start in a queue with a concurrency cap takes a lease that expires ``siq_lease_timeout``
-after it (model.py: Leases): a body whose process dies gives it back that way. A body that
-runs longer keeps it while its process lives: :data:`KEEPER` renews every lease held here
-every third of the timeout, from one daemon thread per process (started on first use, so a
-prefork pool process starts its own after the fork; the parent's leases are not the
-child's). Renewing is one store operation per queue and period, whatever the number of
+A start with a task id (and any start in a queue with a concurrency cap) takes a lease that
+expires ``siq_lease_timeout`` after it (model.py: Leases): while it is live a redelivered
+copy of the task is not started, and a body whose process dies gives it back that way. A
+body that runs longer keeps it while its process lives: :data:`KEEPER` renews every lease
+held here every third of the timeout, from one daemon thread per process (started on first
+use, so a prefork pool process starts its own after the fork; the parent's leases are not
+the child's). Renewing is one store operation per queue and period, whatever the number of
 bodies; threads and solo pools share the one keeper.
+
+A finish the store did not take (unreachable, failing over) is handed to the keeper
+(:meth:`LeaseKeeper.finish_later`): it tries again every :data:`FINISH_RETRY_S` until the
+store takes it, and renews the run's lease meanwhile, so a redelivered copy of the task
+is answered RUNNING, and then DUPLICATE, instead of running again.
 """
 
 from __future__ import annotations
@@ -14,11 +20,27 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from .backends import Backend
 
 logger = logging.getLogger("siq_celery")
+
+#: How often a finish the store did not take is tried again.
+FINISH_RETRY_S = 0.5
+#: Finishes kept for retrying, at most (the oldest is given up beyond: its lease expires).
+MAX_PENDING_FINISHES = 10_000
+
+
+class PendingFinish:
+    """A finish to try again: ``attempt`` records it (raises if the store does not take
+    it); ``member`` is the run's lease in ``queues`` of ``backend``, held until it does."""
+
+    def __init__(
+        self, backend: Backend, queues: Sequence[str], member: str, attempt: Callable[[], None], what: str
+    ) -> None:
+        self.backend, self.queues, self.member, self.attempt, self.what = backend, list(queues), member, attempt, what
 
 
 class LeaseKeeper:
@@ -31,10 +53,11 @@ class LeaseKeeper:
         self._held: dict[tuple[int, str], tuple[Backend, set[str]]] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._finishes: list[PendingFinish] = []
 
     def _this_process(self) -> None:
         if self._pid != os.getpid():  # a forked child: nothing of the parent's is held here
-            self._pid, self._held, self._thread = os.getpid(), {}, None
+            self._pid, self._held, self._thread, self._finishes = os.getpid(), {}, None, []
             self._lock, self._wake = threading.Lock(), threading.Event()
 
     def hold(self, backend: Backend, queues: Sequence[str], member: str) -> None:
@@ -43,12 +66,60 @@ class LeaseKeeper:
             return
         self._this_process()
         with self._lock:
+            # The keeper sleeps without a period while nothing is held; otherwise a period that
+            # is not longer than this backend's needs is already running (a fresh lease has a
+            # whole timeout before it): no wake-up per start.
+            period = self._period_locked()
+            wake = period is None or backend.lease_timeout_us / 3e6 < period
             for queue in queues:
                 self._held.setdefault((id(backend), queue), (backend, set()))[1].add(member)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="siq-lease-keeper", daemon=True)
-                self._thread.start()
+            self._start_locked()
+        if wake:
+            self._wake.set()
+
+    def _start_locked(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="siq-lease-keeper", daemon=True)
+            self._thread.start()
+
+    def finish_later(self, pending: PendingFinish) -> None:
+        """The store did not take this finish: keep the run's lease (renewed) and try again
+        every FINISH_RETRY_S until it does."""
+        self._this_process()
+        with self._lock:
+            for queue in pending.queues:
+                self._held.setdefault((id(pending.backend), queue), (pending.backend, set()))[1].add(pending.member)
+            self._finishes.append(pending)
+            if len(self._finishes) > MAX_PENDING_FINISHES:
+                gone = self._finishes.pop(0)
+                logger.error(
+                    "siq_celery: more than %d finishes wait for the store; giving up on %s (its lease expires, "
+                    "and a redelivered copy may run again)", MAX_PENDING_FINISHES, gone.what,
+                )  # fmt: skip
+            self._start_locked()
         self._wake.set()
+
+    def pending_finishes(self) -> int:
+        with self._lock:
+            return len(self._finishes)
+
+    def retry_finishes(self) -> None:
+        """Try each finish the store did not take once more (the keeper's thread calls it)."""
+        with self._lock:
+            work, self._finishes = self._finishes, []
+        kept = []
+        for pending in work:
+            try:
+                pending.attempt()
+            except Exception as exc:  # the store still does not take it: next round
+                kept.append(pending)
+                logger.debug("siq_celery: %s still not recorded: %s", pending.what, exc)
+                continue
+            logger.warning("siq_celery: %s recorded after all", pending.what)
+            self.drop(pending.backend, pending.queues, pending.member)
+        if kept:
+            with self._lock:
+                self._finishes[:0] = kept
 
     def drop(self, backend: Backend, queues: Sequence[str], member: str) -> None:
         """The body holding ``member`` ended (its finish gave the lease back)."""
@@ -70,21 +141,35 @@ class LeaseKeeper:
 
     def _period_s(self) -> float | None:
         with self._lock:
-            if not self._held:
-                return None
-            return min(b.lease_timeout_us for b, _ in self._held.values()) / 3e6
+            return self._period_locked()
+
+    def _period_locked(self) -> float | None:
+        if not self._held:
+            return None
+        return min(b.lease_timeout_us for b, _ in self._held.values()) / 3e6
 
     def _run(self) -> None:
+        renew_at: float | None = None  # monotonic time of the next renewal
         while True:
             period = self._period_s()
-            if period is None:
+            finishing = self.pending_finishes() > 0
+            if period is None and not finishing:
+                renew_at = None
                 self._wake.wait()
                 self._wake.clear()
                 continue
             self._wake.clear()
-            if self._wake.wait(period):
-                continue  # a new hold: its lease is fresh; the period may be shorter now
-            self.renew_now()
+            now = time.monotonic()
+            if period is not None and (renew_at is None or renew_at > now + period):
+                renew_at = now + period  # the first hold, or a backend with a shorter timeout
+            timeout = max(renew_at - now, 0.0) if renew_at is not None else FINISH_RETRY_S
+            if self._wake.wait(min(timeout, FINISH_RETRY_S) if finishing else timeout):
+                continue  # a new hold or a finish to retry: the waits are worked out again
+            if finishing:
+                self.retry_finishes()
+            if renew_at is not None and time.monotonic() >= renew_at:
+                renew_at = None
+                self.renew_now()
 
     def renew_now(self) -> None:
         """Renew every lease held here (the keeper's thread calls it each period)."""

@@ -118,8 +118,10 @@ class ListWindow:
 
 
 class Leases(Protocol):
-    """The leases of a queue with a concurrency cap: member -> expiry (store time), one per
-    running body. A store keeps them apart from the state (Redis: a sorted set in the
+    """The leases of a queue: member -> expiry (store time), one per running body. A start
+    with a task id takes one named by its task id (a copy of it is not started while that
+    lease is live: :func:`running_copy`); a start without one takes one only under a
+    concurrency cap, which counts them all. A store keeps them apart from the state (Redis: a sorted set in the
     queue's hash tag; SQLite: a table; memory: :class:`DictLeases`)."""
 
     def count(self) -> int:
@@ -132,6 +134,9 @@ class Leases(Protocol):
         """The earliest expiry kept (None: none)."""
 
     def add(self, member: str, expires_us: int) -> None: ...
+
+    def expires(self, member: str) -> int | None:
+        """When ``member``'s lease expires (None: not kept)."""
 
     def remove(self, member: str) -> bool:
         """Give back ``member``'s lease; whether it was kept."""
@@ -164,6 +169,9 @@ class DictLeases:
 
     def add(self, member: str, expires_us: int) -> None:
         self.expiry[member] = expires_us
+
+    def expires(self, member: str) -> int | None:
+        return self.expiry.get(member)
 
     def remove(self, member: str) -> bool:
         return self.expiry.pop(member, None) is not None
@@ -468,24 +476,38 @@ def too_many_lost(unfinished: int, max_lost: int) -> bool:
     return 0 < max_lost <= unfinished
 
 
+def running_copy(leases: Leases | None, task_id: str | None, now_us: int) -> int:
+    """The expiry of the live lease of a run of ``task_id`` (0: none). A start takes a lease
+    named by its task id, renewed while its body runs and given back by its finish, so a
+    live one means a copy of this task still runs (or its process died less than
+    ``siq_lease_timeout`` ago): another copy (a redelivery, a broker's visibility timeout
+    passed) is not started now but answered RUNNING, and asks again at the expiry."""
+    if leases is None or not task_id:
+        return 0
+    expires = leases.expires(task_id)
+    return expires if expires is not None and expires > now_us else 0
+
+
 def start(
     state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1,
     lost: bool = False, window: Window | None = None, leases: Leases | None = None,
-    lease: tuple[str, int] | None = None,
+    lease: tuple[str, int] | None = None, running_us: int = 0,
 ) -> Decision:  # fmt: skip
     """Decide whether ``ticket`` may start at ``now_us`` (mutates ``state`` if authorized).
 
     A start of ``cost`` c holds tickets ``ticket .. ticket + c - 1`` (claimed together) and
     takes c slots: the next start may come c intervals after it. It is recorded as if its
     last slot had been used at ``now + (c - 1) * interval`` (anchor and last start), so
-    every other rule stays as it is. ``lost``: :func:`too_many_lost` holds for its task id.
-    With a concurrency cap an authorized start takes one lease, whatever its cost:
-    ``lease`` = (member, expiry)."""
+    every other rule stays as it is. ``lost``: :func:`too_many_lost` holds for its task id;
+    ``running_us``: :func:`running_copy`'s answer for it. An authorized start takes
+    ``lease`` = (member, expiry) if given (a start with a task id, or any start under a
+    concurrency cap), one whatever its cost."""
     if ticket == FREE and not finished and not lost:  # only a combined start may have no place in a line
         return Decision(Verdict.RECLAIM, ticket, now_us)
     decision = decide(
-        state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost, window=window, leases=leases
-    )
+        state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost, window=window, leases=leases,
+        running_us=running_us,
+    )  # fmt: skip
     if decision.authorized:
         taken = commit_start(state, ticket, now_us, cost, window, leases, lease)
         return replace(decision, lease=taken)
@@ -500,7 +522,7 @@ def _live(state: QueueState, leases: Leases | None, now_us: int) -> int:
 
 def decide(
     state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1,
-    lost: bool = False, window: Window | None = None, leases: Leases | None = None,
+    lost: bool = False, window: Window | None = None, leases: Leases | None = None, running_us: int = 0,
 ) -> Decision:  # fmt: skip
     """What :func:`start` would answer, without recording a start (it may still shift a
     long-overdue line: that is the state's own repair, due whatever the answer).
@@ -510,6 +532,8 @@ def decide(
     the free leases (:func:`lease_turn`), until the first claim it waits for lapses."""
     if finished:
         return Decision(Verdict.DUPLICATE, ticket, now_us)
+    if running_us > now_us:  # a copy of this task runs: neither a slot nor a lease is taken
+        return Decision(Verdict.RUNNING, ticket, now_us, running_us - now_us, interval_us=state.interval_us)
     if lost:
         return Decision(Verdict.LOST, ticket, now_us)
     if ticket == FREE:
@@ -561,8 +585,9 @@ def commit_start(
     GCRA: the theoretical arrival time becomes max(T, now) + cost x interval (burst 0:
     now + cost x interval, as the cap held now >= T). With a burst the line keeps its
     grid, lagging the arrival time by at most ``burst`` intervals, so a late line catches
-    up by at most ``burst`` slots. With a concurrency cap the start takes one lease, whatever
-    its cost (``lease`` = (member, expiry)); the member taken, or ""."""
+    up by at most ``burst`` slots. The start takes ``lease`` = (member, expiry) if given, one
+    whatever its cost (a queue without a cap first forgets its expired ones: a capped
+    queue's are read, and forgotten, by :func:`decide`); the member taken, or ""."""
     i = state.interval_us
     old_current = state.current
     if ticket != FREE:
@@ -573,35 +598,51 @@ def commit_start(
     state.anchor_us = max(grid, state.last_start_us - state.burst * i)
     if state.quota and window is not None:
         window.add(now_us, min(cost, state.quota))
-    if state.concurrency and leases is not None and lease is not None:
-        leases.add(*lease)
-        return lease[0]
-    return ""
+    if leases is None or lease is None:
+        return ""
+    if not state.concurrency:
+        leases.trim(now_us)
+    leases.add(*lease)
+    return lease[0]
 
 
 def start_all(
     states: list[QueueState], tickets: list[int], epochs: list[str], now_us: int, *, finished: bool = False,
     cost: int = 1, lost: bool = False, windows: Sequence[Window | None] | None = None,
-    leases: Sequence[Leases | None] | None = None, lease: tuple[str, int] | None = None,
+    leases: Sequence[Leases | None] | None = None, lease: tuple[str, int] | None = None, running_us: int = 0,
 ) -> list[Decision]:  # fmt: skip
     """One start that must pass several queues at once (a per-second and a per-day limit):
     authorized in all of them, or recorded in none. Queues that would authorize while
     another says wait answer WAIT with ``wait_us`` 0, so nothing is held in one queue
     while the start waits for another. The start has a place in one queue's line (its
-    ticket); in the others its ticket is :data:`FREE`. Each queue with a concurrency cap
-    takes a lease under the same member, only when every queue authorizes."""
+    ticket); in the others its ticket is :data:`FREE`. When every queue authorizes, the
+    first queue takes ``lease`` (the run's, checked there: ``running_us``) and each other
+    queue with a concurrency cap takes one under the same member."""
     if all(t == FREE for t in tickets) and not finished and not lost:  # a start needs a place in some line
         return [Decision(Verdict.RECLAIM, t, now_us) for t in tickets]
     wins = list(windows) if windows is not None else [None] * len(states)
     held = list(leases) if leases is not None else [None] * len(states)
     decisions = [
-        decide(state, ticket, epoch, now_us, finished=finished, cost=cost, lost=lost, window=window, leases=lz)
+        decide(
+            state,
+            ticket,
+            epoch,
+            now_us,
+            finished=finished,
+            cost=cost,
+            lost=lost,
+            window=window,
+            leases=lz,
+            running_us=running_us,
+        )
         for state, ticket, epoch, window, lz in zip(states, tickets, epochs, wins, held, strict=True)
     ]
     if all(d.authorized for d in decisions):
+        # the run's lease in the first queue (where running_us was read), a cap's in each capped queue
+        taken = [lease if i == 0 or state.concurrency else None for i, state in enumerate(states)]
         return [
-            replace(d, lease=commit_start(state, ticket, now_us, cost, window, lz, lease))
-            for d, state, ticket, window, lz in zip(decisions, states, tickets, wins, held, strict=True)
+            replace(d, lease=commit_start(state, ticket, now_us, cost, window, lz, own))
+            for d, state, ticket, window, lz, own in zip(decisions, states, tickets, wins, held, taken, strict=True)
         ]
     return [replace(d, verdict=Verdict.WAIT, wait_us=0) if d.authorized else d for d in decisions]
 

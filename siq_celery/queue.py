@@ -458,7 +458,8 @@ class IntervalQueue:
         backoff (fail closed).
         With ``max_sleep`` (seconds), a longer wait raises DeferralNeeded instead; with
         ``defer_paused``, so does a paused queue. A ``task_id`` that finished raises
-        DuplicateTaskError; one whose last starts never finished, LostDeliveriesError.
+        DuplicateTaskError; one whose last starts never finished, LostDeliveriesError; one
+        with a copy running (its lease live), it asks again when that copy could have ended.
         ``record`` goes to the ledger with the authorized start. ``cost``: the slots this
         start takes (claimed together).
         """
@@ -613,6 +614,14 @@ def wait_in_line(
             return line.settle(combined(decisions), tickets, round_trip), tickets
         if Verdict.DUPLICATE in verdicts:
             raise DuplicateTaskError(f"queue {line.name!r}: task {task_id!r} already finished")
+        if Verdict.RUNNING in verdicts:  # a copy of this task runs (a redelivery): after it ends, or its holder dies
+            running = next(d for d in decisions if d.verdict is Verdict.RUNNING)
+            logger.info("queue %r: task %s is running elsewhere (this is a redelivered copy); asking again "
+                        "in %.1fs at most", line.name, task_id, running.wait)  # fmt: skip
+            if max_sleep is not None and running.wait > max_sleep:
+                raise DeferralNeeded(tickets[0], running)
+            line._nap(min(running.wait, RUNNING_POLL_S), deadline)
+            continue
         if Verdict.LOST in verdicts:
             raise LostDeliveriesError.of(f"task {task_id}", line.max_lost_deliveries)
         if Verdict.RECLAIM in verdicts:
@@ -650,6 +659,11 @@ def combined(decisions: list[Decision]) -> Decision:
         lease=next((d.lease for d in decisions if d.lease), ""), full=any(d.full for d in decisions),
     )  # fmt: skip
 
+
+#: How often a start that found a copy of its task running asks again, at most (without
+#: ``max_sleep``; a worker defers it instead): the copy may end long before its lease would
+#: expire.
+RUNNING_POLL_S = 1.0
 
 MAX_COST = 10_000
 MAX_BACKOFF_US = 86_400_000_000

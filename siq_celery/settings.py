@@ -5,9 +5,11 @@
 * ``siq_default_burst`` (0) and ``siq_default_quota`` (``None``, or ``"N/period"``): burst
   and window quota of tasks that set none (limits.py).
 * ``siq_default_concurrency`` (``None``: no cap): concurrency cap of tasks that set none.
-* ``siq_lease_timeout`` (60 s): a concurrency lease of a body whose process died (SIGKILL, a
-  hard time limit, a revoke that terminates) comes back this long after its last renewal;
-  a running body's lease is renewed every third of it (leases.py).
+* ``siq_lease_timeout`` (10 s): every start with a task id takes a lease (a concurrency cap
+  counts them): while it is live a redelivered copy of the task is not started. A lease of
+  a body whose process died (SIGKILL, a hard time limit, a revoke that terminates) expires
+  this long after its last renewal, and its copy runs then; a running body's lease is
+  renewed every third of it (leases.py).
 * ``siq_key_prefix`` (``"siq"``): prefix of every store key (two apps on one Redis).
 * ``siq_max_sleep`` (0.1 s): waits up to this are slept in the worker process, holding a
   pool slot; longer ones go back to the broker by ETA.
@@ -95,7 +97,7 @@ class SiqSettings:
     default_burst: int | None = None
     default_quota: Any = None
     default_concurrency: int | None = None
-    lease_timeout: float = 60.0
+    lease_timeout: float = 10.0
     #: Celery's task_protocol 1 keeps the ETA in the body: a publish claims before it builds
     #: the message (read once, as the rest: the publish path reads no app.conf).
     protocol_1: bool = False
@@ -149,7 +151,7 @@ class SiqSettings:
             default_burst=_checked_setting(conf, "siq_default_burst", validate_burst),
             default_quota=_checked_setting(conf, "siq_default_quota", parse_quota),
             default_concurrency=_checked_setting(conf, "siq_default_concurrency", validate_concurrency),
-            lease_timeout=_seconds(conf, "siq_lease_timeout", 60.0, minimum=1.0),
+            lease_timeout=_seconds(conf, "siq_lease_timeout", 10.0, minimum=1.0),
         )
 
 

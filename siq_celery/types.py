@@ -367,6 +367,9 @@ class Verdict(enum.Enum):
     RECLAIM = "reclaim"  #: the ticket is not of this state's life (epoch changed): claim anew
     DUPLICATE = "duplicate"  #: this task id already finished: do not run it again
     LOST = "lost"  #: this task id's last starts never finished (their worker died): refuse it
+    #: a copy of this task id runs (its run's lease is live): ask again after ``wait`` (its
+    #: expiry, unless renewed); by then it finished (DUPLICATE) or its holder died
+    RUNNING = "running"
 
 
 @dataclass(frozen=True)

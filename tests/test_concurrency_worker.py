@@ -86,3 +86,36 @@ def test_the_keeper_thread_renews_every_third_of_the_timeout(tmp_path: Any) -> N
         time.sleep(2.0)  # 1.7 timeouts: alive only if the thread renewed it
         assert q.status().in_flight == 1
     assert q.status().in_flight == 0
+
+
+def test_a_finish_the_store_did_not_take_is_retried_with_the_lease_held(tmp_path: Any) -> None:
+    """The store misses a body's finish (unreachable, failing over): the keeper tries it
+    again, renewing the run's lease meanwhile, so a redelivered copy is answered RUNNING
+    and, once the finish is in, DUPLICATE; it never runs a second time."""
+    from siq_celery import Verdict
+    from siq_celery.leases import FINISH_RETRY_S, PendingFinish
+
+    backend = backend_from_url(f"sqlite:///{tmp_path}/s.db", lease_timeout_us=2_000_000)
+    q = IntervalQueue("outbox", interval="10ms", backend=backend)
+    q.ensure()
+    ticket = q.claim()
+    run = q.wait_for_turn(ticket, task_id="a")
+    assert run.lease == "a"
+    down = {"store": True}
+
+    def attempt() -> None:
+        if down["store"]:
+            raise ConnectionError("the store does not answer")
+        q.finish("a")
+
+    keeper = LeaseKeeper()
+    keeper.finish_later(PendingFinish(backend, ["outbox"], "a", attempt, "the finish of a"))
+    time.sleep(3)  # past the lease timeout: renewed by the keeper meanwhile
+    assert keeper.pending_finishes() == 1 and keeper.held() == [("outbox", "a")]
+    assert q.start(ticket, task_id="a").verdict is Verdict.RUNNING, "the copy waits"
+    down["store"] = False
+    deadline = time.monotonic() + 5 * FINISH_RETRY_S
+    while keeper.pending_finishes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert keeper.pending_finishes() == 0 and keeper.held() == []
+    assert q.start(ticket, task_id="a").verdict is Verdict.DUPLICATE, "the copy is refused"

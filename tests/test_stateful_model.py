@@ -149,6 +149,8 @@ class Reference:
         q = self.q = self.q or self._new(interval, new_epoch)
         if task is not None and task in self.finished:
             return "duplicate", 0, 0, False
+        if task is not None and self.leases.get(task, 0) > now:  # a copy of it runs: its lease is live
+            return "running", self.leases[task] - now, 0, False
         if task is not None and self.unfinished.get(task, 0) >= MAX_LOST:
             return "lost", 0, 0, False
         if epoch != q["epoch"] or not 1 <= number <= q["ticket"] - cost + 1:  # type: ignore[operator]
@@ -189,8 +191,10 @@ class Reference:
             self.win.sort(key=lambda e: e[0])
         if task is not None:
             self.unfinished[task] = self.unfinished.get(task, 0) + 1
-        if self.conc:  # one lease, whatever the cost
-            self.leases[member] = now + LEASE_US
+        if task is not None or self.conc:  # one lease, whatever the cost: the run's, named by its task id
+            if not self.conc:
+                self.leases = {m: e for m, e in self.leases.items() if e > now}
+            self.leases[task or member] = now + LEASE_US
         return "authorized", 0, slot, False
 
     def backoff(self, hold: int, keep_first: bool) -> None:
@@ -297,7 +301,7 @@ class StoresAgree(RuleBasedStateMachine):
             for s in self.stores
         ]
         verdict, wait, slot, full = self.ref.start(number, epoch, task, self.interval, new_epoch, cost, member)
-        taken = member if verdict == "authorized" and self.limits.concurrency else ""
+        taken = (task or member) if verdict == "authorized" and (task or self.limits.concurrency) else ""
         for d in decisions:
             assert (d.verdict.value, d.wait_us, d.slot_us, d.full, d.lease) == (verdict, wait, slot, full, taken)
         if taken:
@@ -332,8 +336,7 @@ class StoresAgree(RuleBasedStateMachine):
     def finish(self, data: st.DataObject, task: str, remember: bool) -> None:
         lease = data.draw(st.sampled_from(["", *self.held[-4:]]))  # the run's lease, if it took one
         self._all("finish", task, remember=remember, lease=lease)  # not remembered: a run that ended in a retry
-        if lease:
-            self.ref.give_back(lease)
+        self.ref.give_back(lease or task)  # none named: the run's, named by its task id
         if remember:
             self.ref.finished.add(task)
         self.ref.unfinished.pop(task, None)

@@ -50,7 +50,7 @@ logger = logging.getLogger("siq_celery")
 
 Clock = Callable[[], int]
 #: Verdicts the store counts (the exporter's siq_duplicates_refused_total, siq_reclaims_total).
-REFUSALS = (Verdict.DUPLICATE, Verdict.RECLAIM)
+REFUSALS = (Verdict.DUPLICATE, Verdict.RECLAIM, Verdict.RUNNING)
 #: Per-key queues whose idle expiry a client remembers; a queue in use is registered again
 #: by each use (app_state.SiqState.queue), so the bound never drops one that is working.
 IDLE_EXPIRY_REMEMBERED = 20_000
@@ -60,9 +60,9 @@ DEFAULT_FINISHED_RETENTION_US = 24 * 3_600 * 1_000_000
 DEFAULT_FINISHED_MAX = 1_000_000
 RELEASE_LIMIT = 500  # parked tasks handed to one releaser at a time
 RELEASE_LEASE_US = 60_000_000  # a releaser that died: its tasks go out again after this
-#: How long a concurrency lease of a body whose process died is held (siq_lease_timeout); a
-#: live body's lease is renewed (leases.py) every third of it.
-DEFAULT_LEASE_TIMEOUT_US = 60_000_000
+#: How long the lease of a body whose process died is held (siq_lease_timeout): a copy of its
+#: task starts after that; a live body's lease is renewed (leases.py) every third of it.
+DEFAULT_LEASE_TIMEOUT_US = 10_000_000
 
 
 def system_clock_us() -> int:
@@ -234,7 +234,8 @@ class Backend(ABC):
         """Record that ``task_id`` finished, so a redelivered copy is not run again (unless
         not ``remember``: a run that ended otherwise, a retry's or a back-off's), complete
         its ledger record with the finish time and ``outcome``, clear its count of starts
-        without a finish, and give back its concurrency ``lease`` (if any), all in one step."""
+        without a finish, and give back its ``lease`` (default: the one named by ``task_id``,
+        which its start took: :meth:`lease_member`), all in one step."""
 
     def renew_leases(self, queue: str, leases: Sequence[str]) -> int:
         """The bodies holding ``leases`` still run: each of them kept expires
@@ -243,10 +244,13 @@ class Backend(ABC):
         raise ConfigurationError(f"{type(self).__name__} does not support concurrency leases")
 
     @staticmethod
-    def lease_member(task_id: str | None) -> str:
-        """A new lease member for one start: the task id (for people) and a token of its own,
-        so a redelivered copy of a task still running takes a lease of its own."""
-        return f"{task_id or '-'}:{secrets.token_hex(6)}"
+    def lease_member(task_id: str | None, record: StartRecord | None = None, named: str = "") -> str:
+        """The lease member of one start: its task id (a copy of it is not started while the
+        lease is live: model.running_copy); without one, ``named`` or the ledger's id (for
+        people) and a token of its own."""
+        if task_id:
+            return task_id
+        return named or f"{(record.task_id if record else None) or '-'}:{secrets.token_hex(6)}"
 
     @abstractmethod
     def ledger(self, queue: str, since_us: int | None = None, until_us: int | None = None) -> Iterator[LedgerRow]:
@@ -567,9 +571,11 @@ class ModelBackend(Backend):
     def _window(tx: Transaction, state: QueueState) -> model.Window | None:
         return tx.window() if state.quota else None
 
-    @staticmethod
-    def _leases(tx: Transaction, state: QueueState) -> model.Leases | None:
-        return tx.leases() if state.concurrency else None
+    def _lease_taken(self, state: QueueState, task_id: str | None, member: str, now_us: int) -> tuple[str, int] | None:
+        """The lease a start takes if authorized: its run's, named by its task id (a copy is
+        not started while it is live: model.running_copy), or, without a task id, one only
+        under a concurrency cap."""
+        return (member, now_us + self.lease_timeout_us) if task_id or state.concurrency else None
 
     def claim(self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS) -> ClaimResult:
         with self._following_one(queue) as tx:
@@ -590,15 +596,17 @@ class ModelBackend(Backend):
         limits: Limits = NO_LIMITS,
         lease: str = "",
     ) -> Decision:
-        member = lease or self.lease_member(task_id or (record.task_id if record else None))
+        member = self.lease_member(task_id, record, lease)
         with self._following_one(queue) as tx:
             state = self._created(tx, queue, interval_us, new_epoch, limits)
             finished = task_id is not None and tx.is_finished(task_id)
             lost = self._lost(tx, task_id)
+            leases = tx.leases()
             decision = model.start(
                 state, ticket, epoch, tx.now_us, finished=finished, cost=cost, lost=lost,
-                window=self._window(tx, state), leases=self._leases(tx, state),
-                lease=(member, tx.now_us + self.lease_timeout_us),
+                window=self._window(tx, state), leases=leases,
+                lease=self._lease_taken(state, task_id, member, tx.now_us),
+                running_us=model.running_copy(leases, task_id, tx.now_us),
             )  # fmt: skip
             if task_id is not None and self.max_lost_deliveries and decision.authorized:
                 tx.count_unfinished(task_id)
@@ -625,7 +633,7 @@ class ModelBackend(Backend):
         lease: str = "",
     ) -> list[Decision]:
         each = list(limits) if limits is not None else [NO_LIMITS] * len(queues)
-        member = lease or self.lease_member(task_id or (record.task_id if record else None))
+        member = self.lease_member(task_id, record, lease)
         with self._following(queues) as txs:
             states = [
                 self._created(tx, q, i, new_epoch, lim)
@@ -633,11 +641,13 @@ class ModelBackend(Backend):
             ]
             finished = task_id is not None and txs[0].is_finished(task_id)
             lost = self._lost(txs[0], task_id)
+            leases = [tx.leases() for tx in txs]
+            now = txs[0].now_us
             decisions = model.start_all(
-                states, list(tickets), list(epochs), txs[0].now_us, finished=finished, cost=cost, lost=lost,
-                windows=[self._window(tx, state) for tx, state in zip(txs, states, strict=True)],
-                leases=[self._leases(tx, state) for tx, state in zip(txs, states, strict=True)],
-                lease=(member, txs[0].now_us + self.lease_timeout_us),
+                states, list(tickets), list(epochs), now, finished=finished, cost=cost, lost=lost,
+                windows=[self._window(tx, state) for tx, state in zip(txs, states, strict=True)], leases=leases,
+                lease=(member, now + self.lease_timeout_us) if task_id or any(st.concurrency for st in states)
+                else None, running_us=model.running_copy(leases[0], task_id, now),
             )  # fmt: skip
             if task_id is not None and self.max_lost_deliveries and decisions[0].authorized:
                 txs[0].count_unfinished(task_id)
@@ -656,12 +666,14 @@ class ModelBackend(Backend):
         cost: int,
     ) -> LedgerRow:  # fmt: skip
         """The ledger row of an authorized start: who started, the slot it met, and the
-        limits in force (with the lease it took, if any)."""
+        limits in force (with the lease it took under a concurrency cap, if any: a run's lease
+        without a cap is not the audit's business)."""
         return LedgerRow(
             queue, state.epoch, ticket, task_id or record.task_id, record.task_name, d.slot_us, d.now_us,
             state.interval_us, deferrals=record.deferrals, host=record.host, pid=record.pid, cost=cost,
             burst=state.burst, quota=state.quota, window_us=state.window_us, concurrency=state.concurrency,
-            lease_us=self.lease_timeout_us if d.lease else 0, lease=d.lease or None,
+            lease_us=self.lease_timeout_us if d.lease and state.concurrency else 0,
+            lease=d.lease if d.lease and state.concurrency else None,
         )  # fmt: skip
 
     def _lost(self, tx: Transaction, task_id: str | None) -> bool:
@@ -678,13 +690,15 @@ class ModelBackend(Backend):
     def finish(
         self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = ""
     ) -> None:
+        lease = lease or task_id  # a run's lease is named by its task id (lease_member)
         with self.transaction(queue) as tx:
             returned = bool(lease) and model.give_back(tx.state, tx.leases(), lease, tx.now_us)
             tx.clear_unfinished(task_id)
             if remember:
                 tx.add_finished(task_id)
-            if self.ledger_max:
-                tx.record_finish(task_id, outcome, lease, returned)
+            if self.ledger_max:  # the ledger names a lease taken under a cap only (_ledger_row)
+                capped = tx.state is not None and tx.state.concurrency > 0
+                tx.record_finish(task_id, outcome, lease if capped else "", returned and capped)
 
     def renew_leases(self, queue: str, leases: Sequence[str]) -> int:
         if not leases:

@@ -500,12 +500,12 @@ class RedisBackend(Backend):
     ) -> Decision:
         k = self.keys(queue)
         lost = self._lost_args(task_id)
+        member = self.lease_member(task_id, record, lease)  # the run's: the caller's task id
         if record is not None and self.ledger_max:
             ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
         else:
             ledger = [0, "", "", 0, record.deferrals if record is not None else 0]  # deferrals: counted anyway
-        member = lease or self.lease_member(task_id)
         reply = self._run(
             "start",
             queue,
@@ -544,6 +544,7 @@ class RedisBackend(Backend):
         keys = [key for q in queues for key in self.keys(q).all]  # every key: idle expiry (siq_touch)
         each = list(limits) if limits is not None else [NO_LIMITS] * len(queues)
         lost = self._lost_args(task_id)
+        member = self.lease_member(task_id, record, lease)  # the run's: the caller's task id
         if record is not None and self.ledger_max:
             ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
@@ -560,7 +561,6 @@ class RedisBackend(Backend):
                 f"'{{geo}}per-day'"
             )
         per_limits = [v for lim in each for v in _limit_args(lim)]
-        member = lease or self.lease_member(task_id)
         args = [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost, *per_limits, member, self.lease_timeout_us]
         replies = self._run("start_all", queues[0], keys, args)
         return [_decision(r) for r in replies]
@@ -586,7 +586,7 @@ class RedisBackend(Backend):
             [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.unfinished,
              k.refused, k.window, k.leases],
             [task_id, self.finished_retention_us, self.finished_max, 2 * self.ledger_max, outcome, int(remember),
-             self.idle_expiry_us(queue), lease],
+             self.idle_expiry_us(queue), lease or task_id],  # a run's lease is named by its task id
         )  # fmt: skip
 
     def renew_leases(self, queue: str, leases: Sequence[str]) -> int:

@@ -447,6 +447,12 @@ class _SqliteLeases:
     def add(self, member: str, expires_us: int) -> None:
         self._c.execute("INSERT OR REPLACE INTO siq_leases VALUES (?, ?, ?, ?)", (*self._key, member, expires_us))
 
+    def expires(self, member: str) -> int | None:
+        row = self._c.execute(
+            "SELECT expires_us FROM siq_leases WHERE prefix=? AND queue=? AND member=?", (*self._key, member)
+        ).fetchone()
+        return int(row[0]) if row else None
+
     def remove(self, member: str) -> bool:
         done = self._c.execute("DELETE FROM siq_leases WHERE prefix=? AND queue=? AND member=?", (*self._key, member))
         return done.rowcount > 0

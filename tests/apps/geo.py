@@ -47,7 +47,6 @@ def make_app(env: Mapping[str, str]) -> Celery:
         siq_key_prefix=env.get("SIQ_TEST_KEY_PREFIX", "siq"),
         siq_key_idle_expiry=float(env.get("SIQ_TEST_KEY_IDLE", "86400")),
         siq_declaration_ttl=float(env.get("SIQ_TEST_DECL_TTL", "30")),
-        siq_lease_timeout=float(env.get("SIQ_TEST_LEASE_TIMEOUT", "60")),
         broker_transport_options=json.loads(env.get("SIQ_TEST_TRANSPORT", "{}")),
         broker_connection_retry_on_startup=True,
         task_acks_late=True,
@@ -58,6 +57,7 @@ def make_app(env: Mapping[str, str]) -> Celery:
         result_backend=env.get("SIQ_TEST_RESULTS") or None,
         task_default_queue=env.get("SIQ_TEST_QUEUE", "celery"),
         siq_metrics_port=int(env["SIQ_TEST_METRICS_PORT"]) if env.get("SIQ_TEST_METRICS_PORT") else None,
+        **({"siq_lease_timeout": float(env["SIQ_TEST_LEASE_TIMEOUT"])} if env.get("SIQ_TEST_LEASE_TIMEOUT") else {}),
     )
     if env.get("SIQ_TEST_CELERY_DEFAULTS"):  # an app that says nothing about durability
         for key in ("task_acks_late", "task_reject_on_worker_lost"):

@@ -110,20 +110,48 @@ def test_redelivered_copy_of_a_finished_task_is_not_run_again(store: Store) -> N
     assert q.status().finished == 1
 
 
-def test_copy_of_a_task_whose_worker_died_mid_run_runs_again(store: Store) -> None:
+def test_copy_of_a_task_whose_worker_died_mid_run_runs_again_once_its_lease_expired(store: Store) -> None:
     q = store.queue()
+    lease = q.backend.lease_timeout_us
     t0 = q.ensure().last_start_us
     first, second = q.claim_many(2)
     at(store, t0 + I)
-    assert q.start(first, task_id="task-a").authorized  # ... and the worker dies: no finish
+    assert q.start(first, task_id="task-a").authorized  # ... and the worker dies: no finish, no renewal
     at(store, t0 + I + I // 4)
-    d = q.start(first, task_id="task-a")  # the broker redelivers it
-    assert d.verdict is Verdict.WAIT and d.wait_us == I - I // 4  # a new start: the cap holds
-    at(store, t0 + 2 * I)
-    assert q.start(first, task_id="task-a").authorized
+    d = q.start(first, task_id="task-a")  # the broker redelivers it while its lease is live
+    assert (d.verdict, d.wait_us) == (Verdict.RUNNING, lease - I // 4)
+    assert q.status().state.current == 1, "no slot taken"
+    at(store, t0 + I + lease)  # the lease expired: its holder is dead
+    assert q.start(first, task_id="task-a").authorized  # a new start
     assert q.start(second, task_id="task-b").verdict is Verdict.WAIT  # and it counted
-    at(store, t0 + 3 * I)
+    at(store, t0 + 2 * I + lease)
     assert q.start(second, task_id="task-b").authorized
+
+
+def test_a_copy_of_a_running_task_waits_for_its_finish_and_is_then_refused(store: Store) -> None:
+    """A redelivered copy while the first runs (waiting or running past a broker's
+    visibility timeout): RUNNING until the first finishes, then DUPLICATE; a run that
+    ended in a retry (not remembered) lets the copy run. Tasks without an id, and other
+    task ids, are not held by it."""
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    one, two, three = q.claim_many(3)
+    at(store, t0 + I)
+    assert q.start(one, task_id="a").authorized
+    at(store, t0 + 2 * I)
+    assert q.start(one, task_id="a").verdict is Verdict.RUNNING
+    assert q.start(two, task_id="b").authorized, "another task is not held"
+    q.finish("a")
+    assert q.start(one, task_id="a").verdict is Verdict.DUPLICATE
+    at(store, t0 + 3 * I)
+    assert q.start(three, task_id="c").authorized
+    at(store, t0 + 4 * I)
+    retry = q.claim()
+    assert q.start(retry, task_id="c").verdict is Verdict.RUNNING
+    q.finish("c", "RETRY", remember=False)
+    assert q.start(retry, task_id="c").authorized, "a retry's run ended: the retry runs"
+    at(store, t0 + 5 * I)
+    assert q.start(q.claim()).authorized and q.start(q.claim()).verdict is Verdict.WAIT, "no id: no lease"
 
 
 def test_ticket_arriving_after_current_passed_it_takes_the_next_free_slot(store: Store) -> None:

@@ -61,16 +61,17 @@ def test_a_full_cap_holds_a_start_whose_slot_came_and_the_finish_gives_the_lease
     assert in_flight(q) == 2
 
 
-def test_a_finish_without_the_lease_or_with_another_keeps_it(store: Store) -> None:
+def test_a_finish_gives_back_its_own_lease_only(store: Store) -> None:
     q = queue(store, concurrency=1)
     t0 = q.ensure().last_start_us
     tickets = q.claim_many(2)
     at(store, t0 + 10)
-    q.start(tickets[0], task_id="a")
-    q.finish("a")  # no lease named: a finish of a run without one
+    assert q.start(tickets[0], task_id="a").lease == "a"  # a run's lease is named by its task id
     q.finish("a", lease="a:not-this-one")
     assert in_flight(q) == 1
     assert later(store) and q.start(tickets[1]).full
+    q.finish("a")  # no lease named: the run's own
+    assert in_flight(q) == 0
 
 
 def test_a_lease_not_renewed_expires_after_the_lease_timeout(store: Store) -> None:

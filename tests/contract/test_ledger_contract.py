@@ -64,7 +64,7 @@ def test_a_weighted_start_records_its_cost_and_a_combined_one_its_place_in_each_
 
 
 def test_the_finish_completes_the_latest_start_of_its_task(store: Store) -> None:
-    q = store.queue()
+    q = store.queue(lease_timeout_us=I // 2)  # the dead worker's lease has expired by the copy's start
     t0 = q.ensure().last_start_us
     one, two = q.claim_many(2)
     store.clock.now_us = t0 + I
@@ -174,33 +174,35 @@ def test_a_finish_after_its_lease_expired_records_that_it_gave_none_back(store: 
     assert (row.finish_us, row.lease_us, row.lease_returned) == (t0 + I + S, S, False)
 
 
-def test_two_copies_of_a_task_running_at_once_each_finish_their_own_start(store: Store) -> None:
-    """A redelivered copy starts while the first still runs (a broker's visibility timeout):
-    each took a lease of its own, and each finish completes the start that took its lease,
-    whichever ends first. A finish naming no lease completes the latest start."""
+def test_a_copy_of_a_running_task_starts_only_once_the_first_holder_died(store: Store) -> None:
+    """A redelivered copy while the first still runs (a broker's visibility timeout) is
+    answered RUNNING: no second start, no second lease, no second row; a renewal keeps the
+    first alive. Once its lease expired unrenewed (its process died) the copy starts, and
+    its finish completes its own start (the first's row keeps no finish)."""
     q = IntervalQueue("q", interval="100ms", concurrency=3, backend=store.backend(lease_timeout_us=10 * S))
     t0 = q.ensure().last_start_us
-    one, two, three = q.claim_many(3)
+    (one,) = q.claim_many(1)
     store.clock.now_us = t0 + I
     first = q.start(one, task_id="a", record=rec("a"))
+    assert first.authorized and first.lease == "a"
     store.clock.now_us = t0 + 2 * I
-    copy = q.start(two, task_id="a", record=rec("a"))
-    assert first.authorized and copy.authorized and first.lease != copy.lease
-    store.clock.now_us = t0 + 2 * I + 500
-    q.finish("a", "RETRY", remember=False, lease=copy.lease)
-    store.clock.now_us = t0 + 4 * I
-    q.finish("a", "BACKOFF", remember=False, lease=first.lease)
-    store.clock.now_us = t0 + 5 * I
-    third = q.start(three, task_id="a", record=rec("a"))
-    store.clock.now_us = t0 + 5 * I + 900
-    q.finish("a", "SUCCESS")  # no lease named: it gave none back
+    copy = q.start(one, task_id="a", record=rec("a"))
+    assert (copy.verdict, copy.wait_us, copy.lease) == (Verdict.RUNNING, 10 * S - I, "")
+    store.clock.now_us = t0 + 5 * S
+    assert q.renew_leases(["a"]) == 1
+    store.clock.now_us = t0 + 14 * S
+    assert q.start(one, task_id="a", record=rec("a")).verdict is Verdict.RUNNING, "the renewal kept it"
+    store.clock.now_us = t0 + 15 * S
+    copy = q.start(one, task_id="a", record=rec("a"))
+    assert copy.authorized and copy.lease == "a" and q.status().in_flight == 1
+    store.clock.now_us = t0 + 15 * S + 500
+    q.finish("a", "SUCCESS", lease=copy.lease)
     rows = sorted(q.ledger(), key=lambda r: r.start_us)
-    assert third.authorized and q.status().in_flight == 1
     assert [(r.start_us, r.finish_us, r.outcome, r.lease_returned) for r in rows] == [
-        (t0 + I, t0 + 4 * I, "BACKOFF", True),
-        (t0 + 2 * I, t0 + 2 * I + 500, "RETRY", True),
-        (t0 + 5 * I, t0 + 5 * I + 900, "SUCCESS", False),
+        (t0 + I, None, None, None),
+        (t0 + 15 * S, t0 + 15 * S + 500, "SUCCESS", True),
     ]
+    assert q.status().in_flight == 0
 
 
 def test_a_combined_start_records_its_lease_only_where_a_cap_took_one(store: Store) -> None:

@@ -2,7 +2,9 @@
 finished (its worker process died each time: out of memory, a segfault, ``os._exit``) is
 refused once ``max_lost_deliveries`` of them were lost, without taking a slot, instead
 of being redelivered and started for ever. A finish of any kind (a retry's, a back-off's)
-clears the count; a deferral is no start and counts nothing."""
+clears the count; a deferral is no start and counts nothing. A dead worker's run stops
+renewing its lease, so its copy starts once the lease expired: the stores here keep
+leases half an interval (LEASE), and the copies come an interval apart."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from siq_celery import CombinedQueue, IntervalQueue, SiqError, Verdict
 from tests.conftest import Store
 
 I = 100_000
+LEASE = I // 2  # a dead worker's lease has expired by the next copy's start
 
 
 def lose(q: IntervalQueue, task_id: str, times: int) -> int:
@@ -26,7 +29,7 @@ def lose(q: IntervalQueue, task_id: str, times: int) -> int:
 
 
 def test_a_task_lost_with_its_worker_max_times_is_refused_without_taking_a_slot(store: Store) -> None:
-    q = store.queue(max_lost_deliveries=3)
+    q = store.queue(max_lost_deliveries=3, lease_timeout_us=LEASE)
     q.ensure()
     last = lose(q, "poison", 3)
     store.clock.now_us = last + I
@@ -40,7 +43,7 @@ def test_a_task_lost_with_its_worker_max_times_is_refused_without_taking_a_slot(
 
 
 def test_wait_for_turn_raises_a_clear_error_for_a_poison_task(store: Store) -> None:
-    q = store.queue(max_lost_deliveries=2)
+    q = store.queue(max_lost_deliveries=2, lease_timeout_us=LEASE)
     q.ensure()
     lose(q, "poison", 2)
     store.clock.advance(us=I)
@@ -52,7 +55,7 @@ def test_wait_for_turn_raises_a_clear_error_for_a_poison_task(store: Store) -> N
 
 
 def test_a_finish_of_any_kind_clears_the_count(store: Store) -> None:
-    q = store.queue(max_lost_deliveries=2)
+    q = store.queue(max_lost_deliveries=2, lease_timeout_us=LEASE)
     q.ensure()
     lose(q, "retried", 1)
     q.backend.finish(q.name, "retried", "RETRY", remember=False)  # a run that ended in self.retry()
@@ -63,7 +66,7 @@ def test_a_finish_of_any_kind_clears_the_count(store: Store) -> None:
 
 
 def test_waits_and_refusals_count_nothing(store: Store) -> None:
-    q = store.queue(max_lost_deliveries=1)
+    q = store.queue(max_lost_deliveries=1, lease_timeout_us=LEASE)
     t0 = q.ensure().last_start_us
     ticket = q.claim()
     for _ in range(3):  # deferred: asked, told to wait, never started
@@ -73,7 +76,10 @@ def test_waits_and_refusals_count_nothing(store: Store) -> None:
 
 
 def test_zero_turns_the_limit_off_and_the_default_store_has_none(store: Store) -> None:
-    for q in (store.queue("off", max_lost_deliveries=0), store.queue("default")):
+    for q in (
+        store.queue("off", max_lost_deliveries=0, lease_timeout_us=LEASE),
+        store.queue("default", lease_timeout_us=LEASE),
+    ):
         q.ensure()
         last = lose(q, "crashes", 5)
         store.clock.now_us = last + I
@@ -81,7 +87,7 @@ def test_zero_turns_the_limit_off_and_the_default_store_has_none(store: Store) -
 
 
 def test_lost_counts_are_kept_for_the_finished_retention_and_go_with_the_queue(store: Store) -> None:
-    q = store.queue(max_lost_deliveries=1, finished_retention_us=10 * I)
+    q = store.queue(max_lost_deliveries=1, finished_retention_us=10 * I, lease_timeout_us=LEASE)
     q.ensure()
     last = lose(q, "old", 1)
     store.clock.now_us = last + 5 * I
@@ -97,7 +103,7 @@ def test_lost_counts_are_kept_for_the_finished_retention_and_go_with_the_queue(s
 
 
 def test_several_limits_count_the_task_once_and_refuse_it_in_every_queue(store: Store) -> None:
-    backend = store.backend(max_lost_deliveries=2)
+    backend = store.backend(max_lost_deliveries=2, lease_timeout_us=LEASE)
     fast = IntervalQueue("{geo}per-second", interval="100ms", backend=backend)
     slow = IntervalQueue("{geo}per-2s", interval="200ms", backend=backend)
     fast.ensure()

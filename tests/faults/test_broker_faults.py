@@ -5,9 +5,11 @@ remembers finished task ids) at the interval."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -97,3 +99,29 @@ def test_rabbitmq_restarted_mid_run(fault_run: CeleryRun, rabbitmq: str) -> None
     finally:
         with Connection(rabbitmq) as conn:  # a durable queue of this test: leave the server as found
             conn.default_channel.queue_delete(fault_run.env["SIQ_TEST_QUEUE"])
+
+
+def test_a_body_longer_than_the_visibility_timeout_runs_once(fault_run: CeleryRun) -> None:
+    """The Redis broker hands a message its worker has not acknowledged within the
+    visibility timeout to another worker while the body still runs ("tasks run twice on the
+    Redis broker"). The copy finds the body's lease live (renewed every third of
+    ``siq_lease_timeout`` while it runs), is deferred, and is refused once the body finished."""
+    fault_run.env.update(
+        SIQ_TEST_INTERVAL="100ms", SIQ_TEST_HORIZON="1", SIQ_TEST_LEASE_TIMEOUT="3",
+        SIQ_TEST_TRANSPORT=json.dumps(
+            {"visibility_timeout": 2, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
+        ),
+    )  # fmt: skip
+    for name in ("a", "b", "c"):  # more pool processes than bodies: the copies find one free
+        fault_run.start_worker(name, 2).wait_ready()
+    publish(fault_run, range(3), work=6.0)
+    finishes = wait_finished(fault_run, 3, 60)
+    time.sleep(4)  # a copy deferred past the finishes comes back and is refused
+    starts = fault_run.starts()
+    held = sum(w.log().count("is running elsewhere") for w in fault_run.workers)
+    print(f"\n3 bodies of 6 s, visibility timeout 2 s: {held} copies found their body running, "
+          f"{skipped_copies(fault_run)} refused after it finished; starts per task "
+          f"{sorted(Counter(s['n'] for s in starts).values())}")  # fmt: skip
+    assert held >= 1, "no copy came while a body ran: the test did not test"
+    assert sorted(finishes) == [0, 1, 2] and max(finishes.values()) == 1
+    assert sorted(s["n"] for s in starts) == [0, 1, 2], "every body ran exactly once"

@@ -172,3 +172,29 @@ def test_a_worker_started_while_the_store_is_down_announces_as_soon_as_it_is_bac
     assert min(gaps) >= 100.0, "tasks ran at the interval stored before the announcement"
     assert "could not announce this worker's interval declarations, the state store is unreachable" in log
     assert "queue 'geo': declared interval 5ms -> 100ms by new@siq-test" in log
+
+
+def test_a_finish_the_store_missed_is_recorded_when_it_is_back(fault_run: CeleryRun, store: ControlledRedis) -> None:
+    """Bodies end while the store is down: their finishes cannot be recorded. Each is tried
+    again from its worker process, its lease renewed meanwhile, until the store is back (a
+    redelivered copy then finds the task finished: tests/test_task_unit.py)."""
+    fault_run.env.update(SIQ_TEST_INTERVAL="100ms", SIQ_TEST_LEASE_TIMEOUT="6")
+    for name in ("a", "b"):
+        fault_run.start_worker(name, 2).wait_ready()
+    publish(fault_run, range(2), work=1.5)
+    fault_run.wait_for(lambda s: len(s) >= 2, 30, "both bodies running")
+    time.sleep(0.3)
+    store.shutdown_saving()  # the bodies end while it is down
+    time.sleep(3.5)
+    store.start()  # with its data: the starts and leases it had
+    finishes = wait_finished(fault_run, 2, 30)
+    deadline = time.monotonic() + 10
+    while IntervalQueue("geo", url=store.url(0)).status().finished < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    status = IntervalQueue("geo", url=store.url(0)).status()
+    logs = "".join(w.log() for w in fault_run.workers)
+    print(f"\nstore down 3.5 s as 2 bodies ended: {logs.count('recorded after all')} finishes recorded after all; "
+          f"the store knows {status.finished} finished")  # fmt: skip
+    assert logs.count("recorded after all") == 2 and status.finished == 2
+    assert sorted(finishes) == [0, 1] and max(finishes.values()) == 1
+    assert sorted(s["n"] for s in fault_run.starts()) == [0, 1]

@@ -184,8 +184,11 @@ def test_a_task_that_kills_its_pool_process_fails_after_the_limit_and_the_queue_
     body kills its prefork process each time it runs, so the broker hands it back each
     time. It starts ``siq_max_lost_deliveries`` (3) times, then the next delivery is
     refused: FAILURE in the result backend with LostDeliveriesError, one log line, never
-    started again; every other task of the queue runs once."""
-    fault_run.env.update(SIQ_TEST_RESULTS=fault_run.env["SIQ_TEST_RECORD"].rsplit("/", 1)[0] + "/1")
+    started again; every other task of the queue runs once. (Each copy waits for the dead
+    run's lease to expire: 2 s here.)"""
+    fault_run.env.update(
+        SIQ_TEST_RESULTS=fault_run.env["SIQ_TEST_RECORD"].rsplit("/", 1)[0] + "/1", SIQ_TEST_LEASE_TIMEOUT="2"
+    )
     worker = fault_run.start_worker("node", 2).wait_ready()
     poison = fault_run.app.tasks["geo.crash"].apply_async((-1,))
     publish(fault_run, range(20))

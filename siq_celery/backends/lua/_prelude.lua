@@ -397,9 +397,11 @@ end
 -- due later stays where it is); a start of cost c is recorded as if its last slot were
 -- used c - 1 intervals from now. GCRA: T = max(T, now) + cost intervals; with a burst the
 -- line keeps its grid, at most burst intervals behind. With a quota the start joins the
--- window (wkey). With a concurrency cap the start takes one lease, whatever its cost: member,
--- expiring at expires, in lkey. Returns the member taken, or ''.
-local function siq_commit(key, s, ticket, cost, now, wkey, lkey, member, expires)
+-- window (wkey). The start takes one lease, whatever its cost: member, expiring at expires,
+-- in lkey, under a concurrency cap or when run is true (the run's lease, named by its task
+-- id: siq_running); a queue without a cap first forgets its expired ones (a capped queue's
+-- were read by siq_decide). Returns the member taken, or ''.
+local function siq_commit(key, s, ticket, cost, now, wkey, lkey, member, expires, run)
   local i, old = s.interval_us, s.current
   if ticket > 0 and ticket + cost - 1 > s.current then s.current = ticket + cost - 1 end
   s.started_us = now  -- what the status shows; the cap counts from the last slot used
@@ -417,11 +419,19 @@ local function siq_commit(key, s, ticket, cost, now, wkey, lkey, member, expires
     redis.call('HSET', key, 'current', s.current, 'anchor_us', s.anchor_us, 'last_start_us', s.last_start_us,
                'started_us', s.started_us)
   end
-  if s.concurrency > 0 and member and member ~= '' then
-    redis.call('ZADD', lkey, expires, member)
-    return member
-  end
-  return ''
+  if not member or member == '' or (s.concurrency <= 0 and not run) then return '' end
+  if s.concurrency <= 0 then redis.call('ZREMRANGEBYSCORE', lkey, '-inf', now) end
+  redis.call('ZADD', lkey, expires, member)
+  return member
+end
+
+-- The expiry of the live lease of a run of task_id in lkey (model.running_copy), or nil: a
+-- copy of that task still runs, and another copy is answered 'running'.
+local function siq_running(lkey, task_id, now)
+  if task_id == '' then return nil end
+  local expires = tonumber(redis.call('ZSCORE', lkey, task_id))
+  if expires and expires > now then return expires end
+  return nil
 end
 
 -- A start in the ledger stream (e=s). Short field names: a stream keeps them per entry.
@@ -445,7 +455,7 @@ local function siq_ledger_start(key, cap, s, ticket, task_id, slot, now, name, h
       table.insert(entry, f[2])
     end
   end
-  if lease and lease ~= '' then
+  if lease and lease ~= '' and s.concurrency > 0 then  -- a run's lease without a cap: not the audit's
     table.insert(entry, 'lt')
     table.insert(entry, lease_ttl)
     table.insert(entry, 'l')

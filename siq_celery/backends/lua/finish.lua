@@ -16,8 +16,8 @@
 -- ARGV[6]  outcome for the ledger (SUCCESS, FAILURE)
 -- ARGV[7]  1: remember the task as finished; 0: only write the ledger entry
 -- ARGV[8]  idle expiry in microseconds (0: never; see siq_touch)
--- ARGV[9]  the run's concurrency lease, given back in this step ('' none); the ledger entry
---          names it (l: its tag), with x=1 if it had expired (not given back here)
+-- ARGV[9]  the run's lease, given back in this step ('' none); under a concurrency cap the
+--          ledger entry names it (l: its tag), with x=1 if it had expired (not given back here)
 -- Returns the number of records kept.
 local now = siq_now(ARGV[1])
 local cap = tonumber(ARGV[5]) or 0
@@ -33,11 +33,13 @@ local entry = {'e', 'f', 'id', ARGV[2], 'ft', now, 'o', ARGV[6]}
 if ARGV[9] and ARGV[9] ~= '' then
   local s = siq_load(KEYS[3])  -- corrupt or missing state: the lease is given back all the same
   local kept = siq_give_back(KEYS[11], KEYS[3], s, ARGV[9], now)
-  table.insert(entry, 'l')
-  table.insert(entry, siq_lease_tag(ARGV[2], ARGV[9]))
-  if kept ~= 1 then  -- it had expired: not given back here
-    table.insert(entry, 'x')
-    table.insert(entry, 1)
+  if s and s.concurrency > 0 then  -- the ledger names a lease taken under a cap only
+    table.insert(entry, 'l')
+    table.insert(entry, siq_lease_tag(ARGV[2], ARGV[9]))
+    if kept ~= 1 then  -- it had expired: not given back here
+      table.insert(entry, 'x')
+      table.insert(entry, 1)
+    end
   end
 end
 if cap > 0 then

@@ -21,11 +21,14 @@
 -- ARGV[14]  starts without a finish after which task ARGV[4] is refused ('lost'); 0: no limit
 -- ARGV[15], ARGV[16]  retention (microseconds) and most records kept of those counts
 -- ARGV[17..20]  burst, quota, window (microseconds), concurrency for a state created here
--- ARGV[21]  the lease member an authorized start takes in a queue with a concurrency cap
+-- ARGV[21]  the lease member an authorized start takes: the run's (named ARGV[4], taken in any
+--           queue; a copy of the task is answered 'running' while it is live), or another
+--           (taken only in a queue with a concurrency cap)
 -- ARGV[22]  the lease's time to live (microseconds): siq_lease_timeout
 -- KEYS[10]  the queue's window (siq_units); KEYS[11]  its leases (siq_read_leases)
 -- Returns {verdict, ticket, now_us, wait_us, slot_us, interval_us, lease, full}; verdict is one of
--- 'authorized', 'wait', 'paused', 'reclaim', 'duplicate', 'lost'. With 'paused', wait_us is the
+-- 'authorized', 'wait', 'paused', 'reclaim', 'duplicate', 'running', 'lost'. With 'running', wait_us
+-- is until the running copy's lease expires (unless renewed). With 'paused', wait_us is the
 -- ticket's distance behind the head of the line (interval x tickets ahead of it). lease: the
 -- member taken ('' none); full: 1 when 'wait' because the concurrency cap is full.
 local now = siq_now(ARGV[1])
@@ -50,6 +53,11 @@ if ARGV[4] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[4]) then
   refused('duplicate')
   return {'duplicate', ticket, now, 0, 0, 0, '', 0}
 end
+local running = siq_running(KEYS[11], ARGV[4], now)  -- a copy of this task runs (model.running_copy)
+if running then
+  refused('running')
+  return {'running', ticket, now, running - now, 0, s.interval_us, '', 0}
+end
 local max_lost = ARGV[4] ~= '' and tonumber(ARGV[14]) or 0  -- poison messages (model.too_many_lost)
 if max_lost > 0 and siq_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15])) >= max_lost then
   return {'lost', ticket, now, 0, 0, 0, '', 0}
@@ -66,7 +74,8 @@ if verdict ~= 'authorized' then
   return {verdict, ticket, now, wait, slot, interval, '', full and 1 or 0}
 end
 local interval = s.interval_us  -- the interval this start was measured against
-local lease = siq_commit(KEYS[1], s, ticket, cost, now, KEYS[10], KEYS[11], ARGV[21], now + tonumber(ARGV[22]))
+local lease = siq_commit(KEYS[1], s, ticket, cost, now, KEYS[10], KEYS[11], ARGV[21], now + tonumber(ARGV[22]),
+                        ARGV[4] ~= '' and ARGV[21] == ARGV[4])
 if max_lost > 0 then siq_count_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15]), tonumber(ARGV[16])) end
 siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11], cost,
                  lease, tonumber(ARGV[22]))

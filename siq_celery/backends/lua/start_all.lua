@@ -21,8 +21,9 @@
 --             task ARGV[2] is refused ('lost', 0: no limit), the retention (microseconds) and
 --             the most records kept of those counts; then per queue i, four values: burst,
 --             quota, window, concurrency for a state created here; then the lease member the
---             start takes in each queue with a concurrency cap, and the lease's time to live
---             (microseconds)
+--             start takes in each queue with a concurrency cap (and in the first queue when it
+--             is the run's, named ARGV[2]: a copy is answered 'running' while it is live), and
+--             the lease's time to live (microseconds)
 -- Returns one {verdict, ticket, now_us, wait_us, slot_us, interval_us, lease, full} per queue.
 local now = siq_now(ARGV[1])
 local cost = tonumber(ARGV[8]) or 1
@@ -67,6 +68,12 @@ if ARGV[2] ~= '' and redis.call('ZSCORE', key(1, 2), ARGV[2]) then
   count('duplicate')
   return replies
 end
+local running = siq_running(key(1, 11), ARGV[2], now)  -- a copy of this task runs (model.running_copy)
+if running then
+  for i = 1, n do replies[i] = {'running', tickets[i], now, running - now, 0, states[i].interval_us, '', 0} end
+  count('running')
+  return replies
+end
 if max_lost > 0 and siq_unfinished(key(1, 9), ARGV[2], now, tonumber(ARGV[lost_args + 1])) >= max_lost then
   for i = 1, n do replies[i] = {'lost', tickets[i], now, 0, 0, 0, '', 0} end
   return replies
@@ -100,13 +107,14 @@ if not all then
   return replies
 end
 local cap = tonumber(ARGV[3]) or 0
+local run = ARGV[2] ~= '' and ARGV[lease_args] == ARGV[2]  -- the run's lease, in the first queue
 if max_lost > 0 then
   siq_count_unfinished(key(1, 9), ARGV[2], now, tonumber(ARGV[lost_args + 1]), tonumber(ARGV[lost_args + 2]))
 end
 for i = 1, n do
   local s = states[i]
   replies[i][7] = siq_commit(key(i, 1), s, tickets[i], cost, now, key(i, 10), key(i, 11),
-                              ARGV[lease_args], now + tonumber(ARGV[lease_args + 1]))
+                              ARGV[lease_args], now + tonumber(ARGV[lease_args + 1]), i == 1 and run)
   siq_ledger_start(key(i, 3), cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7], cost,
                    replies[i][7], tonumber(ARGV[lease_args + 1]))
   siq_count_start(key(i, 8), now, replies[i][5], replies[i][6], tonumber(ARGV[7]) or 0)
