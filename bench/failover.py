@@ -125,7 +125,7 @@ def one_run(
         stack.callback(lambda: shutil.copytree(sset.tmp.name, logdir / "servers", dirs_exist_ok=True))
         stack.callback(run.close)
         run.start_workers(args.nodes, args.concurrency)
-        publish(run, range(tasks))
+        publish(run, range(tasks), **({"work": args.work} if args.work else {}))
         run.wait_for(lambda s: len(s) >= max(2, tasks // 3), 60 + tasks * interval_s, "a third of the tasks")
         times = inject(fault, sset, run, interval_s, args)
         wait_done(run, tasks, args.timeout or 60 + 2 * tasks * interval_s, VISIBILITY_TIMEOUT_S + 4)
@@ -149,6 +149,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--stop", type=float, default=6.0, help="partition: seconds the master stays stopped")
     parser.add_argument("--lag", type=float, default=3.0, help="lag: seconds the replica misses the master's writes")
+    parser.add_argument("--work", type=float, default=0.0, help="seconds each body takes (default: none)")
     parser.add_argument("--timeout", type=float, default=0.0, help="seconds to wait for every task (0: from the run)")
     parser.add_argument("--logdir", default="", help="where each run's logs stay (default: a new temp dir)")
     args = parser.parse_args()
@@ -156,7 +157,8 @@ def main() -> None:
     if unknown := set(faults) - set(FAULTS):
         parser.error(f"unknown fault(s) {sorted(unknown)}: choose from {', '.join(FAULTS)}")
     logroot = Path(args.logdir or tempfile.mkdtemp(prefix="siq-failover-"))
-    print(f"# failover: {args.nodes} nodes x -c {args.concurrency}, interval {args.interval}, {args.tasks} tasks; "
+    print(f"# failover: {args.nodes} nodes x -c {args.concurrency}, interval {args.interval}, {args.tasks} tasks "
+          f"(bodies {args.work:g} s); "
           f"{platform.python_version()}, {platform.machine()}; logs in {logroot}")  # fmt: skip
     rows = []
     for fault in faults:
