@@ -1,0 +1,353 @@
+"""The failover harness: a state store behind Redis Sentinel (a master, one replica and
+three sentinels, all from one ``redis-server`` binary), and the faults of issue 27 on it.
+
+:class:`SentinelSet` starts and stops the five processes (by pid, each in a temp dir)
+and injects the faults: the master killed, the master stopped and resumed (a partition
+and its return), a lagging replica promoted. Every wait is bounded. The broker and the
+records the task bodies write (tests/apps/geo.py) live on servers of their own
+(:class:`tests.faults.conftest.ControlledRedis`), never on the set that fails over.
+:func:`failover_env` builds the environment of the test app on those three.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from siq_celery.embedded import free_port, redis_server_binary
+from tests.faults.conftest import ControlledRedis
+from tests.integration.conftest import ROOT
+
+SERVICE = "mymaster"
+#: Sentinel settings of the issue's setup: a master is down after 1 s without a reply.
+DOWN_AFTER_MS = 1000
+FAILOVER_TIMEOUT_MS = 5000
+QUORUM = 2
+
+
+class HarnessError(RuntimeError):
+    """A process of the harness did not come up, or a wait ran out of time."""
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, every: float = 0.05) -> float:
+    """Poll ``predicate`` until it is true; the seconds it took. HarnessError after ``timeout`` s."""
+    started = time.monotonic()
+    while True:
+        with contextlib.suppress(redis.RedisError, OSError):
+            if predicate():
+                return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise HarnessError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+@dataclass
+class Server:
+    """One ``redis-server`` process of the set (a data server or a sentinel)."""
+
+    name: str
+    port: int
+    dir: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def conf(self) -> Path:
+        return self.dir / f"{self.name}.conf"
+
+    @property
+    def logfile(self) -> Path:
+        return self.dir / f"{self.name}.log"
+
+    def client(self, timeout: float = 1.0) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=timeout, socket_connect_timeout=timeout)
+
+    def start(self, *extra: str) -> Server:
+        with open(self.logfile, "ab") as log:
+            self.process = subprocess.Popen([redis_server_binary(), str(self.conf), *extra],
+                                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        wait_until(lambda: bool(self.client(0.2).ping()) or self.exited(), 10, f"{self.name} on {self.port}")
+        if self.exited():
+            raise HarnessError(f"{self.name} exited at start:\n{self.log()[-2000:]}")
+        return self
+
+    def exited(self) -> bool:
+        return self.process is None or self.process.poll() is not None
+
+    def signal(self, sig: int) -> None:
+        if not self.exited():
+            assert self.process is not None
+            os.kill(self.process.pid, sig)
+
+    def kill(self) -> None:
+        if not self.exited():
+            assert self.process is not None
+            self.signal(signal.SIGCONT)  # a stopped process dies of SIGKILL too, but let it go cleanly
+            self.process.kill()
+            self.process.wait(10)
+
+    def log(self) -> str:
+        return self.logfile.read_text(errors="replace") if self.logfile.exists() else ""
+
+
+class SentinelSet:
+    """A master, one replica and three sentinels (``mymaster``, quorum 2,
+    ``down-after-milliseconds`` 1000, ``failover-timeout`` 5000) on free loopback ports.
+
+    ``with SentinelSet() as s: s.url`` is the store URL a user would write,
+    ``redis+sentinel://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/mymaster/0``.
+    """
+
+    def __init__(self, *, down_after_ms: int = DOWN_AFTER_MS, failover_timeout_ms: int = FAILOVER_TIMEOUT_MS) -> None:
+        self.tmp = tempfile.TemporaryDirectory(prefix="siq-sentinel-")
+        base = Path(self.tmp.name)
+        self.down_after_ms, self.failover_timeout_ms = down_after_ms, failover_timeout_ms
+        self.data = [Server(name, free_port(), base) for name in ("redis-a", "redis-b")]
+        self.sentinels = [Server(f"sentinel-{i}", free_port(), base) for i in range(3)]
+        #: The data server each fault was injected on (the master of the moment).
+        self.old_master: Server | None = None
+        self.fault_at = 0.0  #: time.time() of the last fault
+        self._cut: tuple[Server, Server] | None = None  #: (master, replica) of cut_replica
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{SERVICE}/0"
+
+    def start(self, timeout: float = 30.0) -> SentinelSet:
+        master, replica = self.data
+        for server in self.data:
+            lines = [f"port {server.port}", "bind 127.0.0.1", "protected-mode no", 'save ""', "appendonly no",
+                     f"dir {server.dir}", "repl-diskless-sync no"]  # fmt: skip
+            if server is replica:
+                lines.append(f"replicaof 127.0.0.1 {master.port}")
+            server.conf.write_text("\n".join(lines) + "\n")
+            server.start()
+        wait_until(lambda: self._link_up(replica), timeout, "the replica's first sync")
+        for sentinel in self.sentinels:
+            sentinel.conf.write_text("\n".join([
+                f"port {sentinel.port}", "bind 127.0.0.1", "protected-mode no", f"dir {sentinel.dir}",
+                f"sentinel monitor {SERVICE} 127.0.0.1 {master.port} {QUORUM}",
+                f"sentinel down-after-milliseconds {SERVICE} {self.down_after_ms}",
+                f"sentinel failover-timeout {SERVICE} {self.failover_timeout_ms}",
+                f"sentinel parallel-syncs {SERVICE} 1",
+            ]) + "\n")  # fmt: skip
+            sentinel.start("--sentinel")
+        # Every sentinel knows the replica and the two others (through the master's hello channel).
+        wait_until(lambda: all(self._sees_all(s) for s in self.sentinels), timeout, "the sentinels to see each other")
+        return self
+
+    def _link_up(self, replica: Server) -> bool:
+        info = replica.client().info("replication")
+        return info.get("role") == "slave" and info.get("master_link_status") == "up"
+
+    def _sees_all(self, sentinel: Server) -> bool:
+        master: dict[str, Any] = sentinel.client().sentinel_master(SERVICE)  # type: ignore[assignment]
+        return int(master["num-slaves"]) >= 1 and int(master["num-other-sentinels"]) >= len(self.sentinels) - 1
+
+    def master_addresses(self) -> list[int | None]:
+        """The master's port as each sentinel reports it now (None: no answer)."""
+        ports: list[int | None] = []
+        for sentinel in self.sentinels:
+            try:
+                reply = sentinel.client(0.5).execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+                ports.append(int(reply[1]) if reply else None)
+            except (redis.RedisError, OSError):
+                ports.append(None)
+        return ports
+
+    def master_port(self) -> int:
+        """The master's port, as the first sentinel that answers sees it."""
+        for port in self.master_addresses():
+            if port is not None:
+                return port
+        raise HarnessError("no sentinel answers")
+
+    def master(self) -> Server:
+        port = self.master_port()
+        return next(s for s in self.data if s.port == port)
+
+    def replica(self) -> Server:
+        port = self.master_port()
+        return next(s for s in self.data if s.port != port)
+
+    # The faults. Each remembers the server it hit (``old_master``) and the moment
+    # (``fault_at``, time.time()); wait_promotion() times the failover from there.
+
+    def kill_master(self) -> float:
+        """Fault 1: SIGKILL the master. Its unreplicated writes are gone."""
+        self.old_master = self.master()
+        self.fault_at = time.time()
+        self.old_master.kill()
+        return self.fault_at
+
+    def stop_master(self) -> float:
+        """Fault 2, first half: SIGSTOP the master (it hangs, as behind a cut network)."""
+        self.old_master = self.master()
+        self.fault_at = time.time()
+        self.old_master.signal(signal.SIGSTOP)
+        return self.fault_at
+
+    def cont_master(self) -> None:
+        """Fault 2, second half: SIGCONT the old master. It comes back a writable master,
+        with the clients still connected to it, until Sentinel turns it into a replica."""
+        assert self.old_master is not None
+        self.old_master.signal(signal.SIGCONT)
+
+    def lag_replica(self, lag: float = 3.0) -> float:
+        """Fault 3: a lagging replica promoted. :meth:`cut_replica`, let the master take
+        writes for ``lag`` seconds, then :meth:`promote_lagging`: Sentinel promotes a
+        replica that missed the master's last ``lag`` s of writes. The moment of the kill."""
+        self.cut_replica()
+        time.sleep(lag)
+        return self.promote_lagging()
+
+    def cut_replica(self) -> None:
+        """Freeze the replica (SIGSTOP) and cut its link (``CLIENT KILL TYPE replica`` on
+        the master): from now on it gets none of the master's writes. (What the master had
+        sent before the cut is still delivered when it resumes.) Keep the lag short: a
+        replica whose link was down longer than 10 x down-after is never promoted."""
+        self._cut = (self.master(), self.replica())
+        self._cut[1].signal(signal.SIGSTOP)
+        self._cut[0].client().execute_command("CLIENT", "KILL", "TYPE", "replica")
+
+    def promote_lagging(self) -> float:
+        """SIGKILL the master and SIGCONT the cut replica; the moment of the kill."""
+        assert self._cut is not None, "cut_replica() first"
+        master, replica = self._cut
+        self.old_master = master
+        self.fault_at = time.time()
+        master.kill()
+        replica.signal(signal.SIGCONT)
+        return self.fault_at
+
+    def wait_promotion(self, timeout: float = 30.0) -> float:
+        """Seconds from the last fault until a sentinel reports a new master address
+        (``SENTINEL get-master-addr-by-name``), polled every 20 ms."""
+        assert self.old_master is not None, "no fault injected"
+        old = self.old_master.port
+        wait_until(lambda: any(p not in (None, old) for p in self.master_addresses()), timeout,
+                   "a sentinel to report a new master", every=0.02)  # fmt: skip
+        return time.time() - self.fault_at
+
+    def wait_demoted(self, timeout: float = 30.0) -> float:
+        """After :meth:`cont_master`: seconds until the old master reports itself a replica."""
+        assert self.old_master is not None
+        old = self.old_master
+        return wait_until(lambda: old.client(0.5).info("replication")["role"] == "slave", timeout,
+                          "the old master to become a replica", every=0.05)  # fmt: skip
+
+    def restore(self, timeout: float = 30.0) -> None:
+        """Bring a killed old master back as a replica of the new one (a set that can fail over again)."""
+        if self.old_master is not None and self.old_master.exited():
+            self.old_master.start()
+            wait_until(lambda: self.old_master is not None and self._link_up(self.old_master), timeout,
+                       "the old master to rejoin as a replica")  # fmt: skip
+
+    def stop(self) -> None:
+        """Kill every process of the set by its pid (resumed first if stopped), remove the temp dir."""
+        for server in [*self.sentinels, *self.data]:
+            with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+                server.kill()
+        self.tmp.cleanup()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {s.name}\n{s.log()[-3000:]}" for s in [*self.data, *self.sentinels])
+
+    def __enter__(self) -> SentinelSet:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@pytest.fixture
+def sentinel_set() -> Iterator[SentinelSet]:
+    with SentinelSet() as s:
+        yield s
+
+
+#: The app's Redis broker visibility timeout (issue 27): an unacknowledged message (held by
+#: ETA, prefetched, or running) comes back after 8 s.
+VISIBILITY_TIMEOUT_S = 8
+
+
+def failover_env(store_url: str, broker: ControlledRedis, records: ControlledRedis, interval: str) -> dict[str, str]:
+    """The environment of tests/apps/geo.py for a run on ``store_url`` (the sentinel URL)."""
+    return {
+        "SIQ_TEST_QUEUE": f"siq-failover-{uuid.uuid4().hex[:12]}",
+        "SIQ_TEST_BROKER": broker.url(1),
+        "SIQ_TEST_STORE": store_url,
+        "SIQ_TEST_RECORD": records.url(0),
+        "SIQ_TEST_INTERVAL": interval,
+        "SIQ_TEST_TRANSPORT": json.dumps(
+            {"visibility_timeout": VISIBILITY_TIMEOUT_S, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
+        ),
+        "SIQ_TEST_HORIZON": str(VISIBILITY_TIMEOUT_S - 2),  # nothing waits by ETA as long as the visibility timeout
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+
+
+@dataclass
+class Figures:
+    """What one failover run measured, from the bodies' records (host clock) and the set."""
+
+    tasks: int
+    completed: int  #: distinct tasks that finished
+    ran_twice: list[int]  #: tasks whose body started more than once (by task id)
+    smallest_gap_ms: float
+    below_cap: int  #: gaps between consecutive body starts below 0.9 x the interval
+    stall_s: float  #: the largest gap between consecutive body starts from the fault on
+    promotion_s: float
+    close_pairs: list[tuple[dict[str, Any], dict[str, Any]]]  #: the starts of each gap below the cap
+
+    def line(self) -> str:
+        return (f"completed {self.completed}/{self.tasks}, ran twice {len(self.ran_twice)}, smallest gap "
+                f"{self.smallest_gap_ms:.1f} ms, gaps < 0.9 I {self.below_cap}, stall {self.stall_s:.2f} s, "
+                f"promotion {self.promotion_s:.2f} s")  # fmt: skip
+
+
+def measure(
+    starts: list[dict[str, Any]],
+    finishes: list[dict[str, Any]],
+    tasks: int,
+    interval_ms: float,
+    fault_at: float,
+    promotion_s: float,
+) -> Figures:
+    """The figures of a run from the records (geo.record's starts and finishes)."""
+    by_id = Counter(s["task_id"] for s in starts)
+    twice = sorted({s["n"] for s in starts if by_id[s["task_id"]] > 1})
+    ordered = sorted(starts, key=lambda s: s["t"])
+    pairs = list(itertools.pairwise(ordered))
+    gaps = [(b["t"] - a["t"]) * 1000 for a, b in pairs]
+    cap = 0.9 * interval_ms
+    around = [(b["t"] - a["t"]) for a, b in pairs if b["t"] >= fault_at]
+    return Figures(
+        tasks=tasks,
+        completed=len({f["n"] for f in finishes}),
+        ran_twice=twice,
+        smallest_gap_ms=min(gaps) if gaps else float("nan"),
+        below_cap=sum(g < cap for g in gaps),
+        stall_s=max(around, default=0.0),
+        promotion_s=promotion_s,
+        close_pairs=[(a, b) for (a, b), g in zip(pairs, gaps, strict=True) if g < cap],
+    )
