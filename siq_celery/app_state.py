@@ -12,7 +12,7 @@ from typing import Any
 
 from .backends import Backend, backend_from_url
 from .combined import CombinedQueue, declared_combined_queue
-from .errors import ConfigurationError
+from .errors import ConfigurationError, redacted_url
 from .intervals import IntervalLike, parse_interval
 from .limits import Limit, QuotaLike, limits_of
 from .lru import LRUCache
@@ -54,8 +54,20 @@ class SiqState:
                 ledger_max=s.ledger_max,
                 max_lost_deliveries=s.max_lost_deliveries,
                 lease_timeout_us=round(s.lease_timeout * 1e6),
+                **self._replication(s),
             )
         return self._backend
+
+    @staticmethod
+    def _replication(s: SiqSettings) -> dict[str, Any]:
+        if not s.store_replicas:
+            return {}
+        if not s.url.startswith(("redis", "rediss", "unix")):
+            raise ConfigurationError(
+                f"app.conf.siq_store_replicas = {s.store_replicas}: replicas are a Redis store's; siq_url is "
+                f"{redacted_url(s.url)!r}"
+            )
+        return {"replicas": s.store_replicas, "replica_timeout_ms": max(round(s.store_replica_timeout * 1000), 1)}
 
     def queue(
         self, name: str, interval: IntervalLike | Limit | None, *, per_key: bool = False, burst: int | None = None,

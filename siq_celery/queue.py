@@ -57,7 +57,9 @@ MAX_RESTAMPS = 3
 RESUME_GRACE_S = 1.0  # the longest paused poll of wait_for_turn
 MAX_RESUME_GRACE_S = 86_400.0  # one day, like the longest interval
 PAUSED_POLL_S = (0.05, 1.0)  # first and largest poll period while paused
-UNAVAILABLE_RETRY_S = (0.1, 5.0)  # first and largest retry period while the store is down
+#: First and largest retry period while the store is down: after a failover a start reaches the
+#: promoted master within a second of the promotion.
+UNAVAILABLE_RETRY_S = (0.1, 1.0)
 CORRUPT_RETRY_S = (1.0, 30.0)  # ... while the queue's state is corrupt (an operator must act)
 
 

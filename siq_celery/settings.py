@@ -10,6 +10,10 @@
   a body whose process died (SIGKILL, a hard time limit, a revoke that terminates) expires
   this long after its last renewal, and its copy runs then; a running body's lease is
   renewed every third of it (leases.py).
+* ``siq_store_replicas`` (0) and ``siq_store_replica_timeout`` (1 s): on a Redis master with
+  replicas (Sentinel), a start or a finish counts only once that many replicas acknowledged
+  it (``WAIT``) within the timeout: a failover keeps it, and a master cut off from its
+  replicas authorizes nothing (docs/design.md, "The guarantees").
 * ``siq_key_prefix`` (``"siq"``): prefix of every store key (two apps on one Redis).
 * ``siq_max_sleep`` (0.1 s): waits up to this are slept in the worker process, holding a
   pool slot; longer ones go back to the broker by ETA.
@@ -98,6 +102,8 @@ class SiqSettings:
     default_quota: Any = None
     default_concurrency: int | None = None
     lease_timeout: float = 10.0
+    store_replicas: int = 0
+    store_replica_timeout: float = 1.0
     #: Celery's task_protocol 1 keeps the ETA in the body: a publish claims before it builds
     #: the message (read once, as the rest: the publish path reads no app.conf).
     protocol_1: bool = False
@@ -152,6 +158,8 @@ class SiqSettings:
             default_quota=_checked_setting(conf, "siq_default_quota", parse_quota),
             default_concurrency=_checked_setting(conf, "siq_default_concurrency", validate_concurrency),
             lease_timeout=_seconds(conf, "siq_lease_timeout", 10.0, minimum=1.0),
+            store_replicas=_count(conf, "siq_store_replicas", 0, maximum=16),
+            store_replica_timeout=_seconds(conf, "siq_store_replica_timeout", 1.0, minimum=0.001),
         )
 
 

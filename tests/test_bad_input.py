@@ -195,3 +195,24 @@ def test_a_back_off_that_cannot_be_read_suggests_durations_not_rates() -> None:
     with pytest.raises(InvalidIntervalError, match="negative"):
         parse_duration("-1s")
     assert parse_duration("1d") == 86_400_000_000
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({"siq_store_replicas": -1}, "siq_store_replicas"),
+        ({"siq_store_replicas": 17}, "siq_store_replicas"),
+        ({"siq_store_replicas": "1"}, "siq_store_replicas"),
+        ({"siq_store_replicas": 1, "siq_url": "sqlite:///x.db"}, "a Redis store's"),
+        ({"siq_store_replica_timeout": 0}, "siq_store_replica_timeout"),
+    ],
+)
+def test_bad_replica_settings_name_the_setting(conf: dict[str, object], message: str) -> None:
+    from celery import Celery
+
+    from siq_celery.app_state import siq_state
+
+    app = Celery("bad", broker="memory://", set_as_current=False)
+    app.conf.update({"siq_url": "redis://127.0.0.1:1/0", **conf})
+    with pytest.raises(ConfigurationError, match=message):
+        siq_state(app).backend  # noqa: B018

@@ -10,6 +10,7 @@ URLs: ``redis://[[user]:password@]host:port/db``, ``rediss://`` (TLS), ``unix://
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import resources
@@ -73,6 +74,7 @@ ACL_RULES = (
     "+evalsha", "+eval", "+script|load", "+ping", "+select", "+scan", "+del", "+exists", "+pexpire", "+persist",
     "+time", "+hmget", "+hset", "+zscore", "+zadd", "+zremrangebyscore", "+zremrangebyrank", "+zcard",
     "+xadd", "+xrange", "+hget", "+hgetall", "+hdel", "+zrange", "+zrangebyscore", "+zrem", "+hincrby", "+zcount",
+    "+wait",
 )  # fmt: skip
 
 SCRIPTS = (
@@ -86,6 +88,18 @@ _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, RedisClusterException
 _AUTHENTICATION = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
 #: Whatever redis-py raises (its Cluster errors are not RedisErrors).
 _REDIS_ERRORS = (redis.RedisError, RedisClusterException)
+
+
+class Unreplicated(StoreUnavailableError):
+    """A write (``reply``) that fewer than ``replicas`` replicas acknowledged in time."""
+
+    def __init__(self, queue: str, name: str, reply: Any, acked: int, replicas: int, timeout_ms: int) -> None:
+        super().__init__(
+            f"queue {queue!r}: the store's {name} was acknowledged by {acked} of {replicas} replica(s) within "
+            f"{timeout_ms} ms (siq_store_replicas): a master cut off from its replicas, or one whose replicas are "
+            "down; nothing starts on it, and siq_celery asks Sentinel for the master again"
+        )
+        self.reply = reply
 
 
 def store_error(exc: Exception, queue: str | None = None) -> Exception:
@@ -124,6 +138,10 @@ def load_script_source(name: str) -> str:
     lua = resources.files("siq_celery.backends") / "lua"
     return (lua / "_prelude.lua").read_text("utf-8") + "\n" + (lua / f"{name}.lua").read_text("utf-8")
 
+
+#: How long a start or a finish waits for siq_store_replicas replicas to acknowledge it.
+DEFAULT_REPLICA_TIMEOUT_MS = 1000
+MAX_REPLICAS = 16
 
 #: Seconds a store command may take before it counts as unreachable (a hung server or a
 #: dropped network must not hold a worker forever), and to open a connection.
@@ -299,11 +317,22 @@ class RedisBackend(Backend):
         "redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel",
     )  # fmt: skip
 
-    def __init__(self, client: Any = None, *, connect: Callable[[], Any] | None = None, **options: Any) -> None:
+    def __init__(
+        self, client: Any = None, *, connect: Callable[[], Any] | None = None, replicas: int = 0,
+        replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS, **options: Any,
+    ) -> None:  # fmt: skip
         """``client``: a redis-py client; or ``connect``, called on first use (a Cluster
         or Sentinel client connects when built, and a worker must be able to import its
-        app while the store is down)."""
+        app while the store is down). ``replicas`` (``siq_store_replicas``): a start or a
+        finish counts only once that many replicas acknowledged it (``WAIT``, at most
+        ``replica_timeout_ms``), so a failover to one of them keeps it, and a master cut
+        off from its replicas authorizes nothing (:meth:`_run_replicated`)."""
         super().__init__(**options)
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 0 <= replicas <= MAX_REPLICAS:
+            raise ConfigurationError(
+                f"siq_store_replicas takes a whole number from 0 to {MAX_REPLICAS}, not {replicas!r}"
+            )
+        self.replicas, self.replica_timeout_ms = replicas, max(int(replica_timeout_ms), 1)
         if (client is None) == (connect is None):
             raise ConfigurationError("RedisBackend takes exactly one of client= and connect=")
         self._client, self._connect = client, connect
@@ -339,6 +368,44 @@ class RedisBackend(Backend):
 
     def _now_arg(self) -> int | str:
         return self.clock() if self.clock else ""
+
+    def _run_replicated(self, name: str, queue: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """:meth:`_run`, and then, with ``replicas``, ``WAIT`` for that many replicas to have
+        it, in the same round trip (a pipeline on one connection). Fewer in time: the write
+        stands on this master alone, which a failover may lose, or which may be an old master
+        cut off by a partition, still taking writes until Sentinel demotes it. Then the
+        connections are dropped (the next ones ask Sentinel for the master anew) and
+        StoreUnavailableError is raised: ``unreplicated`` says what to undo first."""
+        if not self.replicas or isinstance(self.client, RedisCluster):
+            return self._run(name, queue, keys, args)
+        script = self._script(name)
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, self._now_arg(), *args)
+            pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
+            try:
+                reply, acked = pipe.execute()
+            except redis.exceptions.NoScriptError:
+                if attempt == 2:
+                    raise StoreUnavailableError(f"queue {queue!r}: the store lost the {name} script twice") from None
+                script.sha = self.client.script_load(script.script)  # flushed: the failed call did nothing
+                continue
+            except redis.ResponseError as exc:
+                error = self._translate(exc, queue, keys[0])
+                raise (store_error(exc, queue) if error is exc else error) from None
+            except _REDIS_ERRORS as exc:
+                raise store_error(exc, queue) from None
+            if int(acked) < self.replicas:
+                raise Unreplicated(queue, name, reply, int(acked), self.replicas, self.replica_timeout_ms)
+            return reply
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _forget_master(self) -> None:
+        """Drop every connection, so the next command asks Sentinel where the master is."""
+        with contextlib.suppress(Exception):
+            self.client.connection_pool.disconnect()
+        for conn in self._spare if self._spare_pid == os.getpid() else ():
+            conn.disconnect()
 
     def _run(self, name: str, queue: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
@@ -506,7 +573,7 @@ class RedisBackend(Backend):
             task_id = task_id or record.task_id
         else:
             ledger = [0, "", "", 0, record.deferrals if record is not None else 0]  # deferrals: counted anyway
-        reply = self._run(
+        reply = self._start_replicated(
             "start",
             queue,
             k.all,
@@ -526,6 +593,24 @@ class RedisBackend(Backend):
             ],
         )
         return _decision(reply)
+
+    def _start_replicated(self, name: str, queue: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """A start script's reply, replicated (:meth:`_run_replicated`). An authorization too
+        few replicas acknowledged is not used: its leases are given back (best effort: the
+        slot is spent, a gap and never a second start) before StoreUnavailableError."""
+        try:
+            return self._run_replicated(name, queue, keys, args)
+        except Unreplicated as exc:
+            replies = exc.reply if name == "start_all" else [exc.reply]
+            self._forget_master()
+            if all(_decision(r).verdict is not Verdict.AUTHORIZED for r in replies):
+                return exc.reply  # nothing was authorized: a wait, a refusal, stands as it is
+            for r in replies:
+                lease = _decision(r).lease
+                with contextlib.suppress(*_REDIS_ERRORS, SiqError):
+                    if lease:
+                        self._finish(queue, lease, "UNREPLICATED", remember=False, lease=lease, replicated=False)
+            raise
 
     def start_all(
         self,
@@ -562,7 +647,7 @@ class RedisBackend(Backend):
             )
         per_limits = [v for lim in each for v in _limit_args(lim)]
         args = [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost, *per_limits, member, self.lease_timeout_us]
-        replies = self._run("start_all", queues[0], keys, args)
+        replies = self._start_replicated("start_all", queues[0], keys, args)
         return [_decision(r) for r in replies]
 
     def _lost_args(self, task_id: str | None) -> list[int]:
@@ -580,8 +665,15 @@ class RedisBackend(Backend):
     def finish(
         self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = ""
     ) -> None:
+        try:
+            self._finish(queue, task_id, outcome, remember=remember, lease=lease, replicated=True)
+        except Unreplicated:
+            self._forget_master()
+            raise
+
+    def _finish(self, queue: str, task_id: str, outcome: str, *, remember: bool, lease: str, replicated: bool) -> None:
         k = self.keys(queue)
-        self._run(
+        (self._run_replicated if replicated else self._run)(
             "finish", queue,
             [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.unfinished,
              k.refused, k.window, k.leases],

@@ -7,6 +7,7 @@ the issue's full acceptance runs (240 tasks, three runs per fault, 5 s intervals
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,8 +104,8 @@ def test_master_killed_under_real_workers_loses_nothing_runs_nothing_twice_keeps
 
 @pytest.mark.xfail(
     strict=False,
-    reason="issue 27: a master back from a partition authorizes starts for the clients "
-    "still connected to it until Sentinel demotes it, beside the new master; its records are then lost",
+    reason="without siq_store_replicas, a master back from a partition authorizes starts for the clients "
+    "still connected to it until Sentinel demotes it, beside the new master (the replicated test below is fenced)",
 )
 def test_a_partitioned_master_that_comes_back_authorizes_no_start_beside_the_new_master(
     sentinel_set: SentinelSet,
@@ -128,3 +129,69 @@ def test_a_partitioned_master_that_comes_back_authorizes_no_start_beside_the_new
         f"apart; the new master's ticket {fresh.status().state.ticket}"
     )
     assert second - first >= 0.9 * 2.0, "two starts closer than the interval: one per master"
+
+
+def replicated(url: str, interval: str) -> IntervalQueue:
+    """A queue whose starts and finishes count once a replica has them (siq_store_replicas=1)."""
+    from siq_celery.backends import backend_from_url
+
+    return IntervalQueue("geo", interval=interval, backend=backend_from_url(url, replicas=1, replica_timeout_ms=300))
+
+
+def test_with_store_replicas_a_partitioned_master_that_comes_back_authorizes_nothing(
+    sentinel_set: SentinelSet,
+) -> None:
+    """The same partition, with siq_store_replicas = 1: the old master, back and cut off
+    from its replica (promoted), authorizes starts that no replica acknowledges, so they are
+    not used: the client drops its connections and asks Sentinel anew. Nothing starts beside
+    the new master; the price is a stall until a replica follows the new master."""
+    stale = replicated(sentinel_set.url, "2s")
+    slots(stale, 1, timeout=5)
+    stopped = sentinel_set.stop_master()
+    promotion = sentinel_set.wait_promotion(timeout=20)
+    sentinel_set.cont_master()
+    fresh = replicated(sentinel_set.url, "2s")
+    starts = []
+    for queue in (stale, fresh):
+        with queue.slot(timeout=60):
+            starts.append(time.time())
+    ledger = sorted(r.start_us for r in fresh.ledger())
+    gaps = [b - a for a, b in itertools.pairwise(ledger)]
+    print(f"\npromoted in {promotion:.2f} s; the stale client's start {starts[0] - stopped:.2f} s after the stop, "
+          f"the fresh one's {starts[1] - starts[0]:.3f} s later; starts on the new master's ledger: {len(ledger)}, "
+          f"smallest gap {min(gaps) / 1e6 if gaps else float('nan'):.3f} s")  # fmt: skip
+    assert starts[1] - starts[0] >= 0.9 * 2.0, "two starts closer than the interval: one per master"
+    assert len(ledger) >= 2 and min(gaps) >= 0.9 * 2_000_000, "both on the new master, an interval apart"
+
+
+def test_with_store_replicas_what_a_lagging_replica_lacks_was_never_authorized(sentinel_set: SentinelSet) -> None:
+    """Fault 3 with siq_store_replicas = 1: while the replica is cut off, starts are not
+    acknowledged and so not used; after the lagging replica is promoted, every start that
+    was used is on it."""
+    from siq_celery import StoreUnavailableError
+
+    queue = replicated(sentinel_set.url, "1ms")
+    slots(queue, 3, timeout=5)
+    sentinel_set.cut_replica()
+    used = 3
+    for _ in range(4):  # on the master only: refused, each after the replica timeout
+        try:
+            with queue.slot(timeout=0.5):
+                used += 1
+        except (StoreUnavailableError, TimeoutError):
+            pass
+    sentinel_set.promote_lagging()
+    sentinel_set.wait_promotion(timeout=20)
+    after = replicated(sentinel_set.url, "1ms")
+    deadline = time.monotonic() + 20
+    while True:  # redis-py finds no master for a second or two after the promotion
+        try:
+            ledger = list(after.ledger())
+            break
+        except StoreUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    print(f"\n{used} starts used; the promoted replica's ledger holds {len(ledger)}")
+    assert used == 3, "no start was used while no replica acknowledged it"
+    assert len(ledger) == used, "every start used is on the promoted replica"
