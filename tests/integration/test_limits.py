@@ -52,10 +52,11 @@ def test_a_thousand_per_key_queues_on_two_nodes(celery_run: CeleryRun) -> None:
     body_gaps = [g for q in queues.values() if len(q) > 1 for g in gaps_ms(q)]
     hot_gaps = [g for q in hot for g in gaps_ms(queues[f"shop:{q}"])]
     store = redis.Redis.from_url(celery_run.env["SIQ_TEST_STORE"])
-    listed_at_us = int(store.time()[0]) * 1_000_000  # the store's clock, to the second below
     listed = celery_run.siq("status", "shop:*").strip().splitlines()[1:]
-    # Every key active within its idle expiry (10 s) is still there; on a loaded machine
-    # the run can outlast it, and the first quiet keys have then rightly expired.
+    listed_at_us = int(store.time()[0]) * 1_000_000  # the store's clock, to the second below, after the listing
+    # Every key active within its idle expiry (10 s) of the end of the listing was there all
+    # through it; on a loaded machine the run (and the command's start-up) can outlast it,
+    # and the first quiet keys have then rightly expired.
     alive = {q for q, rows in queues.items() if max(r["store_start_us"] for r in rows) > listed_at_us - 9_000_000}
     print(f"\n{len(queues)} queues, {len(starts)} starts in {took:.1f} s; smallest per-key gap: store "
           f"{min(store_gaps):.2f} ms, bodies {min(body_gaps):.2f} ms ({sum(g < 45.0 for g in body_gaps)} of "
