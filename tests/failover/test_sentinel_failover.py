@@ -65,18 +65,6 @@ def test_a_lagging_replica_is_promoted_without_the_masters_last_writes(sentinel_
 
 
 @pytest.fixture
-def broker() -> Iterator[ControlledRedis]:
-    with ControlledRedis(persistent=True) as server:
-        yield server
-
-
-@pytest.fixture
-def records() -> Iterator[ControlledRedis]:
-    with ControlledRedis() as server:
-        yield server
-
-
-@pytest.fixture
 def failover_run(
     sentinel_set: SentinelSet, broker: ControlledRedis, records: ControlledRedis, tmp_path: Path
 ) -> Iterator[CeleryRun]:

@@ -95,18 +95,6 @@ def store() -> Iterator[ControlledRedis]:
 
 
 @pytest.fixture
-def broker() -> Iterator[ControlledRedis]:
-    with ControlledRedis(persistent=True) as server:
-        yield server
-
-
-@pytest.fixture
-def records() -> Iterator[ControlledRedis]:
-    with ControlledRedis() as server:
-        yield server
-
-
-@pytest.fixture
 def fault_run(
     store: ControlledRedis, broker: ControlledRedis, records: ControlledRedis, tmp_path: Path
 ) -> Iterator[CeleryRun]:
