@@ -130,7 +130,7 @@ def test_the_claim_goes_on_the_wire_as_redis_py_would_send_it(redis_url: str) ->
         return b"".join(conn.pack_command("EVALSHA", sha, len(keys), *keys, *args))
 
     client = redis.Redis.from_url(redis_url)
-    conn = client.connection_pool.get_connection()
+    conn = client.connection_pool.make_connection()  # only packs: never connected
     store = RedisBackend(client)
     for queue, limits in [("géo", Limits()), ("géo", Limits(2, 1000, 10_000_000, 3)), ("{t}:k", Limits(quota=5))]:
         for epoch in ("0123456789abcdef", "fedcba9876543210"):
@@ -140,7 +140,6 @@ def test_the_claim_goes_on_the_wire_as_redis_py_would_send_it(redis_url: str) ->
     pinned = RedisBackend(client, clock=lambda: 1_700_000_000_000_000)
     got = pinned._claim_command("géo", 1, 5000, "0" * 16, Limits())
     assert got == expected(pinned, "géo", 1_700_000_000_000_000, "0" * 16, Limits())
-    client.connection_pool.release(conn)
     client.close()
 
 
