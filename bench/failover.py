@@ -6,7 +6,7 @@ than the interval, across a failover of the state store behind Redis Sentinel.
     python bench/failover.py --fault partition,lag --interval 5s --tasks 10 --runs 1
 
 Each run builds the setup of the issue from scratch: a Celery broker on its own Redis;
-the state store on a master, one replica and three sentinels (``mymaster``, quorum 2,
+the state store on a master, one replica (``--data-replicas``) and three sentinels (``mymaster``, quorum 2,
 ``down-after-milliseconds`` 1000, ``failover-timeout`` 5000), reached as
 ``redis+sentinel://.../mymaster/0``; 3 worker nodes x ``-c 2`` (tests/apps/geo.py, task
 ``geo.record``); a broker visibility timeout of 8 s (``siq_horizon`` 6 s, below it, as the
@@ -37,10 +37,12 @@ import argparse
 import contextlib
 import json
 import platform
+import re
 import shutil
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,26 @@ def inject(
     return {"at": at, "promotion": sset.wait_promotion(30)}
 
 
+#: A pool process's log line with the store's answer to a start: "geo.record[id]: wait; ticket 81 of
+#: 'geo' deferred 0.980s", "...: ticket 90 of 'geo' parked, 12s from its slot".
+_ANSWER = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/ForkPoolWorker-\d+\] .*[:;] ticket \d+ of .* (deferred|parked)"
+)
+
+
+def first_answer(run: CeleryRun, fault_at: float) -> float:
+    """Seconds from the fault until a worker first had an answer from the store again: its
+    first start, or its first deferral or parking logged (Celery's log times: local, ms)."""
+    times = [s["t"] for s in run.starts() if s["t"] > fault_at]
+    for w in run.workers:
+        for line in w.log().splitlines():
+            if m := _ANSWER.match(line):
+                t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                if t > fault_at:
+                    times.append(t)
+    return min(times, default=float("nan")) - fault_at
+
+
 def wait_done(run: CeleryRun, tasks: int, timeout: float, settle: float) -> None:
     """Until every task finished (or ``timeout`` s), then ``settle`` s more for copies."""
     deadline = time.monotonic() + timeout
@@ -118,7 +140,7 @@ def one_run(
 ) -> tuple[Figures, dict[str, float]]:
     interval_s = parse_duration(interval) / 1e6
     with contextlib.ExitStack() as stack:
-        sset = stack.enter_context(SentinelSet())
+        sset = stack.enter_context(SentinelSet(replicas=args.data_replicas))
         broker = stack.enter_context(ControlledRedis(persistent=True))
         records = stack.enter_context(ControlledRedis())
         env = failover_env(sset.url, broker, records, interval)
@@ -135,6 +157,7 @@ def one_run(
         starts, finishes = run.starts(), run.finishes()
         (logdir / "records.json").write_text(json.dumps({"times": times, "starts": starts, "finishes": finishes}))
         figures = measure(starts, finishes, tasks, interval_s * 1000, times["at"], times["promotion"])
+        times["answer"] = first_answer(run, times["at"])
         if figures.ran_twice or figures.close_pairs or figures.completed < tasks:
             detail = "\n".join(describe(run, figures, times["at"]))
             (logdir / "diagnosis.txt").write_text(detail + "\n")
@@ -154,6 +177,7 @@ def main() -> None:
     parser.add_argument("--lag", type=float, default=3.0, help="lag: seconds the replica misses the master's writes")
     parser.add_argument("--work", type=float, default=0.0, help="seconds each body takes (default: none)")
     parser.add_argument("--replicas", type=int, default=0, help="siq_store_replicas of the workers (default: 0)")
+    parser.add_argument("--data-replicas", type=int, default=1, help="replicas the master has (default: 1)")
     parser.add_argument("--timeout", type=float, default=0.0, help="seconds to wait for every task (0: from the run)")
     parser.add_argument("--logdir", default="", help="where each run's logs stay (default: a new temp dir)")
     args = parser.parse_args()
@@ -162,7 +186,7 @@ def main() -> None:
         parser.error(f"unknown fault(s) {sorted(unknown)}: choose from {', '.join(FAULTS)}")
     logroot = Path(args.logdir or tempfile.mkdtemp(prefix="siq-failover-"))
     print(f"# failover: {args.nodes} nodes x -c {args.concurrency}, interval {args.interval}, {args.tasks} tasks "
-          f"(bodies {args.work:g} s); "
+          f"(bodies {args.work:g} s); {args.data_replicas} replica(s), siq_store_replicas {args.replicas}; "
           f"{platform.python_version()}, {platform.machine()}; logs in {logroot}")  # fmt: skip
     rows = []
     for fault in faults:
@@ -173,14 +197,17 @@ def main() -> None:
             except HarnessError as exc:
                 print(f"{fault} run {n}: harness failed: {exc}")
                 continue
-            extra = f", demoted after {times['demoted']:.1f} s" if "demoted" in times else ""
+            extra = f", first answer after {times['answer']:.2f} s"
+            extra += f", demoted after {times['demoted']:.1f} s" if "demoted" in times else ""
             print(f"{fault} run {n}: {figures.line()}{extra}", flush=True)
-            rows.append((fault, n, figures))
-    print("\n| fault | interval | run | completed | ran twice | smallest body gap | gaps < 0.9 I | stall | promotion |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for fault, n, f in rows:
+            rows.append((fault, n, figures, times["answer"]))
+    print("\n| fault | interval | run | completed | ran twice | smallest body gap | gaps < 0.9 I | stall | promotion "
+          "| first answer |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for fault, n, f, answer in rows:
         print(f"| {fault} | {args.interval} | {n} | {f.completed}/{f.tasks} | {len(f.ran_twice)} | "
-              f"{f.smallest_gap_ms:.1f} ms | {f.below_cap} | {f.stall_s:.2f} s | {f.promotion_s:.2f} s |")  # fmt: skip
+              f"{f.smallest_gap_ms:.1f} ms | {f.below_cap} | {f.stall_s:.2f} s | {f.promotion_s:.2f} s "
+              f"| {answer:.2f} s |")  # fmt: skip
 
 
 if __name__ == "__main__":

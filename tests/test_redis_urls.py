@@ -78,6 +78,88 @@ def test_sentinel_url(sentinel: int, redis_url: str) -> None:
     exercise(f"redis+sentinel://127.0.0.1:{sentinel}/mymaster/0")
 
 
+def test_a_start_leaves_a_master_sentinel_no_longer_names(
+    sentinel: int, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before a start or a finish (at most every MASTER_CHECK_S), a Sentinel client asks a
+    sentinel which master it names; another address than its connections reach (a master
+    back from a partition, not yet demoted) drops them all, and the start goes to the one
+    Sentinel names. Here the sentinel is made to name another server once."""
+    from siq_celery.backends import redis as store
+
+    q = IntervalQueue("check-master", url=f"redis+sentinel://127.0.0.1:{sentinel}/mymaster/0", interval="1ms")
+    q.ensure(reset=True)
+    with q.slot():
+        pass
+    pool = q.backend.client.connection_pool  # type: ignore[attr-defined]
+    sentinel_client = pool.sentinel_manager.sentinels[0]
+    real, asked = sentinel_client.execute_command, []
+
+    def answer(*args: object, **kwargs: object) -> object:
+        reply = real(*args, **kwargs)
+        if args[0] == "SENTINEL MASTER":
+            asked.append(args)
+            if len(asked) == 1:  # as if a replica on port 1 had been promoted
+                reply = {**reply, "port": 1, "config-epoch": reply["config-epoch"] + 1}
+        return reply
+
+    sentinel_client.execute_command = answer
+    old = [c._sock for c in pool._available_connections if c._sock is not None]  # kept: ids stay theirs
+    assert old
+    q.backend._master_checked = -store.MASTER_CHECK_S  # type: ignore[attr-defined]
+    with caplog.at_level("WARNING", logger="siq_celery"), q.slot():
+        pass
+    assert "names 127.0.0.1:1 the master of 'mymaster'" in caplog.text
+    now = {id(c._sock) for c in pool._available_connections}
+    assert not {id(s) for s in old} & now, "the connections it had were dropped"
+    for _ in range(3):
+        with q.slot():  # the first asks again (the new connection is checked), then not for MASTER_CHECK_S
+            pass
+    assert len(asked) == 2
+    # The sentinels fail the master over: nothing starts on it meanwhile (the start retries).
+    asked.clear()
+
+    def failing_over(*args: object, **kwargs: object) -> object:
+        reply = real(*args, **kwargs)
+        if args[0] == "SENTINEL MASTER":
+            asked.append(args)
+            if len(asked) <= 2:
+                reply = {**reply, "flags": "s_down,o_down,master,failover_in_progress"}
+        return reply
+
+    sentinel_client.execute_command = failing_over
+    q.backend._master_checked = -store.MASTER_CHECK_S  # type: ignore[attr-defined]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="siq_celery"), q.slot(timeout=5):
+        pass
+    assert caplog.text.count("Sentinel is failing over 'mymaster'") == 2
+    assert len(asked) == 3
+    assert q.status().state.current == 6
+    q.delete()
+    q.close()
+
+
+def test_a_sentinel_urls_commands_give_a_hung_master_up_in_a_second() -> None:
+    """A master stopped or cut off hangs its clients until their socket timeout: on a
+    Sentinel URL that is 1 s (plus the replica wait with siq_store_replicas), so retries
+    reach the promoted replica soon after the promotion; the sentinels' own connections
+    are bounded too. A timeout in the URL still wins. (No server: nothing connects yet.)"""
+    from siq_celery.backends.redis import RedisBackend
+
+    def timeouts(url: str, **options: object) -> tuple[object, object, object]:
+        client = RedisBackend.from_url(url, **options).client
+        kwargs = client.connection_pool.connection_kwargs
+        sentinel_kwargs = client.connection_pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
+        return kwargs["socket_timeout"], sentinel_kwargs["socket_timeout"], sentinel_kwargs["socket_connect_timeout"]
+
+    url = "redis+sentinel://127.0.0.1:1,127.0.0.1:2/mymaster/0"
+    assert timeouts(url) == (1.0, 1.0, 2.0)
+    assert timeouts(url, replicas=1, replica_timeout_ms=500) == (1.5, 1.5, 2.0)
+    assert timeouts(url + "?socket_timeout=7") == (7.0, 7.0, 2.0)
+    plain = RedisBackend.from_url("redis://127.0.0.1:1/0").client
+    assert plain.connection_pool.connection_kwargs["socket_timeout"] == 5.0
+
+
 def test_the_readme_acl_is_the_one_the_code_needs() -> None:
     from pathlib import Path
 

@@ -11,7 +11,9 @@ URLs: ``redis://[[user]:password@]host:port/db``, ``rediss://`` (TLS), ``unix://
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, ClassVar
@@ -65,6 +67,8 @@ try:
     from redis.sentinel import Sentinel
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError("the Redis state store needs redis-py: pip install 'siq_celery[redis]'") from exc
+
+logger = logging.getLogger("siq_celery")
 
 #: The Redis ACL a siq_celery user needs (README, "Redis ACL"): its scripts, the commands
 #: they call, SCAN/DEL for listing and deleting queues, TIME (a worker compares its clock
@@ -147,6 +151,14 @@ MAX_REPLICAS = 16
 #: dropped network must not hold a worker forever), and to open a connection.
 SOCKET_TIMEOUT_S = 5.0
 SOCKET_CONNECT_TIMEOUT_S = 2.0
+#: On a Sentinel URL, a master that hangs (stopped, or cut off by a partition) must be
+#: given up soon enough for the retries to reach the replica Sentinel promotes: a command
+#: may take this long (plus ``siq_store_replica_timeout`` when a start waits for replicas).
+#: The store's commands are single scripts and bounded batches (ledger pages of 10,000 entries).
+SENTINEL_SOCKET_TIMEOUT_S = 1.0
+#: A Sentinel client asks a sentinel where the master is before a start or a finish, at
+#: most this often (:meth:`RedisBackend._check_master`).
+MASTER_CHECK_S = 0.5
 
 
 def client_defaults() -> dict[str, Any]:
@@ -191,7 +203,8 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
         if len(path) > 1 and not path[1].isdigit():
             raise ConfigurationError(f"sentinel URL's database {path[1]!r} is not a number")
         db = int(path[1]) if len(path) > 1 else 0
-        sentinel = Sentinel(hosts, sentinel_kwargs={"password": query.get("sentinel_password")})
+        timeouts = {k: v for k, v in options.items() if k in ("socket_timeout", "socket_connect_timeout")}
+        sentinel = Sentinel(hosts, sentinel_kwargs={"password": query.get("sentinel_password"), **timeouts})
         return sentinel.master_for(path[0], db=db, username=username, password=password, ssl=tls, **options)
     raise ConfigurationError(f"not a Redis URL: {redacted(url)!r}")
 
@@ -339,11 +352,15 @@ class RedisBackend(Backend):
         self._scripts: dict[str, Any] = {}
         self._spare: list[Any] = []  # connections for claims (_claim_connection), of this process
         self._spare_pid = os.getpid()
+        self._master_checked = -MASTER_CHECK_S  # time.monotonic() of the last _check_master
         self._claim_parts: LRUCache[tuple[Any, ...], tuple[bytes, bytes]] = LRUCache(IDLE_EXPIRY_REMEMBERED)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
-        client_options = options.pop("client_options", {})
+        client_options = dict(options.pop("client_options", {}))
+        if urlsplit(url).scheme.endswith("+sentinel") and "socket_timeout" not in client_options:
+            wait_ms = options.get("replica_timeout_ms", DEFAULT_REPLICA_TIMEOUT_MS) if options.get("replicas") else 0
+            client_options["socket_timeout"] = SENTINEL_SOCKET_TIMEOUT_S + wait_ms / 1000
         return cls(connect=lambda: redis_client_from_url(url, **client_options), **options)
 
     @property
@@ -376,6 +393,7 @@ class RedisBackend(Backend):
         cut off by a partition, still taking writes until Sentinel demotes it. Then the
         connections are dropped (the next ones ask Sentinel for the master anew) and
         StoreUnavailableError is raised: ``unreplicated`` says what to undo first."""
+        self._check_master()
         if not self.replicas or isinstance(self.client, RedisCluster):
             return self._run(name, queue, keys, args)
         script = self._script(name)
@@ -399,6 +417,58 @@ class RedisBackend(Backend):
                 raise Unreplicated(queue, name, reply, int(acked), self.replicas, self.replica_timeout_ms)
             return reply
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _check_master(self) -> None:
+        """On a Sentinel URL: is the master this client's connections reach still the one
+        the sentinels stand behind? A master stopped or cut off by a partition comes back a
+        writable master, and stays one for about 10 s until Sentinel demotes it, while
+        redis-py asks Sentinel only when it opens a connection (and believes the first
+        sentinel that answers, which may not have heard of the failover yet): a process
+        whose connection survived the partition would be authorized by the old master
+        beside the new one. So before a start or a finish, at most every
+        :data:`MASTER_CHECK_S`, every sentinel is asked (``SENTINEL MASTER``, about 0.1 ms
+        each), and the views of the latest failover (the highest ``config-epoch``) decide:
+        one that names another master drops every connection (the next ones ask that
+        sentinel first); one that finds this master objectively down or being failed over
+        refuses the write (StoreUnavailableError: the caller retries, as for a master that
+        does not answer). No sentinel answers: the write goes on (fail open here;
+        ``siq_store_replicas`` also fences a master cut off with its clients)."""
+        pool: Any = getattr(self._client, "connection_pool", None)
+        manager = getattr(pool, "sentinel_manager", None)
+        if manager is None:  # not a Sentinel client (or not built yet)
+            return
+        now = time.monotonic()
+        if now - self._master_checked < MASTER_CHECK_S:
+            return
+        known = getattr(getattr(pool, "proxy", pool), "master_address", None)  # redis-py >= 5.1 keeps it in a proxy
+        if known is None:
+            return  # no connection yet: the first one asks Sentinel
+        known = (str(known[0]), int(known[1]))
+        views = []
+        for sentinel in manager.sentinels:
+            try:
+                state = sentinel.sentinel_master(pool.service_name)
+                address = (str(state["ip"]), int(state["port"]))
+                views.append((int(state.get("config-epoch", 0)), address, str(state.get("flags", "")), sentinel))
+            except (*_REDIS_ERRORS, OSError, KeyError, TypeError, ValueError):
+                continue
+        latest = max((v[0] for v in views), default=0)
+        views = [v for v in views if v[0] == latest]
+        moved = next((v for v in views if v[1] != known), None)
+        if moved is not None:
+            logger.warning("siq_celery: Sentinel names %s:%s the master of %r, not %s:%s any more; reconnecting",
+                           moved[1][0], moved[1][1], pool.service_name, *known)  # fmt: skip
+            manager.sentinels.remove(moved[3])
+            manager.sentinels.insert(0, moved[3])  # discover_master asks it first
+            self._forget_master()
+            return
+        if any("o_down" in v[2] or "failover_in_progress" in v[2] for v in views):
+            self._forget_master()
+            raise StoreUnavailableError(
+                f"Sentinel is failing over {pool.service_name!r} (its master {known[0]}:{known[1]} is down): "
+                f"nothing starts until it names the new one"
+            )
+        self._master_checked = now
 
     def _forget_master(self) -> None:
         """Drop every connection, so the next command asks Sentinel where the master is."""

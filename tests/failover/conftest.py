@@ -105,23 +105,25 @@ class Server:
 
 
 class SentinelSet:
-    """A master, one replica and three sentinels (``mymaster``, quorum 2,
+    """A master, ``replicas`` replicas (1) and three sentinels (``mymaster``, quorum 2,
     ``down-after-milliseconds`` 1000, ``failover-timeout`` 5000) on free loopback ports.
 
     ``with SentinelSet() as s: s.url`` is the store URL a user would write,
     ``redis+sentinel://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/mymaster/0``.
     """
 
-    def __init__(self, *, down_after_ms: int = DOWN_AFTER_MS, failover_timeout_ms: int = FAILOVER_TIMEOUT_MS) -> None:
+    def __init__(
+        self, *, replicas: int = 1, down_after_ms: int = DOWN_AFTER_MS, failover_timeout_ms: int = FAILOVER_TIMEOUT_MS
+    ) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix="siq-sentinel-")
         base = Path(self.tmp.name)
         self.down_after_ms, self.failover_timeout_ms = down_after_ms, failover_timeout_ms
-        self.data = [Server(name, free_port(), base) for name in ("redis-a", "redis-b")]
+        self.data = [Server(f"redis-{chr(ord('a') + i)}", free_port(), base) for i in range(1 + replicas)]
         self.sentinels = [Server(f"sentinel-{i}", free_port(), base) for i in range(3)]
         #: The data server each fault was injected on (the master of the moment).
         self.old_master: Server | None = None
         self.fault_at = 0.0  #: time.time() of the last fault
-        self._cut: tuple[Server, Server] | None = None  #: (master, replica) of cut_replica
+        self._cut: tuple[Server, list[Server]] | None = None  #: (master, replicas) of cut_replica
 
     @property
     def url(self) -> str:
@@ -129,15 +131,15 @@ class SentinelSet:
         return f"redis+sentinel://{hosts}/{SERVICE}/0"
 
     def start(self, timeout: float = 30.0) -> SentinelSet:
-        master, replica = self.data
+        master, *replicas = self.data
         for server in self.data:
             lines = [f"port {server.port}", "bind 127.0.0.1", "protected-mode no", 'save ""', "appendonly no",
                      f"dir {server.dir}", "repl-diskless-sync no"]  # fmt: skip
-            if server is replica:
+            if server is not master:
                 lines.append(f"replicaof 127.0.0.1 {master.port}")
             server.conf.write_text("\n".join(lines) + "\n")
             server.start()
-        wait_until(lambda: self._link_up(replica), timeout, "the replica's first sync")
+        wait_until(lambda: all(self._link_up(r) for r in replicas), timeout, "the replicas' first sync")
         for sentinel in self.sentinels:
             sentinel.conf.write_text("\n".join([
                 f"port {sentinel.port}", "bind 127.0.0.1", "protected-mode no", f"dir {sentinel.dir}",
@@ -157,7 +159,8 @@ class SentinelSet:
 
     def _sees_all(self, sentinel: Server) -> bool:
         master: dict[str, Any] = sentinel.client().sentinel_master(SERVICE)  # type: ignore[assignment]
-        return int(master["num-slaves"]) >= 1 and int(master["num-other-sentinels"]) >= len(self.sentinels) - 1
+        others = int(master["num-other-sentinels"])
+        return int(master["num-slaves"]) >= len(self.data) - 1 and others >= len(self.sentinels) - 1
 
     def master_addresses(self) -> list[int | None]:
         """The master's port as each sentinel reports it now (None: no answer)."""
@@ -182,8 +185,11 @@ class SentinelSet:
         return next(s for s in self.data if s.port == port)
 
     def replica(self) -> Server:
+        return self.replicas()[0]
+
+    def replicas(self) -> list[Server]:
         port = self.master_port()
-        return next(s for s in self.data if s.port != port)
+        return [s for s in self.data if s.port != port]
 
     # The faults. Each remembers the server it hit (``old_master``) and the moment
     # (``fault_at``, time.time()); wait_promotion() times the failover from there.
@@ -211,28 +217,31 @@ class SentinelSet:
     def lag_replica(self, lag: float = 3.0) -> float:
         """Fault 3: a lagging replica promoted. :meth:`cut_replica`, let the master take
         writes for ``lag`` seconds, then :meth:`promote_lagging`: Sentinel promotes a
-        replica that missed the master's last ``lag`` s of writes. The moment of the kill."""
+        replica that missed the master's last ``lag`` s of writes (every replica misses
+        them). The moment of the kill."""
         self.cut_replica()
         time.sleep(lag)
         return self.promote_lagging()
 
     def cut_replica(self) -> None:
-        """Freeze the replica (SIGSTOP) and cut its link (``CLIENT KILL TYPE replica`` on
-        the master): from now on it gets none of the master's writes. (What the master had
-        sent before the cut is still delivered when it resumes.) Keep the lag short: a
+        """Freeze the replicas (SIGSTOP) and cut their links (``CLIENT KILL TYPE replica``
+        on the master): from now on they get none of the master's writes. (What the master
+        had sent before the cut is still delivered when they resume.) Keep the lag short: a
         replica whose link was down longer than 10 x down-after is never promoted."""
-        self._cut = (self.master(), self.replica())
-        self._cut[1].signal(signal.SIGSTOP)
+        self._cut = (self.master(), self.replicas())
+        for replica in self._cut[1]:
+            replica.signal(signal.SIGSTOP)
         self._cut[0].client().execute_command("CLIENT", "KILL", "TYPE", "replica")
 
     def promote_lagging(self) -> float:
-        """SIGKILL the master and SIGCONT the cut replica; the moment of the kill."""
+        """SIGKILL the master and SIGCONT the cut replicas; the moment of the kill."""
         assert self._cut is not None, "cut_replica() first"
-        master, replica = self._cut
+        master, replicas = self._cut
         self.old_master = master
         self.fault_at = time.time()
         master.kill()
-        replica.signal(signal.SIGCONT)
+        for replica in replicas:
+            replica.signal(signal.SIGCONT)
         return self.fault_at
 
     def wait_promotion(self, timeout: float = 30.0) -> float:
