@@ -177,13 +177,21 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
     query = dict(parse_qsl(parts.query))
     options.update(_connection_query(query, url))
     if scheme.endswith("+cluster"):
-        return RedisCluster(
+        cluster = RedisCluster(
             startup_nodes=[ClusterNode(h, p) for h, p in hosts],
             username=username,
             password=password,
             ssl=tls,
             **options,
         )
+        # Around every command the cluster client has a retry loop of its own: after a
+        # ConnectionError or a TimeoutError (the slot's master died or hung with the reply
+        # unread) it refreshes the slot map and sends the command again. Since redis-py 6.0
+        # ``retry`` rules it (none, above); before, ``cluster_error_retry_attempts`` did
+        # (3, whatever ``retry`` said), and a claim whose reply was lost was claimed twice.
+        if hasattr(cluster, "cluster_error_retry_attempts"):
+            cluster.cluster_error_retry_attempts = 0
+        return cluster
     if scheme.endswith("+sentinel"):
         path = [p for p in parts.path.split("/") if p]
         if not path:
