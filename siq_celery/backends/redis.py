@@ -83,8 +83,11 @@ SCRIPTS = (
 )  # fmt: skip
 
 
-#: Errors of the conversation with the server rather than of one operation.
-_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, RedisClusterException)
+#: Errors of the conversation with the server rather than of one operation. On Redis
+#: Cluster also CLUSTERDOWN (every node answers it to every key while a master is failed and
+#: not yet replaced, so queues on the surviving masters stop too: nothing ran) and redis-py's
+#: ClusterError after too many redirections (a slot moving).
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, RedisClusterException, redis.exceptions.ClusterError)
 _AUTHENTICATION = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
 #: Whatever redis-py raises (its Cluster errors are not RedisErrors).
 _REDIS_ERRORS = (redis.RedisError, RedisClusterException)
