@@ -351,6 +351,7 @@ class RedisBackend(Backend):
         self._spare: list[Any] = []  # connections for claims (_claim_connection), of this process
         self._spare_pid = os.getpid()
         self._claim_parts: LRUCache[tuple[Any, ...], tuple[bytes, bytes]] = LRUCache(IDLE_EXPIRY_REMEMBERED)
+        self._stale_slots = False  # Redis Cluster: a command failed unreachable (_refresh_slots)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
@@ -418,14 +419,34 @@ class RedisBackend(Backend):
         for conn in self._spare if self._spare_pid == os.getpid() else ():
             conn.disconnect()
 
+    def _refresh_slots(self) -> None:
+        """Redis Cluster, before the first command after one failed unreachable: ask the
+        cluster where the slots are now. redis-py refreshes its slot map right after the
+        failure, which, just after a master died, still names the dead master; without a
+        second look the first command after the replica's promotion fails too, and the
+        waiters, backing off, start up to a second later than behind Sentinel (whose client
+        asks Sentinel on every new connection)."""
+        with contextlib.suppress(*_REDIS_ERRORS, OSError):  # no answer: the command says so
+            self.client.nodes_manager.initialize()
+            self._stale_slots = False
+
     def _run(self, name: str, queue: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if self._stale_slots:
+            self._refresh_slots()
         try:
             return self._script(name)(keys=list(keys), args=[self._now_arg(), *args])
         except redis.ResponseError as exc:
             error = self._translate(exc, queue, keys[0])
-            raise (store_error(exc, queue) if error is exc else error) from None
+            raise (self._failed(exc, queue) if error is exc else error) from None
         except _REDIS_ERRORS as exc:
-            raise store_error(exc, queue) from None
+            raise self._failed(exc, queue) from None
+
+    def _failed(self, exc: Exception, queue: str) -> Exception:
+        """:func:`store_error`, noting on Cluster that the slot map may be out of date."""
+        error = store_error(exc, queue)
+        if isinstance(error, StoreUnavailableError) and isinstance(self._client, RedisCluster):
+            self._stale_slots = True
+        return error
 
     @staticmethod
     def _translate(exc: Exception, queue: str, key: str) -> Exception:

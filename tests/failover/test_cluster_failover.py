@@ -42,6 +42,25 @@ def test_the_cluster_promotes_the_slots_replica_and_a_queue_on_the_cluster_url_g
     assert state.ticket == 10, "the replica had every claim (no writes were lost), and claims go on"
 
 
+def test_after_a_failed_command_the_next_one_asks_where_the_slot_is_now(cluster_set: ClusterSet) -> None:
+    """redis-py refreshes its slot map right after a command fails, which, just after the
+    kill, still names the dead master: a client that failed then must look again before its
+    next command, or the first one after the promotion fails too (a second in the waiters'
+    backoff: the stall was ~1 s longer than behind Sentinel, whose client asks anew on
+    every connection)."""
+    from siq_celery import StoreUnavailableError
+    from siq_celery.backends import backend_from_url
+
+    backend = backend_from_url(cluster_set.url)
+    state, _ = backend.ensure("geo", 10_000, "e1")
+    backend.claim("geo", 1, 10_000, state.epoch)
+    cluster_set.kill_slot_master("geo")
+    with pytest.raises(StoreUnavailableError):
+        backend.claim("geo", 1, 10_000, state.epoch)  # refused: never sent, so no ticket taken
+    cluster_set.wait_promotion(timeout=20)
+    assert backend.claim("geo", 1, 10_000, state.epoch).first == 2, "the first claim after the promotion goes through"
+
+
 @pytest.fixture
 def failover_run(
     cluster_set: ClusterSet, broker: ControlledRedis, records: ControlledRedis, tmp_path: Path
