@@ -1,19 +1,24 @@
 """Failover acceptance runner (issue 27): nothing runs twice, and no start comes closer
-than the interval, across a failover of the state store behind Redis Sentinel.
+than the interval, across a failover of the state store behind Redis Sentinel or on Redis
+Cluster.
 
     make bench-failover                                   # every fault, 50 ms x 240 and 5 s x 10
     python bench/failover.py --fault kill --interval 50ms --tasks 240 --runs 3
     python bench/failover.py --fault partition,lag --interval 5s --tasks 10 --runs 1
+    python bench/failover.py --store cluster --fault kill --interval 50ms --tasks 240 --runs 3
 
 Each run builds the setup of the issue from scratch: a Celery broker on its own Redis;
 the state store on a master, one replica (``--data-replicas``) and three sentinels (``mymaster``, quorum 2,
 ``down-after-milliseconds`` 1000, ``failover-timeout`` 5000), reached as
-``redis+sentinel://.../mymaster/0``; 3 worker nodes x ``-c 2`` (tests/apps/geo.py, task
+``redis+sentinel://.../mymaster/0`` (``--store cluster``: a Redis Cluster of three masters
+with one replica each, ``cluster-node-timeout`` 1000, reached as
+``redis+cluster://`` every node); 3 worker nodes x ``-c 2`` (tests/apps/geo.py, task
 ``geo.record``); a broker visibility timeout of 8 s (``siq_horizon`` 6 s, below it, as the
 settings' docs ask). Bodies record each start (task id, host clock) in a third Redis,
 not the one failed over. Once a third of the tasks started, one fault hits the store:
 
-* ``kill``: SIGKILL of the master.
+* ``kill``: SIGKILL of the master (on Cluster, of the master of the queue's hash slot; the
+  only fault there).
 * ``partition``: the master SIGSTOPped for 6 s (``--stop``), then SIGCONT: it comes back a
   writable master, with its clients, until Sentinel makes it a replica.
 * ``lag``: the replica SIGSTOPped and its link cut (``CLIENT KILL TYPE replica``) for 3 s
@@ -24,7 +29,8 @@ not the one failed over. Once a third of the tasks started, one fault hits the s
 One line per run: tasks completed, tasks whose body started twice (same task id), the
 smallest gap between body starts and how many gaps are below 0.9 x the interval, the
 stall (largest gap between consecutive body starts from the fault on) and the promotion
-time (fault to a sentinel reporting the new master). Then a Markdown table. After the last
+time (fault to a sentinel reporting the new master; on Cluster, to every live node naming
+the slot's replica its master). Then a Markdown table. After the last
 task finishes the runner waits the visibility timeout and a few seconds more, so a copy
 the broker hands back shows. Double runs and close gaps are printed with their records;
 the logs of every run (workers, servers, sentinels) and its records (records.json) stay
@@ -52,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 from siq_celery.intervals import parse_duration  # noqa: E402
 from tests.failover.conftest import (  # noqa: E402
     VISIBILITY_TIMEOUT_S,
+    ClusterSet,
     Figures,
     HarnessError,
     SentinelSet,
@@ -62,12 +69,21 @@ from tests.faults.conftest import ControlledRedis, publish  # noqa: E402
 from tests.integration.conftest import CeleryRun  # noqa: E402
 
 FAULTS = ("kill", "partition", "lag")
+STORES = ("sentinel", "cluster")
+#: The faults each store's harness injects (Cluster: the slot's master killed).
+STORE_FAULTS = {"sentinel": FAULTS, "cluster": ("kill",)}
+#: The siq queue of the app's geo.record, whose hash slot the Cluster fault hits.
+QUEUE = "geo"
 
 
 def inject(
-    fault: str, sset: SentinelSet, run: CeleryRun, interval_s: float, args: argparse.Namespace
+    fault: str, sset: SentinelSet | ClusterSet, run: CeleryRun, interval_s: float, args: argparse.Namespace
 ) -> dict[str, float]:
     """Hit the store with ``fault``; the moment of the fault, the promotion time and (partition) the demotion time."""
+    if isinstance(sset, ClusterSet):
+        assert fault == "kill", "Cluster: only the slot's master killed"
+        at = sset.kill_slot_master(QUEUE)
+        return {"at": at, "promotion": sset.wait_promotion(30)}
     if fault == "kill":
         at = sset.kill_master()
         return {"at": at, "promotion": sset.wait_promotion(30)}
@@ -130,7 +146,10 @@ def describe(run: CeleryRun, figures: Figures, fault_at: float) -> list[str]:
         for w in run.workers:
             lines += [f"    {w.name}: {ln.strip()}" for ln in w.log().splitlines() if any(i in ln for i in ids)]
     for a, b in figures.close_pairs[:10]:
-        lines.append(f"  close gap {(b['t'] - a['t']) * 1000:.1f} ms:")
+        both = a["store_start_us"] and b["store_start_us"]
+        on_store = (f"{(b['store_start_us'] - a['store_start_us']) / 1000:.1f} ms apart on the store's clock"
+                    if both else "no store times")  # fmt: skip
+        lines.append(f"  close gap {(b['t'] - a['t']) * 1000:.1f} ms on the bodies' host clock, {on_store}:")
         lines += [row(a), row(b)]
     return lines
 
@@ -140,7 +159,9 @@ def one_run(
 ) -> tuple[Figures, dict[str, float]]:
     interval_s = parse_duration(interval) / 1e6
     with contextlib.ExitStack() as stack:
-        sset = stack.enter_context(SentinelSet(replicas=args.data_replicas))
+        sset: SentinelSet | ClusterSet = stack.enter_context(
+            ClusterSet() if args.store == "cluster" else SentinelSet(replicas=args.data_replicas)
+        )
         broker = stack.enter_context(ControlledRedis(persistent=True))
         records = stack.enter_context(ControlledRedis())
         env = failover_env(sset.url, broker, records, interval)
@@ -167,6 +188,7 @@ def one_run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", default="sentinel", choices=STORES, help="where the state store fails over")
     parser.add_argument("--fault", default="kill,partition,lag", help=f"comma-separated, of {', '.join(FAULTS)}")
     parser.add_argument("--interval", default="50ms", help="the task's interval: 50ms, 5s")
     parser.add_argument("--tasks", type=int, default=240)
@@ -184,28 +206,36 @@ def main() -> None:
     faults = [f for f in args.fault.split(",") if f]
     if unknown := set(faults) - set(FAULTS):
         parser.error(f"unknown fault(s) {sorted(unknown)}: choose from {', '.join(FAULTS)}")
+    if unsupported := [f for f in faults if f not in STORE_FAULTS[args.store]]:
+        sys.exit(f"failover.py: --store {args.store} injects only --fault {','.join(STORE_FAULTS[args.store])}, "
+                 f"not {','.join(unsupported)}")  # fmt: skip
+    if args.store == "cluster" and args.data_replicas != 1:
+        sys.exit("failover.py: --store cluster has one replica per master; --data-replicas is for sentinel")
+    if args.store == "cluster" and args.replicas:
+        sys.exit("failover.py: --store cluster: siq_store_replicas is not used on Redis Cluster (docs/design.md)")
     logroot = Path(args.logdir or tempfile.mkdtemp(prefix="siq-failover-"))
-    print(f"# failover: {args.nodes} nodes x -c {args.concurrency}, interval {args.interval}, {args.tasks} tasks "
-          f"(bodies {args.work:g} s); {args.data_replicas} replica(s), siq_store_replicas {args.replicas}; "
+    print(f"# failover ({args.store}): {args.nodes} nodes x -c {args.concurrency}, interval {args.interval}, "
+          f"{args.tasks} tasks (bodies {args.work:g} s); {args.data_replicas} replica(s) per master, "
+          f"siq_store_replicas {args.replicas}; "
           f"{platform.python_version()}, {platform.machine()}; logs in {logroot}")  # fmt: skip
     rows = []
     for fault in faults:
         for n in range(1, args.runs + 1):
-            logdir = logroot / f"{fault}-{args.interval}-{n}"
+            logdir = logroot / f"{args.store}-{fault}-{args.interval}-{n}"
             try:
                 figures, times = one_run(fault, args.interval, args.tasks, logdir, args)
             except HarnessError as exc:
-                print(f"{fault} run {n}: harness failed: {exc}")
+                print(f"{args.store} {fault} run {n}: harness failed: {exc}")
                 continue
             extra = f", first answer after {times['answer']:.2f} s"
             extra += f", demoted after {times['demoted']:.1f} s" if "demoted" in times else ""
-            print(f"{fault} run {n}: {figures.line()}{extra}", flush=True)
+            print(f"{args.store} {fault} run {n}: {figures.line()}{extra}", flush=True)
             rows.append((fault, n, figures, times["answer"]))
-    print("\n| fault | interval | run | completed | ran twice | smallest body gap | gaps < 0.9 I | stall | promotion "
-          "| first answer |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| store | fault | interval | run | completed | ran twice | smallest body gap | gaps < 0.9 I | stall "
+          "| promotion | first answer |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for fault, n, f, answer in rows:
-        print(f"| {fault} | {args.interval} | {n} | {f.completed}/{f.tasks} | {len(f.ran_twice)} | "
+        print(f"| {args.store} | {fault} | {args.interval} | {n} | {f.completed}/{f.tasks} | {len(f.ran_twice)} | "
               f"{f.smallest_gap_ms:.1f} ms | {f.below_cap} | {f.stall_s:.2f} s | {f.promotion_s:.2f} s "
               f"| {answer:.2f} s |")  # fmt: skip
 

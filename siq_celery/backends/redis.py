@@ -87,8 +87,11 @@ SCRIPTS = (
 )  # fmt: skip
 
 
-#: Errors of the conversation with the server rather than of one operation.
-_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, RedisClusterException)
+#: Errors of the conversation with the server rather than of one operation. On Redis
+#: Cluster also CLUSTERDOWN (every node answers it to every key while a master is failed and
+#: not yet replaced, so queues on the surviving masters stop too: nothing ran) and redis-py's
+#: ClusterError after too many redirections (a slot moving).
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, RedisClusterException, redis.exceptions.ClusterError)
 _AUTHENTICATION = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
 #: Whatever redis-py raises (its Cluster errors are not RedisErrors).
 _REDIS_ERRORS = (redis.RedisError, RedisClusterException)
@@ -189,13 +192,21 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
     query = dict(parse_qsl(parts.query))
     options.update(_connection_query(query, url))
     if scheme.endswith("+cluster"):
-        return RedisCluster(
+        cluster = RedisCluster(
             startup_nodes=[ClusterNode(h, p) for h, p in hosts],
             username=username,
             password=password,
             ssl=tls,
             **options,
         )
+        # Around every command the cluster client has a retry loop of its own: after a
+        # ConnectionError or a TimeoutError (the slot's master died or hung with the reply
+        # unread) it refreshes the slot map and sends the command again. Since redis-py 6.0
+        # ``retry`` rules it (none, above); before, ``cluster_error_retry_attempts`` did
+        # (3, whatever ``retry`` said), and a claim whose reply was lost was claimed twice.
+        if hasattr(cluster, "cluster_error_retry_attempts"):
+            cluster.cluster_error_retry_attempts = 0
+        return cluster
     if scheme.endswith("+sentinel"):
         path = [p for p in parts.path.split("/") if p]
         if not path:
@@ -354,6 +365,7 @@ class RedisBackend(Backend):
         self._spare_pid = os.getpid()
         self._master_checked = -MASTER_CHECK_S  # time.monotonic() of the last _check_master
         self._claim_parts: LRUCache[tuple[Any, ...], tuple[bytes, bytes]] = LRUCache(IDLE_EXPIRY_REMEMBERED)
+        self._stale_slots = False  # Redis Cluster: a command failed unreachable (_refresh_slots)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
@@ -477,14 +489,34 @@ class RedisBackend(Backend):
         for conn in self._spare if self._spare_pid == os.getpid() else ():
             conn.disconnect()
 
+    def _refresh_slots(self) -> None:
+        """Redis Cluster, before the first command after one failed unreachable: ask the
+        cluster where the slots are now. redis-py refreshes its slot map right after the
+        failure, which, just after a master died, still names the dead master; without a
+        second look the first command after the replica's promotion fails too, and the
+        waiters, backing off, start up to a second later than behind Sentinel (whose client
+        asks Sentinel on every new connection)."""
+        with contextlib.suppress(*_REDIS_ERRORS, OSError):  # no answer: the command says so
+            self.client.nodes_manager.initialize()
+            self._stale_slots = False
+
     def _run(self, name: str, queue: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if self._stale_slots:
+            self._refresh_slots()
         try:
             return self._script(name)(keys=list(keys), args=[self._now_arg(), *args])
         except redis.ResponseError as exc:
             error = self._translate(exc, queue, keys[0])
-            raise (store_error(exc, queue) if error is exc else error) from None
+            raise (self._failed(exc, queue) if error is exc else error) from None
         except _REDIS_ERRORS as exc:
-            raise store_error(exc, queue) from None
+            raise self._failed(exc, queue) from None
+
+    def _failed(self, exc: Exception, queue: str) -> Exception:
+        """:func:`store_error`, noting on Cluster that the slot map may be out of date."""
+        error = store_error(exc, queue)
+        if isinstance(error, StoreUnavailableError) and isinstance(self._client, RedisCluster):
+            self._stale_slots = True
+        return error
 
     @staticmethod
     def _translate(exc: Exception, queue: str, key: str) -> Exception:

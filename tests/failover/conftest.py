@@ -1,9 +1,12 @@
 """The failover harness: a state store behind Redis Sentinel (a master, one replica and
-three sentinels, all from one ``redis-server`` binary), and the faults of issue 27 on it.
+three sentinels, all from one ``redis-server`` binary), or on Redis Cluster (three masters
+with one replica each), and the faults of issue 27 on it.
 
 :class:`SentinelSet` starts and stops the five processes (by pid, each in a temp dir)
 and injects the faults: the master killed, the master stopped and resumed (a partition
-and its return), a lagging replica promoted. Every wait is bounded. The broker and the
+and its return), a lagging replica promoted. :class:`ClusterSet` does the same for six
+cluster nodes, with one fault: the master of a queue's hash slot killed. Every wait is
+bounded. The broker and the
 records the task bodies write (tests/apps/geo.py) live on servers of their own
 (:class:`tests.faults.conftest.ControlledRedis`), never on the set that fails over.
 :func:`failover_env` builds the environment of the test app on those three.
@@ -29,7 +32,8 @@ from typing import Any
 import pytest
 import redis
 
-from siq_celery.embedded import free_port, redis_server_binary
+from siq_celery import IntervalQueue
+from siq_celery.embedded import free_cluster_port, free_port, redis_server_binary
 from tests.faults.conftest import ControlledRedis
 from tests.integration.conftest import ROOT
 
@@ -294,13 +298,193 @@ def sentinel_set() -> Iterator[SentinelSet]:
         yield s
 
 
+#: Redis Cluster settings of the issue's setup: a master is failed after 1 s without a reply.
+CLUSTER_NODE_TIMEOUT_MS = 1000
+CLUSTER_SLOTS = 16_384
+
+
+class ClusterSet:
+    """A Redis Cluster of three masters, each with one replica (the ``--cluster-replicas 1``
+    arrangement, built with CLUSTER ADDSLOTS / MEET / REPLICATE from the one
+    ``redis-server`` binary, no ``redis-cli``), ``cluster-node-timeout`` 1000, on free
+    loopback ports (each with its bus port, + 10000, free too).
+
+    ``with ClusterSet() as c: c.url`` is the store URL a user would write,
+    ``redis+cluster://127.0.0.1:P1,...`` (every node, masters and replicas). The fault:
+    :meth:`kill_slot_master` SIGKILLs the master serving a queue's hash slot; its replica
+    is promoted by the cluster itself (the replicas' election), timed by :meth:`wait_promotion`.
+    """
+
+    def __init__(self, *, node_timeout_ms: int = CLUSTER_NODE_TIMEOUT_MS) -> None:
+        self.tmp = tempfile.TemporaryDirectory(prefix="siq-cluster-")
+        base = Path(self.tmp.name)
+        self.node_timeout_ms = node_timeout_ms
+        self.masters = [Server(f"master-{i}", free_cluster_port(), base) for i in range(3)]
+        self.replicas = [Server(f"replica-{i}", free_cluster_port(), base) for i in range(3)]
+        self.ids: dict[int, str] = {}  #: port -> cluster node id
+        self.old_master: Server | None = None  #: the master :meth:`kill_slot_master` killed
+        self.slot = -1  #: the hash slot of that fault
+        self.fault_at = 0.0  #: time.time() of the last fault
+
+    @property
+    def nodes(self) -> list[Server]:
+        return [*self.masters, *self.replicas]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in self.nodes)
+
+    def start(self, timeout: float = 30.0) -> ClusterSet:
+        for server in self.nodes:
+            server.conf.write_text("\n".join([
+                f"port {server.port}", "bind 127.0.0.1", "protected-mode no", 'save ""', "appendonly no",
+                f"dir {server.dir}", "repl-diskless-sync no", "cluster-enabled yes",
+                f"cluster-config-file {server.name}-nodes.conf", f"cluster-node-timeout {self.node_timeout_ms}",
+            ]) + "\n")  # fmt: skip
+            server.start()
+            self.ids[server.port] = server.client().execute_command("CLUSTER", "MYID").decode()
+        per = CLUSTER_SLOTS // len(self.masters)
+        for i, master in enumerate(self.masters):
+            end = CLUSTER_SLOTS if i == len(self.masters) - 1 else (i + 1) * per
+            master.client().execute_command("CLUSTER", "ADDSLOTS", *range(i * per, end))
+        first = self.nodes[0].client()
+        for server in self.nodes[1:]:
+            first.execute_command("CLUSTER", "MEET", "127.0.0.1", server.port)
+        wait_until(lambda: all(self._knows_all(s) for s in self.nodes), timeout, "the nodes to meet")
+        for master, replica in zip(self.masters, self.replicas, strict=True):
+            replica.client().execute_command("CLUSTER", "REPLICATE", self.ids[master.port])
+        wait_until(lambda: all(self._link_up(r) for r in self.replicas), timeout, "the replicas' first sync")
+        wait_until(lambda: all(self._ok(s) for s in self.nodes), timeout, "cluster_state:ok on every node")
+        return self
+
+    def _knows_all(self, server: Server) -> bool:
+        info = server.client().execute_command("CLUSTER INFO")
+        return int(info["cluster_known_nodes"]) == len(self.nodes)
+
+    def _ok(self, server: Server) -> bool:
+        return bool(server.client().execute_command("CLUSTER INFO")["cluster_state"] == "ok")
+
+    @staticmethod
+    def _link_up(replica: Server) -> bool:
+        info = replica.client().info("replication")
+        return info.get("role") == "slave" and info.get("master_link_status") == "up"
+
+    def keyslot(self, queue: str) -> int:
+        """The hash slot of ``queue``'s keys (siq_celery.keys: every key carries ``{queue}``)."""
+        from siq_celery.keys import DEFAULT_KEY_PREFIX, QueueKeys
+
+        key = QueueKeys(DEFAULT_KEY_PREFIX, queue).state
+        for server in self.nodes:
+            if not server.exited():
+                with contextlib.suppress(redis.RedisError, OSError):
+                    return int(server.client().execute_command("CLUSTER", "KEYSLOT", key))
+        raise HarnessError("no cluster node answers")
+
+    def slot_owners(self, slot: int) -> list[int | None]:
+        """The port of the master serving ``slot`` as each live node's CLUSTER SLOTS names it
+        (None: no answer, or the slot uncovered)."""
+        ports: list[int | None] = []
+        for server in self.nodes:
+            if server.exited():
+                continue
+            try:
+                ranges = server.client(0.5).execute_command("CLUSTER", "SLOTS")
+            except (redis.RedisError, OSError):
+                ports.append(None)
+                continue
+            ports.append(next((int(r[2][1]) for r in ranges if int(r[0]) <= slot <= int(r[1])), None))
+        return ports
+
+    def slot_master(self, queue: str = "geo") -> Server:
+        """The master serving ``queue``'s slot now (as the first live node that answers says)."""
+        port = next((p for p in self.slot_owners(self.keyslot(queue)) if p is not None), None)
+        if port is None:
+            raise HarnessError(f"no node names a master for the slot of {queue!r}")
+        return next(s for s in self.nodes if s.port == port)
+
+    def replica_of(self, master: Server) -> Server:
+        """The node replicating ``master`` (CLUSTER REPLICAS)."""
+        lines = master.client().execute_command("CLUSTER", "REPLICAS", self.ids[master.port])
+        ports = {int(str(line if isinstance(line, str) else line.decode()).split()[1].split(":")[1].split("@")[0])
+                 for line in lines}  # fmt: skip
+        return next(s for s in self.nodes if s.port in ports)
+
+    def kill_slot_master(self, queue: str = "geo") -> float:
+        """The fault: SIGKILL the master serving ``queue``'s slot; the moment (time.time())."""
+        self.slot = self.keyslot(queue)
+        self.old_master = self.slot_master(queue)
+        self.fault_at = time.time()
+        self.old_master.kill()
+        return self.fault_at
+
+    def wait_promotion(self, timeout: float = 30.0) -> float:
+        """Seconds from the kill until the slot's new master is in charge: every live node's
+        CLUSTER SLOTS names a master other than the killed one for the slot, and that node
+        reports role master. Polled every 20 ms."""
+        assert self.old_master is not None, "no fault injected"
+        old = self.old_master.port
+
+        def promoted() -> bool:
+            owners = self.slot_owners(self.slot)
+            new = owners[0] if owners else None
+            if new in (None, old) or any(p != new for p in owners):
+                return False
+            server = next(s for s in self.nodes if s.port == new)
+            return bool(server.client(0.5).info("replication")["role"] == "master")
+
+        wait_until(promoted, timeout, "the cluster to promote the slot's replica", every=0.02)
+        return time.time() - self.fault_at
+
+    def restore(self, timeout: float = 30.0) -> None:
+        """Bring a killed master back (it rejoins as a replica of the promoted one)."""
+        if self.old_master is not None and self.old_master.exited():
+            self.old_master.start()
+            wait_until(lambda: self.old_master is not None and self._link_up(self.old_master), timeout,
+                       "the old master to rejoin as a replica")  # fmt: skip
+
+    def stop(self) -> None:
+        """Kill every node by its pid (resumed first if stopped), remove the temp dir."""
+        for server in self.nodes:
+            with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+                server.kill()
+        self.tmp.cleanup()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {s.name}\n{s.log()[-3000:]}" for s in self.nodes)
+
+    def __enter__(self) -> ClusterSet:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@pytest.fixture
+def cluster_set() -> Iterator[ClusterSet]:
+    with ClusterSet() as c:
+        yield c
+
+
+def slots(queue: IntervalQueue, count: int, timeout: float) -> float:
+    """Take ``count`` slots of ``queue`` one after another; the seconds it took."""
+    started = time.monotonic()
+    for _ in range(count):
+        with queue.slot(timeout=timeout):
+            pass
+    return time.monotonic() - started
+
+
 #: The app's Redis broker visibility timeout (issue 27): an unacknowledged message (held by
 #: ETA, prefetched, or running) comes back after 8 s.
 VISIBILITY_TIMEOUT_S = 8
 
 
 def failover_env(store_url: str, broker: ControlledRedis, records: ControlledRedis, interval: str) -> dict[str, str]:
-    """The environment of tests/apps/geo.py for a run on ``store_url`` (the sentinel URL)."""
+    """The environment of tests/apps/geo.py for a run on ``store_url`` (the sentinel or cluster URL)."""
     return {
         "SIQ_TEST_QUEUE": f"siq-failover-{uuid.uuid4().hex[:12]}",
         "SIQ_TEST_BROKER": broker.url(1),

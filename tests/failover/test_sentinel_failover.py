@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from siq_celery import IntervalQueue
-from tests.failover.conftest import SentinelSet, failover_env, measure
+from tests.failover.conftest import SentinelSet, failover_env, measure, slots
 from tests.faults.conftest import ControlledRedis, publish
 from tests.integration.conftest import CeleryRun
 from tests.timing import HOST_CLOCK_RERUNS, host_gaps_at_least
@@ -23,15 +23,6 @@ from tests.timing import HOST_CLOCK_RERUNS, host_gaps_at_least
 pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.faults]
 
 INTERVAL_MS = 50.0
-
-
-def slots(queue: IntervalQueue, count: int, timeout: float) -> float:
-    """Take ``count`` slots of ``queue`` one after another; the seconds it took."""
-    started = time.monotonic()
-    for _ in range(count):
-        with queue.slot(timeout=timeout):
-            pass
-    return time.monotonic() - started
 
 
 def test_the_set_promotes_the_replica_and_a_queue_on_the_sentinel_url_goes_on(sentinel_set: SentinelSet) -> None:
