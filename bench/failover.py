@@ -102,22 +102,30 @@ def inject(
 
 
 #: A pool process's log line with the store's answer to a start: "geo.record[id]: wait; ticket 81 of
-#: 'geo' deferred 0.980s", "...: ticket 90 of 'geo' parked, 12s from its slot".
-_ANSWER = re.compile(
-    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/ForkPoolWorker-\d+\] .*[:;] ticket \d+ of .* (deferred|parked)"
-)
+#: 'geo' deferred 0.980s", "...: ticket 90 of 'geo' parked, 12s from its slot"; and one that the
+#: store did not answer.
+_STAMP = r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): \w+/ForkPoolWorker-\d+\] "
+_ANSWER = re.compile(_STAMP + r".*[:;] ticket \d+ of .* (deferred|parked)")
+_UNANSWERED = re.compile(_STAMP + r".*state store unreachable")
 
 
 def first_answer(run: CeleryRun, fault_at: float) -> float:
-    """Seconds from the fault until a worker first had an answer from the store again: its
-    first start, or its first deferral or parking logged (Celery's log times: local, ms)."""
-    times = [s["t"] for s in run.starts() if s["t"] > fault_at]
-    for w in run.workers:
-        for line in w.log().splitlines():
-            if m := _ANSWER.match(line):
-                t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                if t > fault_at:
-                    times.append(t)
+    """Seconds from the fault until a worker first had an answer from the store after its
+    first unanswered start: a start, or a deferral or parking logged (Celery's log times,
+    local, ms). NaN: no start went unanswered (a fault between two starts)."""
+
+    def stamps(pattern: re.Pattern[str]) -> list[float]:
+        out = []
+        for w in run.workers:
+            for line in w.log().splitlines():
+                if m := pattern.match(line):
+                    out.append(datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp())
+        return out
+
+    failed = [t for t in stamps(_UNANSWERED) if t > fault_at]
+    if not failed:
+        return float("nan")
+    times = [s["t"] for s in run.starts() if s["t"] > min(failed)] + [t for t in stamps(_ANSWER) if t > min(failed)]
     return min(times, default=float("nan")) - fault_at
 
 
