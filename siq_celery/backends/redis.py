@@ -109,6 +109,17 @@ class Unreplicated(StoreUnavailableError):
         self.reply = reply
 
 
+class Overtaken(StoreUnavailableError):
+    """A start whose replicas acknowledged it an interval or more after it was made, when
+    another start had come after it meanwhile: not used (its slot is spent)."""
+
+    def __init__(self, queue: str, took_us: float) -> None:
+        super().__init__(
+            f"queue {queue!r}: the store's replicas acknowledged the start {took_us / 1000:.0f} ms after it was made, "
+            "and a later start was authorized meanwhile; this one is not used (asking again)"
+        )
+
+
 def store_error(exc: Exception, queue: str | None = None) -> Exception:
     """The :class:`SiqError` for what redis-py raised while talking to the store: a
     refused login, a database the server does not have, a user the ACL does not allow, no
@@ -678,6 +689,7 @@ class RedisBackend(Backend):
         reply = self._start_replicated(
             "start",
             queue,
+            [(queue, epoch, limits.burst > 0)],
             k.all,
             [
                 ticket,
@@ -696,23 +708,52 @@ class RedisBackend(Backend):
         )
         return _decision(reply)
 
-    def _start_replicated(self, name: str, queue: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def _start_replicated(
+        self, name: str, queue: str, restamps: Sequence[tuple[str, str, bool]], keys: Sequence[str], args: Sequence[Any]
+    ) -> Any:
         """A start script's reply, replicated (:meth:`_run_replicated`). An authorization too
         few replicas acknowledged is not used: its leases are given back (best effort: the
-        slot is spent, a gap and never a second start) before StoreUnavailableError."""
+        slot is spent, a gap and never a second start) before StoreUnavailableError.
+
+        One the replicas acknowledged only after an interval or more (a replica catching up
+        after a failover: ``WAIT`` took up to ``siq_store_replica_timeout``) may have been
+        followed by another start meanwhile, whose body would start beside this one's: each
+        queue's start (``restamps``: queue, epoch, has a burst) is moved to now if it is
+        still the last (restamp.lua), and if one is not, the authorization is not used
+        either (:class:`Overtaken`)."""
+        sent = time.monotonic()
         try:
-            return self._run_replicated(name, queue, keys, args)
+            reply = self._run_replicated(name, queue, keys, args)
         except Unreplicated as exc:
-            replies = exc.reply if name == "start_all" else [exc.reply]
             self._forget_master()
-            if all(_decision(r).verdict is not Verdict.AUTHORIZED for r in replies):
+            unused = exc.reply if name == "start_all" else [exc.reply]
+            if all(_decision(r).verdict is not Verdict.AUTHORIZED for r in unused):
                 return exc.reply  # nothing was authorized: a wait, a refusal, stands as it is
-            for r in replies:
-                lease = _decision(r).lease
-                with contextlib.suppress(*_REDIS_ERRORS, SiqError):
-                    if lease:
-                        self._finish(queue, lease, "UNREPLICATED", remember=False, lease=lease, replicated=False)
+            self._give_back(unused, [q for q, _, _ in restamps])
             raise
+        if not self.replicas:
+            return reply
+        took_us = (time.monotonic() - sent) * 1e6
+        replies = reply if name == "start_all" else [reply]
+        for r, (q, epoch, burst) in zip(replies, restamps, strict=True):
+            decision = _decision(r)
+            if decision.verdict is not Verdict.AUTHORIZED or burst or took_us < decision.interval_us:
+                continue
+            now = self.restamp(q, epoch, decision.now_us)
+            if now is None:
+                self._give_back(replies, [q for q, _, _ in restamps])
+                raise Overtaken(q, took_us)
+            r[2] = now  # {verdict, ticket, now_us, ...}: the body starts now
+        return reply
+
+    def _give_back(self, replies: Sequence[Any], queues: Sequence[str]) -> None:
+        """The leases of authorizations that are not used (best effort)."""
+        for r, queue in zip(replies, queues, strict=True):
+            decision = _decision(r)
+            if decision.verdict is Verdict.AUTHORIZED and decision.lease:
+                with contextlib.suppress(*_REDIS_ERRORS, SiqError):
+                    self._finish(queue, decision.lease, "UNREPLICATED", remember=False, lease=decision.lease,
+                                 replicated=False)  # fmt: skip
 
     def start_all(
         self,
@@ -749,7 +790,8 @@ class RedisBackend(Backend):
             )
         per_limits = [v for lim in each for v in _limit_args(lim)]
         args = [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost, *per_limits, member, self.lease_timeout_us]
-        replies = self._start_replicated("start_all", queues[0], keys, args)
+        restamps = [(q, e, lim.burst > 0) for q, e, lim in zip(queues, epochs, each, strict=True)]
+        replies = self._start_replicated("start_all", queues[0], restamps, keys, args)
         return [_decision(r) for r in replies]
 
     def _lost_args(self, task_id: str | None) -> list[int]:
