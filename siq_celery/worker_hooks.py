@@ -3,7 +3,8 @@
 * ``worker_init`` (main process, before any task is taken): note whether task events are
   sent, and announce the node's interval declarations (declarations.py).
 * ``worker_process_init`` / ``worker_ready``: connect to the store and load its scripts,
-  so a fresh process's first task is not late; start the upkeep thread (upkeep.py).
+  so a fresh process's first task is not late; start the upkeep thread (upkeep.py), which
+  on a green pool with a Redis broker also restores dead workers' tasks (broker_restore.py).
 * ``worker_ready`` with ``siq_metrics_port`` set: serve Prometheus metrics from the main
   process (worker_metrics.py), read from the store like ``siq exporter``.
 * ``worker_shutdown``: stop the upkeep thread and the metrics server, and withdraw the
@@ -30,6 +31,7 @@ from celery import signals
 
 from .app_state import siq_state
 from .broker_check import warn_if_broker_forgets_before_horizon
+from .broker_restore import UnackedRestore, needs_restore_sweep
 from .declarations import NodeDeclarations, PerKeyDeclarations, app_declarations
 from .deferral_gc import DeferralCollector
 from .task_api import has_interval_tasks
@@ -128,7 +130,10 @@ def _start_upkeep(sender: Any = None, **_: Any) -> None:
         return
     settings = siq_state(app).settings
     warn_if_broker_forgets_before_horizon(app, settings.horizon)
-    upkeep = WorkerUpkeep(app, settings.release_every)
+    # sender: the consumer. Without the event loop (a green pool) nothing else restores
+    # a dead worker's unacknowledged tasks on the Redis broker (broker_restore.py).
+    restore = UnackedRestore(app) if needs_restore_sweep(sender) else None
+    upkeep = WorkerUpkeep(app, settings.release_every, restore)
     upkeep.start()
     WORKER.upkeep.append(upkeep)
 
