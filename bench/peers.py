@@ -5,6 +5,7 @@
     python bench/peers.py [--scenarios spacing,burst,concurrency] [--runs 3] [--limiters ...]
                           [--intervals 50,20,10,5,2] [--profiles empty,mixed] [--seconds 4]
                           [--burst 4] [--cap 3 --cap-tasks 150 --cap-body-ms 200]
+                          [--pool gevent --procs 50]   # spacing, burst: the 2 nodes' pool and -c
 
 One private Redis serves every limiter, one after another, on the same workload.
 
