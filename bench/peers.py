@@ -345,7 +345,8 @@ def grid(args: argparse.Namespace, limiters: list[str], run: Callable[..., dict[
 
 
 def spacing(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None:
-    print(f"# spacing: siq_celery vs BullMQ vs Celery rate_limit, 4 worker processes, {args.runs} runs per cell: "
+    print(f"# spacing: siq_celery vs BullMQ vs Celery rate_limit, Celery 2 nodes x -c {bench.procs} ({bench.pool}), "
+          f"{args.runs} runs per cell: "
           f"median (min-max); {load()}\n", flush=True)  # fmt: skip
     print("| interval | bodies | limiter | achieved rate | smallest gap | violations (< 0.9 I) | p99 lateness "
           "| max starts / 10 I | inversions | store-clock violations |")  # fmt: skip
@@ -384,7 +385,8 @@ def burst(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None:
         "bullmq-burst": f"bullmq {{max: {b + 1}, duration: {b + 1} I}}",
     }  # fmt: skip
     print(f"# burst: excess = most starts in a half-open window of any length W beyond ceil(W / I); "
-          f"4 worker processes, {args.runs} runs per cell: median (min-max); {load()}\n", flush=True)  # fmt: skip
+          f"Celery 2 nodes x -c {bench.procs} ({bench.pool}), {args.runs} runs per cell: median (min-max); {load()}\n",
+          flush=True)  # fmt: skip
     print("| interval | bodies | limiter | achieved rate | excess, store clock | excess, ledger | excess, bodies "
           "| smallest gap | p99 lateness | inversions | store-clock gaps < I |")  # fmt: skip
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
