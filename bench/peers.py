@@ -5,6 +5,7 @@
     python bench/peers.py [--scenarios spacing,burst,concurrency] [--runs 3] [--limiters ...]
                           [--intervals 50,20,10,5,2] [--profiles empty,mixed] [--seconds 4]
                           [--burst 4] [--cap 3 --cap-tasks 150 --cap-body-ms 200]
+                          [--pool gevent --procs 50]   # spacing, burst: the 2 nodes' pool and -c
 
 One private Redis serves every limiter, one after another, on the same workload.
 
@@ -153,9 +154,12 @@ def collect(record: redis.Redis, count: int, timeout: float) -> list[dict[str, A
 
 class Bench:
     def __init__(
-        self, server: EmbeddedRedis, tmp: Path, broker_wait_below: float = 0.02, burst: int = 4, cap: int = 3
-    ) -> None:
+        self, server: EmbeddedRedis, tmp: Path, broker_wait_below: float = 0.02, burst: int = 4, cap: int = 3,
+        pool: str = "prefork", procs: int = 2,
+    ) -> None:  # fmt: skip
         self.port, self.tmp = server.port, tmp
+        #: the Celery pool of the spacing and burst scenarios' 2 nodes, and -c of each
+        self.pool, self.procs = pool, procs
         base = f"redis://127.0.0.1:{server.port}"
         self.env = {
             "SIQ_BENCH_BROKER": f"{base}/1", "SIQ_BENCH_STORE": f"{base}/2", "SIQ_BENCH_RECORD": f"{base}/3",
@@ -167,9 +171,12 @@ class Bench:
         self.record = redis.Redis.from_url(self.env["SIQ_BENCH_RECORD"])
         self.broker = redis.Redis.from_url(self.env["SIQ_BENCH_BROKER"])
 
-    def celery_workers(self, queue: str, extra: dict[str, str], nodes: int = 2, procs: int = 2) -> list[WorkerProcess]:
+    def celery_workers(
+        self, queue: str, extra: dict[str, str], nodes: int = 2, procs: int | None = None
+    ) -> list[WorkerProcess]:
         workers = [
-            WorkerProcess("bench.peers_app", f"{queue}{i}@bench", self.tmp / f"{queue}{i}.log", concurrency=procs,
+            WorkerProcess("bench.peers_app", f"{queue}{i}@bench", self.tmp / f"{queue}{i}.log",
+                          concurrency=self.procs if procs is None else procs, pool=self.pool,
                           env={**self.env, **extra}, cwd=ROOT, extra_args=["-Q", queue]).start()
             for i in range(nodes)
         ]  # fmt: skip
@@ -338,7 +345,8 @@ def grid(args: argparse.Namespace, limiters: list[str], run: Callable[..., dict[
 
 
 def spacing(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None:
-    print(f"# spacing: siq_celery vs BullMQ vs Celery rate_limit, 4 worker processes, {args.runs} runs per cell: "
+    print(f"# spacing: siq_celery vs BullMQ vs Celery rate_limit, Celery 2 nodes x -c {bench.procs} ({bench.pool}), "
+          f"{args.runs} runs per cell: "
           f"median (min-max); {load()}\n", flush=True)  # fmt: skip
     print("| interval | bodies | limiter | achieved rate | smallest gap | violations (< 0.9 I) | p99 lateness "
           "| max starts / 10 I | inversions | store-clock violations |")  # fmt: skip
@@ -377,7 +385,8 @@ def burst(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None:
         "bullmq-burst": f"bullmq {{max: {b + 1}, duration: {b + 1} I}}",
     }  # fmt: skip
     print(f"# burst: excess = most starts in a half-open window of any length W beyond ceil(W / I); "
-          f"4 worker processes, {args.runs} runs per cell: median (min-max); {load()}\n", flush=True)  # fmt: skip
+          f"Celery 2 nodes x -c {bench.procs} ({bench.pool}), {args.runs} runs per cell: median (min-max); {load()}\n",
+          flush=True)  # fmt: skip
     print("| interval | bodies | limiter | achieved rate | excess, store clock | excess, ledger | excess, bodies "
           "| smallest gap | p99 lateness | inversions | store-clock gaps < I |")  # fmt: skip
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
@@ -449,6 +458,8 @@ def main() -> None:
     parser.add_argument("--broker-wait-below", type=float, default=0.02,
                         help="siq_broker_wait_below, seconds (0: every siq_celery task by ETA)")  # fmt: skip
     parser.add_argument("--explain", action="store_true", help="siq_celery: where each start's time goes")
+    parser.add_argument("--pool", default="prefork", help="spacing, burst: the Celery pool (prefork, gevent, eventlet)")
+    parser.add_argument("--procs", type=int, default=2, help="spacing, burst: -c of each of the 2 Celery nodes")
     parser.add_argument("--burst", type=int, default=4, help="burst: siq-burst's burst= (bullmq-burst: max B + 1)")
     parser.add_argument("--cap", type=int, default=3, help="concurrency: the cap")
     parser.add_argument("--cap-tasks", type=int, default=150, help="concurrency: tasks per run")
@@ -469,7 +480,7 @@ def main() -> None:
           flush=True)  # fmt: skip
     explicit_intervals, explicit_profiles = args.intervals, args.profiles
     with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp:
-        bench = Bench(server, Path(tmp), args.broker_wait_below, args.burst, args.cap)
+        bench = Bench(server, Path(tmp), args.broker_wait_below, args.burst, args.cap, args.pool, args.procs)
         for scenario in scenarios:
             args.intervals = explicit_intervals or DEFAULTS[scenario][0]
             args.profiles = explicit_profiles or DEFAULTS[scenario][1]

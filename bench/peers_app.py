@@ -8,7 +8,8 @@ Celery defines it; unset, no limit). Each records when its body starts, then sle
 body time it was given; ``peers.capped`` also counts the bodies running (``INCR`` as it
 starts, ``DECR`` as it ends, on the record's Redis) and records its end.
 ``SIQ_BENCH_BROKER``, ``SIQ_BENCH_STORE``, ``SIQ_BENCH_RECORD``;
-``SIQ_BENCH_BROKER_WAIT_BELOW`` sets ``siq_broker_wait_below`` (0 compares the ETA path).
+``SIQ_BENCH_BROKER_WAIT_BELOW`` sets ``siq_broker_wait_below`` (0 compares the ETA path),
+``SIQ_BENCH_MAX_SLEEP`` ``siq_max_sleep``, ``SIQ_BENCH_PREFETCH`` ``worker_prefetch_multiplier`` (1).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ app = Celery("peers", broker=os.environ.get("SIQ_BENCH_BROKER", "redis://127.0.0
 app.conf.update(
     siq_url=os.environ.get("SIQ_BENCH_STORE"),
     siq_broker_wait_below=float(os.environ.get("SIQ_BENCH_BROKER_WAIT_BELOW", "0.02")),
+    **({"siq_max_sleep": float(os.environ["SIQ_BENCH_MAX_SLEEP"])} if os.environ.get("SIQ_BENCH_MAX_SLEEP") else {}),
     task_acks_late=True,
     task_reject_on_worker_lost=True,
-    worker_prefetch_multiplier=1,
+    worker_prefetch_multiplier=int(os.environ.get("SIQ_BENCH_PREFETCH", "1")),
     broker_connection_retry_on_startup=True,
     task_routes={
         "peers.siq": {"queue": "peers-siq"}, "peers.burst": {"queue": "peers-burst"},

@@ -24,11 +24,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 from celery.exceptions import Ignore
 
+from .admission import ADMISSION
 from .app_state import siq_state
 from .combined import CombinedQueue
 from .errors import CorruptStateError, LostDeliveriesError, QueueNotFoundError, StoreUnavailableError
@@ -65,15 +67,21 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
     record = StartRecord(
         task.name, task_id, request.hostname or socket.gethostname(), os.getpid(), deferrals(request.headers)
     )
+    # On a green pool the waiting tasks of a queue take their turn in ticket order, a few at
+    # a time: the others wait without asking the store (admission.py); a wait holds only a
+    # greenlet, so longer ones are slept (siq_green_max_sleep) rather than re-published.
+    in_order = WORKER.green and not eager
+    max_sleep = None if eager else settings.green_max_sleep if WORKER.green else settings.max_sleep
     try:
-        decision = line.wait_for_turn(
-            ticket,
-            task_id=task_id,
-            max_sleep=None if eager else settings.max_sleep,
-            defer_paused=not eager,
-            record=record,
-            cost=cost,
-        )
+        with ADMISSION.turn(ticket.queue, ticket.number) if in_order and ticket is not None else nullcontext():
+            decision = line.wait_for_turn(
+                ticket,
+                task_id=task_id,
+                max_sleep=max_sleep,
+                defer_paused=not eager,
+                record=record,
+                cost=cost,
+            )
         request.siq_lease = decision.lease
         if decision.lease:  # renewed while the body runs
             KEEPER.hold(line.backend, _names(line), decision.lease)

@@ -17,6 +17,11 @@
 * ``siq_key_prefix`` (``"siq"``): prefix of every store key (two apps on one Redis).
 * ``siq_max_sleep`` (0.1 s): waits up to this are slept in the worker process, holding a
   pool slot; longer ones go back to the broker by ETA.
+* ``siq_green_max_sleep`` (5 s): the same on a green pool (``-P gevent``, ``-P eventlet``),
+  where a wait holds only a greenlet and only the two lowest tickets of a queue in a
+  process wait at once (the others wait their turn without asking the store:
+  admission.py); a node's lowest ticket may be every other node's greenlets behind the
+  head of the line. Never below ``siq_max_sleep``.
 * ``siq_countdown_margin`` (0.02 s): a task is brought this much before its slot.
 * ``siq_broker_wait_below`` (0.02 s): tasks of a queue whose interval is shorter than this
   wait for their slot in the broker's queue, in ticket order, not by ETA: whichever
@@ -104,6 +109,7 @@ class SiqSettings:
     lease_timeout: float = 10.0
     store_replicas: int = 0
     store_replica_timeout: float = 1.0
+    green_max_sleep: float = 5.0
     #: Celery's task_protocol 1 keeps the ETA in the body: a publish claims before it builds
     #: the message (read once, as the rest: the publish path reads no app.conf).
     protocol_1: bool = False
@@ -139,6 +145,7 @@ class SiqSettings:
             key_prefix=conf.get("siq_key_prefix") or DEFAULT_KEY_PREFIX,
             protocol_1=conf.get("task_protocol") == 1,
             max_sleep=_seconds(conf, "siq_max_sleep", 0.1),
+            green_max_sleep=max(_seconds(conf, "siq_green_max_sleep", 5.0), _seconds(conf, "siq_max_sleep", 0.1)),
             countdown_margin=_seconds(conf, "siq_countdown_margin", 0.02),
             broker_wait_below=_seconds(conf, "siq_broker_wait_below", 0.02),
             paused_poll=_seconds(conf, "siq_paused_poll", 1.0, minimum=0.05),

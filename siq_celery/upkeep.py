@@ -4,7 +4,10 @@
 * release parked tasks that came within the horizon, of the app's fixed queues and of the
   queues found holding parked tasks (looked up every ``DISCOVER_EVERY`` rounds:
   thousands of per-key queues are never polled one by one);
-* renew the node's interval declarations when due (declarations.py).
+* renew the node's interval declarations when due (declarations.py);
+* on a worker without Celery's event loop (a green pool) and a Redis broker, put back
+  the unacknowledged tasks of dead workers once their visibility timeout passed, as the
+  event loop's timer does elsewhere (broker_restore.py).
 
 Nothing here is needed for correctness: any worker, or a producer, does the same work,
 and a missed round is done by the next. While the store is unreachable a round stops at
@@ -20,6 +23,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from .app_state import siq_state
+from .broker_restore import UnackedRestore
 from .clock import CLOCK
 from .declarations import app_declarations
 from .errors import StoreUnavailableError
@@ -33,9 +37,9 @@ logger = logging.getLogger("siq_celery")
 class WorkerUpkeep(threading.Thread):
     DISCOVER_EVERY = 10
 
-    def __init__(self, app: Any, every: float) -> None:
+    def __init__(self, app: Any, every: float, restore: UnackedRestore | None = None) -> None:
         super().__init__(name="siq-upkeep", daemon=True)
-        self.app, self.every = app, every
+        self.app, self.every, self.restore = app, every, restore
         self._stop_event = threading.Event()
         self._parked: list[IntervalQueue] = []
         #: The store unreachable: one line when it goes, one when it is back (not one per round and queue).
@@ -43,14 +47,21 @@ class WorkerUpkeep(threading.Thread):
         self._failures = Throttle(60.0)
 
     def run(self) -> None:
-        for round_ in itertools.count():
-            if self._stop_event.wait(self.every):
-                return
-            self.run_round(round_)
+        try:
+            for round_ in itertools.count():
+                if self._stop_event.wait(self.every):
+                    return
+                self.run_round(round_)
+        finally:
+            if self.restore is not None:
+                self.restore.close()
 
     def run_round(self, round_: int) -> None:
         """One round; it stops at the first timeout of an unreachable store (a frozen one
-        would cost a timeout per queue), and the next round tries again."""
+        would cost a timeout per queue), and the next round tries again. The broker's
+        restore sweep does not depend on the store: it comes first."""
+        if self.restore is not None:
+            self.restore_unacked()
         try:
             self._round(round_)
         except StoreUnavailableError as exc:
@@ -94,6 +105,17 @@ class WorkerUpkeep(threading.Thread):
                 continue
             if count:
                 logger.info("siq_celery: released %d parked task(s) of %r", count, queue.name)
+
+    def restore_unacked(self) -> None:
+        assert self.restore is not None
+        try:
+            count = self.restore.maybe_sweep()
+        except Exception as exc:  # the broker is the consumer's concern; the next period tries again
+            self._warn("restore", "siq_celery: could not put back the broker's unacknowledged tasks: %s", exc)
+            return
+        if count:
+            logger.info("siq_celery: put back %d unacknowledged task(s) of a worker gone for longer than the "
+                        "broker's visibility timeout", count)  # fmt: skip
 
     def _warn(self, key: Hashable, message: str, *args: Any) -> None:
         """A failure other than an unreachable store: at most once a minute per kind."""

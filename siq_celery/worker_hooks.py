@@ -1,9 +1,11 @@
 """What siq_celery does in a worker around its interval tasks, through Celery's signals.
 
 * ``worker_init`` (main process, before any task is taken): note whether task events are
-  sent, and announce the node's interval declarations (declarations.py).
+  sent and whether the pool is green (gevent, eventlet: admission.py), and announce the
+  node's interval declarations (declarations.py).
 * ``worker_process_init`` / ``worker_ready``: connect to the store and load its scripts,
-  so a fresh process's first task is not late; start the upkeep thread (upkeep.py).
+  so a fresh process's first task is not late; start the upkeep thread (upkeep.py), which
+  on a green pool with a Redis broker also restores dead workers' tasks (broker_restore.py).
 * ``worker_ready`` with ``siq_metrics_port`` set: serve Prometheus metrics from the main
   process (worker_metrics.py), read from the store like ``siq exporter``.
 * ``worker_shutdown``: stop the upkeep thread and the metrics server, and withdraw the
@@ -28,10 +30,13 @@ from typing import Any
 
 from celery import signals
 
+from . import green
 from .app_state import siq_state
 from .broker_check import warn_if_broker_forgets_before_horizon
+from .broker_restore import UnackedRestore, needs_restore_sweep
 from .declarations import NodeDeclarations, PerKeyDeclarations, app_declarations
 from .deferral_gc import DeferralCollector
+from .green_credit import add_green_credit
 from .task_api import has_interval_tasks
 from .upkeep import WorkerUpkeep
 from .worker_metrics import WorkerMetrics
@@ -44,6 +49,10 @@ class WorkerProcess:
     """What this worker process keeps between Celery's signals; prefork pool processes
     inherit it (they fork after ``worker_init``)."""
 
+    #: Whether this process runs its tasks on a green pool (gevent, eventlet: monkey-patched
+    #: by Celery before anything was imported), noted at worker start: its many waiting
+    #: tasks of a queue take their turn in ticket order (admission.py).
+    green: bool = False
     #: Whether the worker sends task events (``-E``, ``worker_send_task_events``), noted at
     #: worker start. (Events enabled later by remote control, as Flower can, reach only
     #: the main process: start workers with ``-E``.)
@@ -64,6 +73,17 @@ WORKER = WorkerProcess()
 
 def _note_task_events(sender: Any = None, **_: Any) -> None:
     WORKER.sends_task_events = bool(getattr(sender, "task_events", False))
+
+
+def _note_green_pool(sender: Any = None, **_: Any) -> None:
+    """A green pool: waiting tasks take their turn in ticket order (admission.py), and its
+    consumer gets a message of credit more on the Redis broker (green_credit.py)."""
+    from kombu.utils.compat import detect_environment
+
+    WORKER.green = green.GREEN = detect_environment() in ("gevent", "eventlet")  # type: ignore[no-untyped-call]
+    app = getattr(sender, "app", None)
+    if WORKER.green and app is not None and has_interval_tasks(app):
+        add_green_credit(app)
 
 
 def _announce_declarations(sender: Any = None, **_: Any) -> None:
@@ -128,7 +148,10 @@ def _start_upkeep(sender: Any = None, **_: Any) -> None:
         return
     settings = siq_state(app).settings
     warn_if_broker_forgets_before_horizon(app, settings.horizon)
-    upkeep = WorkerUpkeep(app, settings.release_every)
+    # sender: the consumer. Without the event loop (a green pool) nothing else restores
+    # a dead worker's unacknowledged tasks on the Redis broker (broker_restore.py).
+    restore = UnackedRestore(app) if needs_restore_sweep(sender) else None
+    upkeep = WorkerUpkeep(app, settings.release_every, restore)
     upkeep.start()
     WORKER.upkeep.append(upkeep)
 
@@ -139,6 +162,7 @@ def _stop_upkeep(**_: Any) -> None:
 
 
 signals.worker_init.connect(_note_task_events, weak=False)
+signals.worker_init.connect(_note_green_pool, weak=False)
 signals.worker_init.connect(_announce_declarations, weak=False)
 signals.task_postrun.connect(WORKER.collect_after_deferrals, weak=False)
 signals.worker_process_init.connect(_warm_pool_process, weak=False)

@@ -227,6 +227,13 @@ class Backend(ABC):
         """Move the queue's last start from ``started_us`` to now if it is still the last
         start of ``epoch`` (see :func:`siq_celery.model.restamp`); the new time or None."""
 
+    def restamp_soon(self, queue: str, epoch: str, started_us: int) -> None:
+        """:meth:`restamp`, sent now and not waited for (a green pool's body starts at once:
+        the re-stamp reaches the store about when the body starts). Best effort: a failure
+        leaves the start as authorized. The base implementation re-stamps at once."""
+        with contextlib.suppress(SiqError):
+            self.restamp(queue, epoch, started_us)
+
     @abstractmethod
     def finish(
         self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import resources
@@ -375,6 +376,10 @@ class RedisBackend(Backend):
         self._spare: list[Any] = []  # connections for claims (_claim_connection), of this process
         self._spare_pid = os.getpid()
         self._master_checked = -MASTER_CHECK_S  # time.monotonic() of the last _check_master
+        #: restamp_soon's connection (of this process), and the replies not read on it yet
+        self._restamps: Any = None
+        self._restamps_unread, self._restamps_pid = 0, os.getpid()
+        self._restamps_lock = threading.Lock()
         self._claim_parts: LRUCache[tuple[Any, ...], tuple[bytes, bytes]] = LRUCache(IDLE_EXPIRY_REMEMBERED)
         self._stale_slots = False  # Redis Cluster: a command failed unreachable (_refresh_slots)
 
@@ -499,6 +504,10 @@ class RedisBackend(Backend):
             self.client.connection_pool.disconnect()
         for conn in self._spare if self._spare_pid == os.getpid() else ():
             conn.disconnect()
+        with self._restamps_lock:
+            if self._restamps is not None and self._restamps_pid == os.getpid():
+                self._restamps.disconnect()
+            self._restamps, self._restamps_unread = None, 0
 
     def _refresh_slots(self) -> None:
         """Redis Cluster, before the first command after one failed unreachable: ask the
@@ -806,6 +815,43 @@ class RedisBackend(Backend):
         now = int(self._run("restamp", queue, [k.state, k.window], [epoch, started_us]))
         return now or None
 
+    def restamp_soon(self, queue: str, epoch: str, started_us: int) -> None:
+        """Write the re-stamp on a connection of this process's own and return; its reply is
+        read (and dropped) before the next re-stamp is written there, by then long arrived.
+        A Cluster client re-stamps at once."""
+        if isinstance(self.client, RedisCluster):
+            super().restamp_soon(queue, epoch, started_us)
+            return
+        k = self.keys(queue)
+        with self._restamps_lock:
+            if self._restamps_pid != os.getpid():  # a forked child never uses its parent's socket
+                self._restamps, self._restamps_unread, self._restamps_pid = None, 0, os.getpid()
+            try:
+                if self._restamps is None:
+                    script = self._script("restamp")  # loaded: a NOSCRIPT would only be read at the next one
+                    script.sha = self.client.script_load(script.script)
+                    self._restamps = self._claim_connection()[0]  # kept: never given back to the spares
+                    self._restamps_unread = 0
+                conn = self._restamps
+                while self._restamps_unread:
+                    self._restamps_unread -= 1
+                    try:
+                        conn.read_response()
+                    except redis.exceptions.NoScriptError:  # flushed (a restart, a failover): load it again
+                        script = self._script("restamp")
+                        script.sha = self.client.script_load(script.script)
+                    except redis.ResponseError:  # a corrupt state: the starts say so
+                        pass
+                sha = self._script("restamp").sha
+                conn.send_packed_command(
+                    [_resp("EVALSHA", sha, 2, k.state, k.window, self._now_arg(), epoch, started_us)]
+                )
+                self._restamps_unread += 1
+            except (*_REDIS_ERRORS, OSError):  # the start stands as authorized; the next one reconnects
+                if self._restamps is not None:
+                    self._restamps.disconnect()
+                self._restamps, self._restamps_unread = None, 0
+
     def finish(
         self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = ""
     ) -> None:
@@ -1106,5 +1152,8 @@ class RedisBackend(Backend):
     def close(self) -> None:
         for conn in self._spare if self._spare_pid == os.getpid() else ():
             conn.disconnect()
+        if self._restamps is not None and self._restamps_pid == os.getpid():
+            self._restamps.disconnect()
+            self._restamps = None
         if self._client is not None:
             self._client.close()
