@@ -132,5 +132,13 @@ def wait_finished(run: CeleryRun, count: int, timeout: float) -> Counter[int]:
             time.sleep(1.0)
             return Counter(f["n"] for f in run.finishes())
         time.sleep(0.2)
-    logs = "\n".join(f"--- {w.name}\n{w.log()[-3000:]}" for w in run.workers)
-    raise AssertionError(f"{len(run.finishes())} of {count} finished after {timeout}s\n{logs}")
+    done = {f["n"] for f in run.finishes()}
+    missing = sorted(set(range(count)) - done)
+    started = {s["n"]: s for s in run.starts()}
+    about = [f"task {n}: {'started ' + str(started[n]) if n in started else 'never started'}" for n in missing[:5]]
+    ids = {started[n]["task_id"] for n in missing if n in started}
+    logs = "\n".join(
+        f"--- {w.name}\n{w.log()[-3000:]}\n" + "\n".join(ln for ln in w.log().splitlines() if any(i in ln for i in ids))
+        for w in run.workers
+    )
+    raise AssertionError(f"{len(done)} of {count} finished after {timeout}s; {'; '.join(about)}\n{logs}")
