@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 import redis
@@ -35,7 +35,7 @@ import redis
 from siq_celery import IntervalQueue
 from siq_celery.embedded import free_cluster_port, free_port, redis_server_binary
 from tests.faults.conftest import ControlledRedis
-from tests.integration.conftest import ROOT
+from tests.integration.conftest import ROOT, CeleryRun
 
 SERVICE = "mymaster"
 #: Sentinel settings of the issue's setup: a master is down after 1 s without a reply.
@@ -108,7 +108,47 @@ class Server:
         return self.logfile.read_text(errors="replace") if self.logfile.exists() else ""
 
 
-class SentinelSet:
+class ServerSet:
+    """The lifecycle both sets share: ``servers`` (every process of the set) are killed by
+    pid on :meth:`stop`, their logs read together, and ``with`` starts and stops the set
+    (a start that fails stops what it started)."""
+
+    tmp: tempfile.TemporaryDirectory[str]
+
+    @property
+    def servers(self) -> list[Server]:
+        raise NotImplementedError
+
+    @property
+    def url(self) -> str:
+        """The store URL a user would write for the set."""
+        raise NotImplementedError
+
+    def start(self, timeout: float = 30.0) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Kill every process of the set by its pid (resumed first if stopped), remove the temp dir."""
+        for server in self.servers:
+            with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+                server.kill()
+        self.tmp.cleanup()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {s.name}\n{s.log()[-3000:]}" for s in self.servers)
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class SentinelSet(ServerSet):
     """A master, ``replicas`` replicas (1) and three sentinels (``mymaster``, quorum 2,
     ``down-after-milliseconds`` 1000, ``failover-timeout`` 5000) on free loopback ports.
 
@@ -271,25 +311,9 @@ class SentinelSet:
             wait_until(lambda: self.old_master is not None and self._link_up(self.old_master), timeout,
                        "the old master to rejoin as a replica")  # fmt: skip
 
-    def stop(self) -> None:
-        """Kill every process of the set by its pid (resumed first if stopped), remove the temp dir."""
-        for server in [*self.sentinels, *self.data]:
-            with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
-                server.kill()
-        self.tmp.cleanup()
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {s.name}\n{s.log()[-3000:]}" for s in [*self.data, *self.sentinels])
-
-    def __enter__(self) -> SentinelSet:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    @property
+    def servers(self) -> list[Server]:
+        return [*self.data, *self.sentinels]
 
 
 @pytest.fixture
@@ -303,7 +327,7 @@ CLUSTER_NODE_TIMEOUT_MS = 1000
 CLUSTER_SLOTS = 16_384
 
 
-class ClusterSet:
+class ClusterSet(ServerSet):
     """A Redis Cluster of three masters, each with one replica (the ``--cluster-replicas 1``
     arrangement, built with CLUSTER ADDSLOTS / MEET / REPLICATE from the one
     ``redis-server`` binary, no ``redis-cli``), ``cluster-node-timeout`` 1000, on free
@@ -442,25 +466,20 @@ class ClusterSet:
             wait_until(lambda: self.old_master is not None and self._link_up(self.old_master), timeout,
                        "the old master to rejoin as a replica")  # fmt: skip
 
-    def stop(self) -> None:
-        """Kill every node by its pid (resumed first if stopped), remove the temp dir."""
-        for server in self.nodes:
-            with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
-                server.kill()
-        self.tmp.cleanup()
+    @property
+    def servers(self) -> list[Server]:
+        return self.nodes
 
-    def logs(self) -> str:
-        return "\n".join(f"--- {s.name}\n{s.log()[-3000:]}" for s in self.nodes)
 
-    def __enter__(self) -> ClusterSet:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+@pytest.fixture
+def failover_run(
+    store_set: ServerSet, broker: ControlledRedis, records: ControlledRedis, tmp_path: Path
+) -> Iterator[CeleryRun]:
+    """Workers of tests/apps/geo.py at 50 ms on the store the test module's ``store_set``
+    fixture gives (a SentinelSet or a ClusterSet)."""
+    run = CeleryRun(failover_env(store_set.url, broker, records, "50ms"), tmp_path / "logs")
+    yield run
+    run.close()
 
 
 @pytest.fixture

@@ -8,14 +8,12 @@ Cheap checks only; bench/failover.py --store cluster runs the issue's full accep
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from siq_celery import IntervalQueue
-from tests.failover.conftest import ClusterSet, failover_env, measure, slots
-from tests.faults.conftest import ControlledRedis, publish
+from tests.failover.conftest import ClusterSet, measure, slots
+from tests.faults.conftest import publish
 from tests.integration.conftest import CeleryRun
 from tests.timing import HOST_CLOCK_RERUNS, host_gaps_at_least
 
@@ -62,12 +60,8 @@ def test_after_a_failed_command_the_next_one_asks_where_the_slot_is_now(cluster_
 
 
 @pytest.fixture
-def failover_run(
-    cluster_set: ClusterSet, broker: ControlledRedis, records: ControlledRedis, tmp_path: Path
-) -> Iterator[CeleryRun]:
-    run = CeleryRun(failover_env(cluster_set.url, broker, records, f"{INTERVAL_MS:g}ms"), tmp_path / "logs")
-    yield run
-    run.close()
+def store_set(cluster_set: ClusterSet) -> ClusterSet:
+    return cluster_set
 
 
 @HOST_CLOCK_RERUNS

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from siq_celery import IntervalQueue
-from tests.failover.conftest import SentinelSet, failover_env, measure, slots
-from tests.faults.conftest import ControlledRedis, publish
+from tests.failover.conftest import SentinelSet, measure, slots
+from tests.faults.conftest import publish
 from tests.integration.conftest import CeleryRun
 from tests.timing import HOST_CLOCK_RERUNS, host_gaps_at_least
 
@@ -56,12 +54,8 @@ def test_a_lagging_replica_is_promoted_without_the_masters_last_writes(sentinel_
 
 
 @pytest.fixture
-def failover_run(
-    sentinel_set: SentinelSet, broker: ControlledRedis, records: ControlledRedis, tmp_path: Path
-) -> Iterator[CeleryRun]:
-    run = CeleryRun(failover_env(sentinel_set.url, broker, records, f"{INTERVAL_MS:g}ms"), tmp_path / "logs")
-    yield run
-    run.close()
+def store_set(sentinel_set: SentinelSet) -> SentinelSet:
+    return sentinel_set
 
 
 @HOST_CLOCK_RERUNS
