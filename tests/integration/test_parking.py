@@ -53,13 +53,15 @@ def test_a_producer_parks_what_is_beyond_the_horizon_and_workers_release_it(cele
 
 
 def test_apply_many_claims_in_chunks_and_parks_the_far_ones(celery_run: CeleryRun) -> None:
-    record, queue = fleet(celery_run, 20, SIQ_TEST_HORIZON="2", SIQ_TEST_RELEASE_EVERY="0.5")
-    results = record.apply_many([(n,) for n in range(300)], chunk_size=100)
-    assert len(results) == 300 and len({r.id for r in results}) == 300
+    # 50 ms, as the other parking runs: at 20 ms a pool process late by an interval on a busy
+    # 2-core host lets the next ticket overtake it (by design), which says nothing of parking
+    record, queue = fleet(celery_run, 50, SIQ_TEST_HORIZON="2", SIQ_TEST_RELEASE_EVERY="0.5")
+    results = record.apply_many([(n,) for n in range(120)], chunk_size=40)
+    assert len(results) == 120 and len({r.id for r in results}) == 120
     parked = queue.status().parked
-    assert 180 <= parked <= 210, parked  # 6 s of backlog, 2 s of it within the horizon
-    starts = celery_run.wait_for_count(300)
-    assert_clean(starts, 300, 20)
+    assert 72 <= parked <= 84, parked  # 6 s of backlog in three chunks, 2 s of it within the horizon
+    starts = celery_run.wait_for_count(120)
+    assert_clean(starts, 120, 50)
     assert {r["task_id"] for r in starts} == {r.id for r in results}
 
 
