@@ -71,9 +71,9 @@ bench: install
 	$(PY) bench/spark.py
 
 # siq_celery beside BullMQ (npm, pinned in bench/peers/package.json) and Celery's rate_limit:
-# spacing, burst and concurrency. One or a few: make bench-peers SCENARIOS=burst
+# spacing, burst, concurrency and pools (gevent beside prefork). One or a few: make bench-peers SCENARIOS=burst
 # (PEERS_ARGS for more: PEERS_ARGS="--runs 1").
-SCENARIOS ?= spacing,burst,concurrency
+SCENARIOS ?= spacing,burst,concurrency,pools
 bench-peers: install
 	$(PY) bench/peers.py --scenarios $(SCENARIOS) $(PEERS_ARGS)
 

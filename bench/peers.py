@@ -37,6 +37,11 @@ computed exactly (bench/checks.py), on the store's clock (siq_celery: the start 
 bodies were given, ``Decision.now_us``, and the ledger's ``start_us`` of the run; the bound
 is B) and on the bodies' clock (host).
 
+**pools** (the spacing table at 20 and 10 ms, mixed bodies, for the pool I/O-bound fleets
+run): ``siq`` on prefork (2 nodes x ``-c 2``), ``siq@gevent`` and ``none@gevent`` (Celery's
+own ceiling on that pool, no limit) on 2 nodes x ``-c 50`` of gevent, and BullMQ. Any
+spacing limiter takes ``@pool`` (``--limiters siq@eventlet``).
+
 **concurrency** (``concurrency=N``, default 3; 3 nodes x ``-c 4``, 150 bodies of 200 ms):
 siq_celery's cap beside BullMQ's global concurrency (``queue.setGlobalConcurrency(N)``, 3
 Node processes of concurrency 4). In flight as the bodies count it (each ``INCR``s a counter
@@ -82,12 +87,15 @@ PROFILES = {"empty": [0.0], "mixed": [0.0, 0.0, 5.0, 20.0, 40.0]}
 RECORD_KEY = "peers:starts"
 IN_FLIGHT_KEY = "peers:in-flight"
 SETTLE_S = 2.0
-SCENARIOS = ("spacing", "burst", "concurrency")
+SCENARIOS = ("spacing", "burst", "concurrency", "pools")
 DEFAULTS = {  # per scenario: intervals (ms), profiles, limiters
     "spacing": ("50,20,10,5,2", "empty,mixed", "siq,bullmq,rate_limit,none"),
     "burst": ("2", "empty", "siq,siq-burst,bullmq,bullmq-burst"),
     "concurrency": ("", "", "siq,bullmq"),
+    "pools": ("20,10", "mixed", "siq,siq@gevent,none@gevent,bullmq"),
 }
+#: -c of each of the 2 nodes on a green pool in the pools scenario (Celery's advice: -c 50 to 100)
+GREEN_PROCS = 50
 BULLMQ = ("bullmq", "bullmq-burst")
 
 
@@ -345,9 +353,9 @@ def grid(args: argparse.Namespace, limiters: list[str], run: Callable[..., dict[
 
 
 def spacing(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None:
-    print(f"# spacing: siq_celery vs BullMQ vs Celery rate_limit, Celery 2 nodes x -c {bench.procs} ({bench.pool}), "
-          f"{args.runs} runs per cell: "
-          f"median (min-max); {load()}\n", flush=True)  # fmt: skip
+    green = f"; limiter@pool: 2 nodes x -c {GREEN_PROCS} on that pool" if any("@" in x for x in limiters) else ""
+    print(f"# spacing: siq_celery vs BullMQ vs Celery rate_limit, Celery 2 nodes x -c {args.procs} ({args.pool})"
+          f"{green}, {args.runs} runs per cell: median (min-max); {load()}\n", flush=True)  # fmt: skip
     print("| interval | bodies | limiter | achieved rate | smallest gap | violations (< 0.9 I) | p99 lateness "
           "| max starts / 10 I | inversions | store-clock violations |")  # fmt: skip
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)
@@ -356,16 +364,18 @@ def spacing(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None
     def run(limiter: str, interval_s: float, bodies: list[float], count: int) -> dict[str, Any]:
         if limiter == "bullmq":
             return bench.run_bullmq(interval_s, bodies, count)
+        limiter, _, pool = limiter.partition("@")  # the pools scenario: "siq@gevent" on 2 nodes x -c 50
+        bench.pool, bench.procs = (pool, GREEN_PROCS) if pool else (args.pool, args.procs)
         return bench.run_celery(limiter, interval_s, bodies, count)
 
     for ms, profile, limiter, count, cells in grid(args, limiters, run):
-        if limiter == "siq" and args.explain:
+        if limiter.startswith("siq") and args.explain:
             ms2 = lambda v: f"{v:.2f}"  # noqa: E731
             print(f"<!-- siq {ms:g} ms {profile}, medians: taken by a pool process "
                   f"{cells('arrived_early', ms2)} ms before the slot, authorized "
                   f"{cells('auth_late', ms2)} ms after it, body {cells('body_after_auth', ms2)} ms "
                   "after that -->")  # fmt: skip
-        store = cells("store_violations", WHOLE) if limiter == "siq" else "n/a"
+        store = cells("store_violations", WHOLE) if limiter.startswith("siq") else "n/a"
         print(
             f"| {ms:g} ms | {profile} | {limiter} | {cells('rate', PCT)} | {cells('min_gap', MS)} "
             f"| {cells('violations', WHOLE)} | {cells('p99_late', MS)} | {cells('window', WHOLE)} "
@@ -484,7 +494,8 @@ def main() -> None:
         for scenario in scenarios:
             args.intervals = explicit_intervals or DEFAULTS[scenario][0]
             args.profiles = explicit_profiles or DEFAULTS[scenario][1]
-            {"spacing": spacing, "burst": burst, "concurrency": concurrency}[scenario](args, bench, chosen[scenario])
+            run = {"spacing": spacing, "burst": burst, "concurrency": concurrency, "pools": spacing}[scenario]
+            run(args, bench, chosen[scenario])
 
 
 if __name__ == "__main__":
