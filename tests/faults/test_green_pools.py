@@ -24,24 +24,25 @@ pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.faults]
 
 
 def kill_one_mid_body(run: CeleryRun, pool: str) -> None:
-    """Two nodes of ``-c 10`` on ``pool``, 60 bodies of 0.3 s at 30 ms; one node SIGKILLed
+    """Three nodes of ``-c 20`` on ``pool``, 90 bodies of 0.3 s at 30 ms; one node SIGKILLed
     with bodies running (and more tasks taken, waiting): within 30 s of the kill every task
     finished once, the interrupted bodies started again."""
     run.env.update(SIQ_TEST_INTERVAL="30ms")
-    run.start_worker("survivor", 10, pool).wait_ready()
-    victim = run.start_worker("victim", 10, pool).wait_ready()
-    publish(run, range(60), work=0.3)
+    for name in ("survivor-a", "survivor-b"):
+        run.start_worker(name, 20, pool).wait_ready()
+    victim = run.start_worker("victim", 20, pool).wait_ready()
+    publish(run, range(90), work=0.3)
     until(lambda: len(running_on(run, victim.name)) >= 2, 30, "two bodies running on the victim")
     victim.kill()
     killed_at = time.monotonic()
     interrupted = running_on(run, victim.name)
-    finishes = wait_finished(run, 60, 40)
+    finishes = wait_finished(run, 90, 40)
     took = time.monotonic() - killed_at - 1.0  # wait_finished looks a second longer for duplicates
     starts = run.starts()
     twice = sorted(n for n, c in Counter(s["n"] for s in starts).items() if c > 1)
     print(f"\n{pool}: killed with {sorted(interrupted)} running; all finished {took:.1f} s after the kill; "
           f"started twice: {twice}")  # fmt: skip
-    assert sorted(finishes) == list(range(60)) and max(finishes.values()) == 1, "every task finished once"
+    assert sorted(finishes) == list(range(90)) and max(finishes.values()) == 1, "every task finished once"
     assert set(twice) == interrupted, "an interrupted body runs again, nothing else does"
     assert took < 30.0
 
