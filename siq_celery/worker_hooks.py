@@ -1,8 +1,9 @@
 """What siq_celery does in a worker around its interval tasks, through Celery's signals.
 
 * ``worker_init`` (main process, before any task is taken): note whether task events are
-  sent and whether the pool is green (gevent, eventlet: admission.py), and announce the
-  node's interval declarations (declarations.py).
+  sent and whether the pool is green (gevent, eventlet: admission.py), guard the Redis
+  broker's paused replies (unread_replies.py), and announce the node's interval
+  declarations (declarations.py).
 * ``worker_process_init`` / ``worker_ready``: connect to the store and load its scripts,
   so a fresh process's first task is not late; start the upkeep thread (upkeep.py), which
   on a green pool with a Redis broker also restores dead workers' tasks (broker_restore.py).
@@ -38,6 +39,7 @@ from .declarations import NodeDeclarations, PerKeyDeclarations, app_declarations
 from .deferral_gc import DeferralCollector
 from .green_credit import add_green_credit
 from .task_api import has_interval_tasks
+from .unread_replies import guard_unread_replies
 from .upkeep import WorkerUpkeep
 from .worker_metrics import WorkerMetrics
 
@@ -84,6 +86,14 @@ def _note_green_pool(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if WORKER.green and app is not None and has_interval_tasks(app):
         add_green_credit(app)
+
+
+def _guard_unread_replies(sender: Any = None, **_: Any) -> None:
+    """A node of interval tasks never leaves a message unread in a paused BRPOP reply of
+    the Redis broker, where a SIGKILL would lose it (unread_replies.py)."""
+    app = getattr(sender, "app", None)
+    if app is not None and has_interval_tasks(app):
+        guard_unread_replies()
 
 
 def _announce_declarations(sender: Any = None, **_: Any) -> None:
@@ -163,6 +173,7 @@ def _stop_upkeep(**_: Any) -> None:
 
 signals.worker_init.connect(_note_task_events, weak=False)
 signals.worker_init.connect(_note_green_pool, weak=False)
+signals.worker_init.connect(_guard_unread_replies, weak=False)
 signals.worker_init.connect(_announce_declarations, weak=False)
 signals.task_postrun.connect(WORKER.collect_after_deferrals, weak=False)
 signals.worker_process_init.connect(_warm_pool_process, weak=False)
