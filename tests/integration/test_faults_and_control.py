@@ -25,8 +25,11 @@ def publish(run: CeleryRun, count: int, task: str = "geo.record", **kwargs: obje
 
 
 def test_pause_and_resume_from_the_cli_mid_run(celery_run: CeleryRun) -> None:
+    # 50 ms: at 20 ms, with every task deferred by the pause, a resumed backlog of ~190 on
+    # 2 x -c 2 here started 2-17 % of its tickets out of order (docs/design.md, "Resume")
+    celery_run.env.update(SIQ_TEST_INTERVAL="50ms")
     celery_run.start_workers(2, 2, "prefork")
-    publish(celery_run, 100)
+    publish(celery_run, 120)  # 6 s at 50 ms: the CLI takes a second or two to start on a busy host
     celery_run.wait_for(lambda s: len(s) >= 30, 30, "30 starts")
     assert "paused geo" in celery_run.siq("pause", "geo")
     paused_at = time.time()
@@ -36,25 +39,32 @@ def test_pause_and_resume_from_the_cli_mid_run(celery_run: CeleryRun) -> None:
     assert row.split()[header.split().index("paused")] == "yes"
     resumed_at = time.time()
     assert "resumed geo" in celery_run.siq("resume", "geo")
-    starts = celery_run.wait_for_count(100)
+    starts = celery_run.wait_for_count(120)
     during = [s for s in starts if paused_at < s["t"] < resumed_at]
     after = [s for s in starts if s["t"] >= resumed_at]
     print(f"{len(starts) - len(during) - len(after)} starts before the pause, {len(during)} during, "
           f"{len(after)} after; inversions {inversions(starts)}")  # fmt: skip
     assert during == []
-    assert sorted(s["n"] for s in starts) == list(range(100))
+    assert len(after) >= 30, "the pause came mid-run"
+    assert sorted(s["n"] for s in starts) == list(range(120))
     ordered = sorted(after, key=lambda s: s["store_start_us"])
     dump = " ".join(f"{s['ticket']}@{(s['store_start_us'] - ordered[0]['store_start_us']) / 1000:.0f}" for s in ordered)
-    if inversions(starts):
-        first = min(after, key=lambda s: s["store_start_us"])["ticket"]
-        head = min(s["ticket"] for s in after)
-        for w in celery_run.workers:
-            for line in w.log().splitlines():
-                if f"ticket {head} of" in line or f"ticket {first} of" in line:
-                    print(w.name, line[:60], line[-80:])
+    if inversions(after):
+        highest, late = 0, []
+        for s in ordered:
+            if s["ticket"] < highest:
+                late.append(s)
+            highest = max(highest, s["ticket"])
+        for s in late[:2]:
+            print("overtaken", s)
+            for w in celery_run.workers:
+                for line in w.log().splitlines():
+                    if s["task_id"] in line or f"ticket {s['ticket']} of" in line:
+                        print(w.name, line[:200])
         print("resumed_at", resumed_at, "paused_at", paused_at)
-    assert inversions(starts) == 0, f"the rest finished in ticket order: {dump}"
-    host_gaps_at_least(gaps_ms(starts), 18.0)
+    assert inversions(after) == 0, f"the rest started in ticket order: {dump}"
+    assert inversions(starts) == 0, "ticket order before the pause"
+    host_gaps_at_least(gaps_ms(starts), 45.0)
 
 
 def test_set_interval_from_the_cli_applies_from_the_next_start(celery_run: CeleryRun) -> None:
