@@ -25,6 +25,7 @@ imports neither the task class nor parking.
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,12 +143,27 @@ def _warm_pool_process(**_: Any) -> None:
     from celery import current_app
 
     warm_interval_queues(current_app)
+    freeze_startup_objects(current_app)
 
 
 def _warm_worker(sender: Any = None, **_: Any) -> None:
-    # threads and solo pools run tasks in the worker process itself
+    # threads, solo and green pools run tasks in the worker process itself
     if sender is not None and hasattr(sender, "app"):
         warm_interval_queues(sender.app)
+        freeze_startup_objects(sender.app)
+
+
+def freeze_startup_objects(app: Any) -> None:
+    """Leave what the process holds once it is ready (modules, the app, its tasks: some
+    50,000 objects, all kept for the process's life) out of the garbage collector's full
+    collections (``gc.freeze``). Each full collection otherwise walks them all: 17 ms
+    measured on this package's imports alone, a stall in which no task of the process
+    starts. On a green pool every waiting task shares that one thread: at 10 ms, bodies
+    authorized an interval apart started 2-3 ms apart after such a stall, 0-3 times in
+    400 starts."""
+    if has_interval_tasks(app):
+        gc.collect()  # what is garbage now is not frozen with the rest
+        gc.freeze()
 
 
 def _start_upkeep(sender: Any = None, **_: Any) -> None:
