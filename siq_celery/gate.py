@@ -34,7 +34,7 @@ from .admission import ADMISSION
 from .app_state import siq_state
 from .combined import CombinedQueue
 from .errors import CorruptStateError, LostDeliveriesError, QueueNotFoundError, StoreUnavailableError
-from .intervals import parse_duration
+from .intervals import IntervalLike, parse_duration
 from .leases import FINISH_RETRY_S, KEEPER, PendingFinish
 from .ledger import StartRecord
 from .messages import DEFERRALS, HEADER_NAMES, KEEP_TICKET, deferrals, ticket_from_headers, ticket_headers
@@ -227,7 +227,7 @@ def record_retry(task: IntervalTaskLike) -> None:
         _dropped(task, line)
 
 
-def back_off(task: IntervalTaskLike, seconds: float | str) -> NoReturn:
+def back_off(task: IntervalTaskLike, seconds: IntervalLike) -> NoReturn:
     """:meth:`IntervalTask.siq_backoff`: hold every queue of the task, re-publish it with
     its old ticket just after the hold, end this run."""
     request = task.request

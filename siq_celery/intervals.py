@@ -22,6 +22,8 @@ IntervalLike: TypeAlias = int | float | str | timedelta
 US_PER_S = 1_000_000
 MIN_INTERVAL_US = 1_000  # 1 ms: below it a store round trip is a large share of the interval
 MAX_INTERVAL_US = 86_400 * US_PER_S  # one day
+#: The longest back-off: a hold whose end is further off is a mistake (a misread header).
+MAX_BACKOFF_US = 86_400 * US_PER_S
 
 #: The units of durations and of rates' periods alike.
 _UNITS_US = {

@@ -37,7 +37,7 @@ from .errors import (
     StoreUnavailableError,
 )
 from .green import nap
-from .intervals import IntervalLike, format_interval, parse_duration, parse_interval
+from .intervals import MAX_BACKOFF_US, IntervalLike, format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
 from .leases import KEEPER
 from .ledger import LedgerRow, StartRecord
@@ -678,7 +678,6 @@ def combined(decisions: list[Decision]) -> Decision:
 RUNNING_POLL_S = 1.0
 
 MAX_COST = 10_000
-MAX_BACKOFF_US = 86_400_000_000
 
 
 def validate_cost(cost: object) -> int:

@@ -31,6 +31,7 @@ from .limits import Limit, check_not_a_quota, parse_quota, validate_burst, valid
 from .messages import DEFERRALS, KEEP_TICKET
 from .publish import publish, publish_many
 from .queue import IntervalQueue, validate_cost
+from .retry_after import BackoffSource, hold_from
 
 __all__ = ["DEFERRALS", "KEEP_TICKET", "IntervalTask", "paused_countdown"]
 
@@ -198,13 +199,18 @@ class IntervalTask(Task):  # type: ignore[misc]
         except ConfigurationError as exc:
             raise ConfigurationError(f"task {self.name}: {exc}") from None
 
-    def siq_backoff(self, seconds: float | str) -> NoReturn:
+    def siq_backoff(self, seconds: BackoffSource, *, default: IntervalLike | None = None) -> NoReturn:
         """From inside a running task: hold every start of this task's queue, on every
-        worker, for ``seconds`` (say, a 429's Retry-After), then run this task again with
-        its arguments, id and retry count unchanged, first in line after the hold. A
-        back-off is not a retry: it never counts against ``max_retries``. Ends this run
-        (raises Celery's ``Ignore``)."""
-        back_off(self, seconds)
+        worker, for ``seconds``, then run this task again with its arguments, id and retry
+        count unchanged, first in line after the hold. A back-off is not a retry: it never
+        counts against ``max_retries``. Ends this run (raises Celery's ``Ignore``).
+
+        ``seconds`` may be the service's response itself (requests, httpx, aiohttp,
+        urllib's HTTPError) or its headers: the hold is then read from Retry-After,
+        RateLimit-Reset or X-RateLimit-Reset (retry_after.py says how), or is ``default``
+        when it has none of them. A header that cannot be read, or asks for more than a
+        day, raises ConfigurationError before anything is held."""
+        back_off(self, hold_from(seconds, default=default))
 
     # -- producer (publish.py) -------------------------------------------------------
 
