@@ -47,13 +47,13 @@ def geocode(self: Any, n: int) -> None:
     record("geocode", n=n)
 
 
-# A 429 holds the queue for every worker for Retry-After, then this call runs again first.
+# A 429 holds the queue for every worker as long as the response says, then this call runs again first.
 @app.task(base=IntervalTask, interval="100ms", interval_queue="api", bind=True, max_retries=0)
 def call_api(self: Any, n: int, url: str) -> None:
     try:
         urllib.request.urlopen(f"{url}?n={n}", timeout=5).close()
     except urllib.error.HTTPError as exc:
         if exc.code == 429:
-            self.siq_backoff(float(exc.headers["Retry-After"]))
+            self.siq_backoff(exc)  # its Retry-After (or RateLimit-Reset) header
         raise
     record("call_api", n=n)
