@@ -26,7 +26,7 @@ def publish(run: CeleryRun, count: int, task: str = "geo.record", **kwargs: obje
 
 def test_pause_and_resume_from_the_cli_mid_run(celery_run: CeleryRun) -> None:
     # 50 ms: at 20 ms, with every task deferred by the pause, a resumed backlog of ~190 on
-    # 2 x -c 2 here started 2-17 % of its tickets out of order (docs/design.md, "Resume")
+    # 2 x -c 2 here started 2-17 % of its tickets out of order (docs/design.md, "The model": pause and resume)
     celery_run.env.update(SIQ_TEST_INTERVAL="50ms")
     celery_run.start_workers(2, 2, "prefork")
     publish(celery_run, 120)  # 6 s at 50 ms: the CLI takes a second or two to start on a busy host
