@@ -42,8 +42,8 @@ def guard_unread_replies() -> bool:
     original = poller.on_readable
 
     def on_readable(self: Any, fileno: int) -> Any:
-        chan_type = self._fd_to_chan.get(fileno)
-        if chan_type is not None and fileno not in self._paused_brpop:
+        chan_type = self._fd_to_chan.get(fileno)  # (never paused: see never_pause)
+        if chan_type is not None:
             chan, kind = chan_type
             if kind == "BRPOP" and chan._in_poll and not chan.qos.can_consume():
                 put_back_pending_reply(chan)

@@ -101,22 +101,26 @@ def test_a_repeated_header_reads_its_first_value() -> None:
 
 # -- what is refused ----------------------------------------------------------------------
 
+NOT_A_DELTA_OR_DATE = "neither delta-seconds nor an HTTP-date"
+NEGATIVE = "is negative"
+NOT_SECONDS = "not a number of seconds"
+
 
 @pytest.mark.parametrize(
     ("name", "value", "why"),
     [
-        ("Retry-After", "soon", "neither delta-seconds nor an HTTP-date"),
-        ("Retry-After", "", "neither delta-seconds nor an HTTP-date"),
-        ("Retry-After", "nan", "neither delta-seconds nor an HTTP-date"),
-        ("Retry-After", "inf", "neither delta-seconds nor an HTTP-date"),
-        ("Retry-After", "1e3", "neither delta-seconds nor an HTTP-date"),
-        ("Retry-After", "5, 5", "neither delta-seconds nor an HTTP-date"),
-        ("Retry-After", "-5", "is negative"),
-        ("RateLimit-Reset", "-1", "is negative"),
-        ("RateLimit-Reset", "soon", "not a number of seconds"),
-        ("RateLimit-Reset", "NaN", "not a number of seconds"),
-        ("X-RateLimit-Reset", "1_000", "not a number of seconds"),
-        ("X-RateLimit-Reset", "-1700000000", "is negative"),
+        ("Retry-After", "soon", NOT_A_DELTA_OR_DATE),
+        ("Retry-After", "", NOT_A_DELTA_OR_DATE),
+        ("Retry-After", "nan", NOT_A_DELTA_OR_DATE),
+        ("Retry-After", "inf", NOT_A_DELTA_OR_DATE),
+        ("Retry-After", "1e3", NOT_A_DELTA_OR_DATE),
+        ("Retry-After", "5, 5", NOT_A_DELTA_OR_DATE),
+        ("Retry-After", "-5", NEGATIVE),
+        ("RateLimit-Reset", "-1", NEGATIVE),
+        ("RateLimit-Reset", "soon", NOT_SECONDS),
+        ("RateLimit-Reset", "NaN", NOT_SECONDS),
+        ("X-RateLimit-Reset", "1_000", NOT_SECONDS),
+        ("X-RateLimit-Reset", "-1700000000", NEGATIVE),
     ],
 )
 def test_an_unreadable_value_is_one_line_naming_the_header_and_value(name: str, value: str, why: str) -> None:
