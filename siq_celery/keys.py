@@ -118,13 +118,53 @@ class QueueKeys:
         (siq_read_leases in the Lua prelude)."""
         return f"{self.base}:leases"
 
+    @property
+    def fair(self) -> str:
+        """Fair shares (model.FairLines): the keys with waiting tasks, sorted set, member =
+        fairness key, score = its head's start tag (siq_fair_* in the Lua prelude). Its
+        presence pins the queue's keys (idle expiry), as parked tasks do."""
+        return f"{self.base}:fair"
+
+    @property
+    def fair_finish(self) -> str:
+        """Fair shares: the finish tags kept, sorted set, member = fairness key."""
+        return f"{self.base}:fair:finish"
+
+    @property
+    def fair_weight(self) -> str:
+        """Fair shares: hash, fairness key -> its weight (the keys with waiting tasks)."""
+        return f"{self.base}:fair:weight"
+
+    @property
+    def fair_messages(self) -> str:
+        """Fair shares: hash, task id -> message, of the tasks waiting in the fair lines."""
+        return f"{self.base}:fair:msg"
+
+    @property
+    def fair_waiting(self) -> str:
+        """Fair shares: the keys with tasks waiting, sorted set, member = fairness key, score
+        = the tasks waiting in its line (who waits most: Backend.fair_backlog)."""
+        return f"{self.base}:fair:waiting"
+
+    def fair_line(self, key: str) -> str:
+        """Fair shares: the line of fairness key ``key``, a list of '<cost>|<task id>'. Its
+        name has a brace after the hash tag, which no queue name has there, so it never
+        meets a key of another queue (scripts build it: siq_fair_line)."""
+        return f"{self.fair}{{{key}}}"
+
+    @property
+    def fair_keys(self) -> tuple[str, ...]:
+        """The fixed keys of the fair shares, in the order the Lua scripts take them."""
+        return (self.fair, self.fair_finish, self.fair_weight, self.fair_messages, self.fair_waiting)
+
     @cached_property
     def all(self) -> tuple[str, ...]:
         """Every key a script of the queue may touch, in the order the Lua scripts take
-        them (worked out once per QueueKeys: the backends keep one per queue name)."""
+        them (worked out once per QueueKeys: the backends keep one per queue name), but
+        the fair shares' other keys (:attr:`fair_keys`, and a line per fairness key)."""
         return (
             self.state, self.finished, self.ledger, self.parked, self.parked_messages, self.releasing, self.intervals,
-            self.refused, self.unfinished, self.window, self.leases,
+            self.refused, self.unfinished, self.window, self.leases, self.fair,
         )  # fmt: skip
 
     @classmethod

@@ -5,11 +5,11 @@ Redis: the same script, into a capped stream with the queue's hash tag; on SQLit
 row in the same transaction), and the finish record with the finish. ``siq export``
 turns them into rows of the schema below, which ``siq audit`` reads.
 
-Schema version 3 (``v``), one row per authorized start; times are integer microseconds
+Schema version 4 (``v``), one row per authorized start; times are integer microseconds
 since the Unix epoch on the store's clock:
 
 ======================  ======================================================
-``v``                   schema version (3)
+``v``                   schema version (4)
 ``queue``               interval queue
 ``epoch``               life of the queue's state the ticket belongs to
 ``ticket``              ticket number (ticket order is start order); a start of cost c holds
@@ -39,10 +39,15 @@ since the Unix epoch on the store's clock:
 ``lease_returned``      true: the finish gave the start's lease back, in the same atomic step
                         that recorded ``finish_us``; false: the lease had expired before the
                         finish came; null: no finish, or no lease
+``fair_key``            a fair queue's task: its fairness key (``""``: not a fair task)
+``fair_tag``            its virtual start tag: where the fair order served it when it was
+                        handed its ticket (-1: not a fair task)
+``fair_weight``         its key's weight then (0: not a fair task)
 ======================  ======================================================
 
 Version 1 had no ``cost``: a reader takes a missing or null ``cost`` as 1. Version 2 had
 none of ``burst`` .. ``lease_returned``: a reader takes them as 0 or null (no such limit).
+Version 3 had none of the ``fair_`` columns: a reader takes them as not a fair task.
 
 A start that took a lease is matched to its finish by the lease (a copy of a task still
 running while another copy starts has a lease of its own); otherwise by its task id, the
@@ -59,7 +64,7 @@ from typing import Any
 
 from .types import Limits
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: Default cap on start records kept per queue (finishes are kept alongside). About
 #: 5.5 hours of starts at 200 ms; export more often, or raise ``siq_ledger_max``.
@@ -75,6 +80,10 @@ class StartRecord:
     host: str = ""
     pid: int = 0
     deferrals: int = 0
+    #: A fair queue's task: its key, virtual start tag and weight (messages.fair_from_headers).
+    fair_key: str = ""
+    fair_tag: int = -1
+    fair_weight: int = 0
 
     @classmethod
     def here(cls, task_name: str = "slot", task_id: str | None = None) -> StartRecord:
@@ -84,7 +93,7 @@ class StartRecord:
 
 @dataclass
 class LedgerRow:
-    """One row of the exported ledger (schema version 3: see the module docstring)."""
+    """One row of the exported ledger (schema version 4: see the module docstring)."""
 
     queue: str
     epoch: str
@@ -106,6 +115,9 @@ class LedgerRow:
     concurrency: int = 0
     lease_us: int = 0
     lease_returned: bool | None = None
+    fair_key: str = ""
+    fair_tag: int = -1
+    fair_weight: int = 0
     v: int = SCHEMA_VERSION
     #: The lease the start took, as the store wrote it (not exported: it matches the
     #: start with its finish; a store may keep it shortened).
@@ -134,7 +146,7 @@ def arrow_schema() -> Any:
         "finish_us": pa.int64(), "outcome": pa.string(), "deferrals": pa.int32(), "host": pa.string(),
         "pid": pa.int32(), "cost": pa.int32(), "burst": pa.int32(), "quota": pa.int64(),
         "window_us": pa.int64(), "concurrency": pa.int32(), "lease_us": pa.int64(), "lease_returned": pa.bool_(),
-        "v": pa.int16(),
+        "fair_key": pa.string(), "fair_tag": pa.int64(), "fair_weight": pa.int32(), "v": pa.int16(),
     }  # fmt: skip
     return pa.schema([(name, types[name]) for name in COLUMNS])
 

@@ -12,7 +12,9 @@ Serving it (the HTTP server, one scrape as text) is metrics_http.py; the reading
 from a status that siq top shows too are readings.py.
 
 Labels are bounded: one ``queue`` label, and at most ``max_queues`` queues exported (by
-name; the others are counted in ``siq_queues_left_out``). A queue whose state expired
+name; the others are counted in ``siq_queues_left_out``); a fair queue's keys with the most
+waiting add a ``key`` label, at most ``fair_top`` per queue (a key that drops out of them,
+or whose line empties, drops out of the next scrape). A queue whose state expired
 (an idle per-key queue) drops out of the next scrape. An unreachable store makes
 ``siq_up`` 0 and logs a line; a queue whose state cannot be read counts an error.
 """
@@ -23,14 +25,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .backends import Backend
 from .errors import SiqError
 from .model import LATENESS_BUCKETS_US
 from .readings import drain_seconds, held_until
-from .types import QueueStatus
+from .types import FairBacklog, QueueStatus
 
 log = logging.getLogger("siq_celery.metrics")
 
@@ -38,6 +40,8 @@ US = 1_000_000
 #: The lateness histogram's bounds in seconds (the store counts in model.LATENESS_BUCKETS_US).
 LATENESS_BUCKETS = tuple(bound / US for bound in LATENESS_BUCKETS_US)
 DEFAULT_MAX_QUEUES = 1000
+#: Keys of each fair queue exported with their backlog (siq_fair_key_waiting): those with the most waiting.
+DEFAULT_FAIR_TOP = 10
 
 
 @dataclass
@@ -48,6 +52,13 @@ class Scrape:
     up: bool
     left_out: int
     seconds: float
+    #: per queue with tasks waiting in fair lines, who waits (Backend.fair_backlog)
+    fair: dict[str, FairBacklog] = field(default_factory=dict)
+
+    def fair_of(self, st: QueueStatus) -> FairBacklog:
+        """The queue's fair backlog: as read, else the status's counts (none waiting, or a
+        read that failed)."""
+        return self.fair.get(st.queue) or FairBacklog(st.fair_keys, st.fair_tasks)
 
 
 class StoreCollector:
@@ -59,12 +70,17 @@ class StoreCollector:
         patterns: Sequence[str] = ("*",),
         max_queues: int = DEFAULT_MAX_QUEUES,
         clock: Callable[[], float] = time.monotonic,
+        fair_top: int = DEFAULT_FAIR_TOP,
     ) -> None:
         if max_queues < 1:
             raise ValueError(f"max_queues must be at least 1, not {max_queues}")
+        if fair_top < 0:
+            raise ValueError(f"fair_top must be 0 or more, not {fair_top}")
         #: Glob patterns or names of the queues exported; none: no queue (never all of them).
         self.patterns = tuple(patterns)
         self.backend, self.max_queues, self._clock = backend, max_queues, clock
+        #: Keys of each fair queue exported with their backlog, the most waiting first.
+        self.fair_top = fair_top
         self._errors: dict[str, int] = {}
         self._left_out_total = 0
         self._lock = threading.Lock()
@@ -95,7 +111,20 @@ class StoreCollector:
                 self._errors[name] = self._errors.get(name, 0) + 1
                 continue
             statuses.append(st)
-        return Scrape(statuses, True, left_out, self._clock() - started)
+        return Scrape(statuses, True, left_out, self._clock() - started, self._fair(statuses))
+
+    def _fair(self, statuses: Sequence[QueueStatus]) -> dict[str, FairBacklog]:
+        """Who waits most in the fair lines of the queues that have tasks waiting there (a
+        read per such queue; the others cost nothing). A read that fails leaves the status's
+        counts, with no keys."""
+        fair: dict[str, FairBacklog] = {}
+        for st in statuses:
+            if st.fair_tasks:
+                try:
+                    fair[st.queue] = self.backend.fair_backlog(st.queue, self.fair_top)
+                except SiqError as exc:
+                    log.warning("siq exporter: queue %r: fair backlog: %s", st.queue, exc)
+        return fair
 
     def _names(self, pattern: str) -> list[str]:
         return self.backend.queues(pattern) if any(c in pattern for c in "*?[") else [pattern]
@@ -155,6 +184,17 @@ class StoreCollector:
                         ((st.queue, st.window_used) for st in sts if st.state.quota))  # fmt: skip
             yield gauge("siq_queue_burst", "Starts that may come closer than the interval (queues with a burst)",
                         ((st.queue, st.state.burst) for st in sts if st.state.burst))  # fmt: skip
+            yield gauge("siq_fair_keys_waiting", "Fairness keys with tasks waiting in their lines (fair shares)",
+                        ((st.queue, s.fair_of(st).keys_waiting) for st in sts))  # fmt: skip
+            yield gauge("siq_fair_tasks_waiting", "Tasks waiting in fair lines, with no ticket yet (fair shares)",
+                        ((st.queue, s.fair_of(st).tasks_waiting) for st in sts))  # fmt: skip
+            keys = GaugeMetricFamily("siq_fair_key_waiting", "Tasks waiting in the line of each of the fairness "
+                                     "keys with the most waiting (at most --fair-top per queue)",
+                                     labels=["queue", "key"])  # fmt: skip
+            for st in sts:
+                for key, waiting, _ in s.fair_of(st).top:
+                    keys.add_metric([st.queue, key], waiting)
+            yield keys
             epochs = GaugeMetricFamily("siq_queue_epoch_info", "The queue's current epoch", labels=["queue", "epoch"])
             for st in sts:
                 epochs.add_metric([st.queue, st.state.epoch], 1)

@@ -30,21 +30,24 @@ from kombu.utils.json import dumps, loads  # Celery's JSON: datetimes, UUIDs, De
 from .app_state import siq_state
 from .backends.base import RELEASE_LIMIT
 from .lru import LRUCache
-from .messages import ticket_headers
+from .messages import DEFERRALS, FAIR_HEADERS, fair_headers, fair_share, ticket_headers
 from .queue import IntervalQueue
 from .types import ParkedTask, Ticket
 
 logger = logging.getLogger("siq_celery")
 
 
+#: The siq_ headers a task parked again keeps (the others are the ticket's, given at release).
+_KEPT_HEADERS = frozenset((DEFERRALS, *FAIR_HEADERS))
+
+
 def parked_message(name: str, args: Any, kwargs: Any, options: dict[str, Any]) -> str:
     """The JSON that publishes a task again unchanged (its ticket headers are added back
-    at release, from the store)."""
+    at release, from the store; its deferrals and a fair task's share go with it, for the
+    ledger)."""
     opts = {k: v for k, v in options.items() if k not in ("eta", "countdown") and v is not None}
-    headers = {k: v for k, v in (opts.get("headers") or {}).items() if not k.startswith("siq_")}
-    keep_deferrals = (opts.get("headers") or {}).get("siq_deferrals")
-    if keep_deferrals is not None:
-        headers["siq_deferrals"] = keep_deferrals
+    given = opts.get("headers") or {}
+    headers = {k: v for k, v in given.items() if not k.startswith("siq_") or (k in _KEPT_HEADERS and v is not None)}
     opts["headers"] = headers
     message = {"task": name, "args": list(args or ()), "kwargs": dict(kwargs or {}), "options": opts}
     try:
@@ -84,6 +87,8 @@ def release_due(app: Any, queue: IntervalQueue, horizon_us: int, margin: float) 
                 options = dict(message["options"])
                 ticket = Ticket(queue.name, parked.ticket, batch.epoch, estimate_us, batch.now_us)
                 options["headers"] = {**options.get("headers", {}), **ticket_headers(ticket)}
+                if "fair" in message:  # handed its ticket by a fair queue's promotion
+                    options["headers"].update(fair_headers(*message["fair"]))
                 due = estimate_us / 1e6 - margin
                 if due > batch.now_us / 1e6:
                     options["eta"] = datetime.fromtimestamp(due, UTC)
@@ -100,8 +105,10 @@ def release_due(app: Any, queue: IntervalQueue, horizon_us: int, margin: float) 
 
 
 def _readable(text: str) -> dict[str, Any]:
-    """A parked message as :func:`parked_message` wrote it, or ValueError saying what is off
-    (the store is outside this process: its values are checked, never trusted)."""
+    """A parked message as :func:`parked_message` wrote it (with ``"fair"``: a fair task's
+    share, as its promotion put it in front: :func:`siq_celery.messages.with_fair_share`),
+    or ValueError saying what is off (the store is outside this process: its values are
+    checked, never trusted)."""
     try:
         message = loads(text)  # type: ignore[no-untyped-call]
     except Exception as exc:
@@ -112,6 +119,8 @@ def _readable(text: str) -> dict[str, Any]:
         and isinstance(message["options"].get("headers", {}), dict)
     ):  # fmt: skip
         raise ValueError(f"not a parked task message: {text[:200]!r}")
+    if "fair" in message:
+        message["fair"] = fair_share(message["fair"])
     return message
 
 
@@ -140,10 +149,17 @@ _RELEASE_THROTTLE = ReleaseThrottle()
 def release_now_and_then(app: Any, queue: IntervalQueue, who: str) -> None:
     """Release ``queue``'s parked tasks that came within the horizon, at most once a second
     per queue in this process (a producer after parking, a worker after a task finishes)."""
-    if not _RELEASE_THROTTLE.due(queue.name):
-        return
+    if _RELEASE_THROTTLE.due(queue.name):
+        release_fair(app, queue, who)
+
+
+def release_fair(app: Any, queue: IntervalQueue, who: str) -> None:
+    """Release ``queue``'s parked tasks that came within the horizon now, unthrottled; on a
+    fair queue this first tops its lookahead up (model.fair_promote): after each publish
+    and each start, so the queue never runs dry while keys have work (one round trip; a
+    release that finds the lookahead full hands out nothing)."""
     settings = siq_state(app).settings
     try:
         release_due(app, queue, settings.horizon_us, settings.countdown_margin)
-    except Exception as exc:  # workers' upkeep threads try again; nothing is lost
+    except Exception as exc:  # the next start, or the workers' upkeep, tries again; nothing is lost
         logger.warning("%s: could not release parked tasks of %r: %s", who, queue.name, exc)

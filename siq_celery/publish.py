@@ -27,12 +27,12 @@ from kombu.utils.uuid import uuid
 
 from .app_state import siq_state
 from .errors import ConfigurationError, CorruptStateError, StoreUnavailableError
-from .messages import DEFERRALS, HEADER_NAMES, ticket_headers
-from .parking import park, parked_message, release_now_and_then
+from .messages import DEFERRALS, FAIR_HEADERS, HEADER_NAMES, ticket_headers
+from .parking import park, parked_message, release_fair, release_now_and_then
 from .queue import IntervalQueue, PendingTicket
 from .settings import SiqSettings
 from .task_api import IntervalTaskLike
-from .types import Ticket
+from .types import FairTask, Ticket
 
 logger = logging.getLogger("siq_celery")
 
@@ -43,7 +43,7 @@ Send = Callable[..., Any]
 NO_TICKET_ERRORS = (StoreUnavailableError, CorruptStateError)
 
 #: The headers a publish writes: a caller's old ones (a retry's) never go out again.
-OUR_HEADERS = frozenset((*HEADER_NAMES, DEFERRALS))
+OUR_HEADERS = frozenset((*HEADER_NAMES, DEFERRALS, *FAIR_HEADERS))
 
 #: Claims sent by apply_async whose answers before_task_publish reads, by task id. It holds
 #: a claim only for the duration of one apply_async call.
@@ -63,6 +63,8 @@ def publish(
     options["headers"] = {k: v for k, v in given.items() if k not in OUR_HEADERS} if given else {}
     settings = siq_state(task.app).settings
     task_id = task_id or uuid()
+    if task.siq_fair and not has_own_eta(options):
+        return publish_fair(task, queue, cost, args, kwargs, task_id, options, link, link_error, shadow, send, producer)
     # Protocol 1 keeps the ETA in the body, and a queue with a long backlog may need
     # parking: both claim first. Otherwise the claim's round trip overlaps Celery
     # building the message, and the ticket is read back in before_task_publish
@@ -70,7 +72,7 @@ def publish(
     if settings.protocol_1 or queue.last_delay > settings.horizon / 2:
         ticket = claim_into(task, queue, options, cost)
         if ticket is not None and ticket.delay > settings.horizon:
-            extra = {"link": link, "link_error": link_error, "shadow": shadow}
+            extra = {"link": link, "link_error": link_error, "shadow": shadow, "reply_to": reply_to(task, options)}
             message = parked_message(task.name, args, kwargs, {**options, **extra, "task_id": task_id})
             if park(queue, [(ticket, task_id, message)]):
                 release_now_and_then(task.app, queue, task.name)
@@ -89,6 +91,65 @@ def publish(
         unread = _CLAIMS_IN_FLIGHT.pop(task_id, None)
         if unread is not None:  # not published through send_task_message: no ticket went out
             unread[0].discard()
+
+
+def publish_fair(
+    task: IntervalTaskLike, queue: IntervalQueue, cost: int, args: Any, kwargs: Any, task_id: str,
+    options: dict[str, Any], link: Any, link_error: Any, shadow: str | None, send: Send, producer: Any,
+) -> Any:  # fmt: skip
+    """A task with a fairness key waits in its key's line in the store, with no ticket; a
+    release hands it one in fair order and publishes it (parking.py), at once if the
+    queue has room, else when a start tops the queue's lookahead up."""
+    key, weight = task.siq_fair_share(args, kwargs)
+    extra = {"link": link, "link_error": link_error, "shadow": shadow, **later_options(task, options)}
+    message = parked_message(task.name, args, kwargs, {**extra, **options, "task_id": task_id})
+    try:
+        queue.fair_park(key, weight, [FairTask(task_id, message, cost)])
+    except NO_TICKET_ERRORS as exc:
+        warn_no_ticket(task.name, exc)  # nothing is lost: it runs, outside the fair order
+        return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+    expect_result(task, producer, task_id, options)
+    release_fair(task.app, queue, task.name)
+    return task.AsyncResult(task_id)
+
+
+def has_own_eta(options: Mapping[str, Any]) -> bool:
+    """A call with its own ETA or countdown (a retry's, a caller's): a fair task so called
+    takes a ticket at once, outside the fair order, and keeps its time (the fair lines
+    hand out the next slots, not a time)."""
+    return options.get("eta") is not None or options.get("countdown") is not None
+
+
+def later_options(task: IntervalTaskLike, options: Mapping[str, Any]) -> dict[str, Any]:
+    """What Celery's apply_async would have put on a message published later by someone
+    else (a release): the task's routing and other execution options, and where its
+    result goes back to (this caller: rpc://), unless the call says otherwise."""
+    exec_options = getattr(task, "_get_exec_options", None)
+    found = dict(exec_options()) if callable(exec_options) else {}
+    found["reply_to"] = reply_to(task, options)
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def reply_to(task: IntervalTaskLike, options: Mapping[str, Any]) -> Any:
+    """Where the result of a task published later by someone else goes back to: this
+    caller, as Celery's send_task would have said."""
+    return options.get("reply_to") or task.app.thread_oid
+
+
+def expect_result(task: IntervalTaskLike, producer: Any, task_id: str, options: Mapping[str, Any]) -> None:
+    """A result backend that must be told of a call before its result comes (rpc://: the
+    caller's reply queue) is told now, as Celery's send_task does, for a task whose
+    message someone else publishes later."""
+    from celery.backends.base import Backend as ResultBackend
+
+    backend = task.app.backend
+    hook = getattr(type(backend), "on_task_call", None)
+    if hook is None or hook is ResultBackend.on_task_call:
+        return
+    if options.get("ignore_result", getattr(task, "ignore_result", False)):
+        return
+    with task.app.producer_or_acquire(producer) as acquired:
+        backend.on_task_call(acquired, task_id)
 
 
 def claim_into(task: IntervalTaskLike, queue: IntervalQueue, options: dict[str, Any], cost: int) -> Ticket | None:
@@ -143,6 +204,10 @@ def publish_many(
         parked_message(task.name, args, kwargs, {})
     # Bad input (a call, its queue, its cost) fails here, before anything is claimed.
     routed = [(task.siq_queue(args, kwargs), task.siq_cost(args, kwargs), args, kwargs) for args, kwargs in normalized]
+    if task.siq_fair and not own_eta:
+        if task.app.conf.task_always_eager:  # run here, as apply_many of any task does
+            return [send(args, kwargs, None, producer_given, **options) for _, _, args, kwargs in routed]
+        return publish_many_fair(task, send, routed, chunk_size, options, progress)
     settings = siq_state(task.app).settings
     by_queue: dict[str, list[int]] = {}
     for i, (queue, *_) in enumerate(routed):
@@ -191,6 +256,47 @@ def publish_many(
                     progress.published += 1
             if claimed:  # a store that answered no claim is not asked to release either
                 release_now_and_then(task.app, queue, task.name)
+    return results
+
+
+def publish_many_fair(
+    task: IntervalTaskLike, send: Send, routed: list[tuple[IntervalQueue, int, Any, Any]], chunk_size: int,
+    options: dict[str, Any], progress: Progress,
+) -> list[Any]:  # fmt: skip
+    """``apply_many`` of a task with a fairness key: each call waits in its key's line,
+    ``chunk_size`` calls of a key per round trip, in order; then one release per queue."""
+    shares = [task.siq_fair_share(args, kwargs) for _, _, args, kwargs in routed]  # bad keys fail before any write
+    extra = later_options(task, options)
+    by_line: dict[tuple[str, str], list[int]] = {}
+    for i, (queue, *_) in enumerate(routed):
+        by_line.setdefault((queue.name, shares[i][0]), []).append(i)
+    results: list[Any] = [None] * len(routed)
+    for (_, key), indexes in by_line.items():
+        queue, weight = routed[indexes[0]][0], shares[indexes[0]][1]
+        for start in range(0, len(indexes), chunk_size):
+            chunk = indexes[start : start + chunk_size]
+            tasks = []
+            for i in chunk:
+                _, cost, args, kwargs = routed[i]
+                task_id = uuid()
+                message = parked_message(task.name, args, kwargs, {**extra, **options, "task_id": task_id})
+                tasks.append(FairTask(task_id, message, cost))
+                results[i] = task.AsyncResult(task_id)
+            try:
+                queue.fair_park(key, weight, tasks)
+            except NO_TICKET_ERRORS as exc:
+                warn_no_ticket(task.name, exc)  # published as they are, outside the fair order
+                for i, fair_task in zip(chunk, tasks, strict=True):
+                    send(routed[i][2], routed[i][3], fair_task.task_id, None, **options)
+                progress.published += len(chunk)
+                continue
+            for fair_task in tasks:
+                expect_result(task, None, fair_task.task_id, options)
+            progress.claims += 1
+            progress.published += len(chunk)
+            progress.parked += len(chunk)
+    for queue in {q.name: q for q, *_ in routed}.values():
+        release_fair(task.app, queue, task.name)
     return results
 
 

@@ -42,7 +42,7 @@ from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
 from .leases import KEEPER
 from .ledger import LedgerRow, StartRecord
 from .limits import Limit, QuotaLike, interval_and_limits, limits_override
-from .types import ClaimResult, Decision, Declared, QueueState, QueueStatus, Ticket, Verdict
+from .types import ClaimResult, Decision, Declared, FairTask, QueueState, QueueStatus, Ticket, Verdict
 
 logger = logging.getLogger("siq_celery")
 
@@ -325,6 +325,14 @@ class IntervalQueue:
         ticket = self.ticket_of(r, r.first, cost)
         self.last_delay = ticket.delay
         return ticket
+
+    def fair_park(self, key: str, weight: int, tasks: Sequence[FairTask]) -> None:
+        """``tasks`` of fairness key ``key`` wait in its line in the store, without a
+        ticket, until a release hands them one in fair order (one round trip; see
+        :meth:`Backend.fair_park`)."""
+        for task in tasks:
+            self.checked_cost(task.cost)
+        self.backend.fair_park(self.name, key, weight, tasks, self.interval_us or 0, new_epoch(), limits=self.limits)
 
     def ticket_of(self, r: ClaimResult, number: int, cost: int = 1) -> Ticket:
         """Ticket ``number`` of a claim's reply, with its estimate (``cost``: as it starts)."""

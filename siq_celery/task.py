@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from celery import Task, signals
 
 from .app_state import siq_state
+from .broker_transit import guard_transit
 from .combined import CombinedQueue
 from .errors import ConfigurationError, InvalidQueueNameError, LostDeliveriesError, SiqError
 from .gate import authorize, back_off, paused_countdown, record_finish, record_retry, release_leftover_lease
@@ -29,6 +30,7 @@ from .intervals import IntervalLike, parse_interval
 from .keys import validate_queue_name
 from .limits import Limit, check_not_a_quota, parse_quota, validate_burst, validate_concurrency
 from .messages import DEFERRALS, KEEP_TICKET
+from .model import MAX_FAIR_WEIGHT
 from .publish import publish, publish_many
 from .queue import IntervalQueue, validate_cost
 from .retry_after import BackoffSource, hold_from
@@ -52,10 +54,10 @@ class IntervalTask(Task):  # type: ignore[misc]
     #: (a list) and ``kwargs`` (a dict) and returning the name: one queue per customer,
     #: user or API key, created on first use with ``interval``, expiring after
     #: ``siq_key_idle_expiry`` of idleness (Redis).
-    interval_queue: str | Callable[[list[Any], dict[str, Any]], str] | Sequence[str] | Mapping[str, Any] | None = None
     #: Several limits: a list of names (with ``interval`` a list of the same length), or a
     #: mapping of name to interval (``{"{geo}per-second": "100ms", "{geo}per-day":
     #: "10/2s"}``): every start must pass all of them at once (see combined.py).
+    interval_queue: str | Callable[[list[Any], dict[str, Any]], str] | Sequence[str] | Mapping[str, Any] | None = None
 
     #: Starts that may come closer than the interval to catch up after lateness or idleness
     #: (0 to 10 000): in any window of length W at most ceil(W / interval) + burst starts.
@@ -80,6 +82,19 @@ class IntervalTask(Task):  # type: ignore[misc]
     #: next start of the queue waits ``cost`` intervals. A whole number >= 1, or a callable
     #: like ``interval_queue``'s.
     cost: int | Callable[[list[Any], dict[str, Any]], int] = 1
+
+    #: Fair shares among the keys of one queue (tenants, customers): a callable like a
+    #: per-key ``interval_queue``'s, returning the call's key. Its tasks wait in their
+    #: key's line in the store, with no ticket, and the queue's slots go to the keys with
+    #: waiting work in weighted round robin (start-time fair queuing:
+    #: docs/design.md, "Fair shares"); within a key, in the order published. One queue
+    #: only (not several limits).
+    fair_key: Callable[[list[Any], dict[str, Any]], str] | None = None
+
+    #: Each fairness key's weight, 1 to 1,000 (default 1): its share of the slots while it
+    #: has work is its weight over the weights of the keys with work. A mapping of key to
+    #: weight, or a callable of the key.
+    fair_weight: Mapping[str, int] | Callable[[str], int] | None = None
 
     #: Celery's request, reading the message's ETA on the state store's clock (clock.py).
     Request = "siq_celery.clock:StoreClockRequest"
@@ -132,6 +147,16 @@ class IntervalTask(Task):  # type: ignore[misc]
                     check(cls.__dict__[option])
                 except SiqError as exc:
                     raise ConfigurationError(f"task {name}: {exc}") from None
+        fair_key, fair_weight = cls.__dict__.get("fair_key"), cls.__dict__.get("fair_weight")
+        if fair_key is not None and not callable(fair_key):
+            raise ConfigurationError(f"task {name}: fair_key= takes a callable of (args, kwargs), not {fair_key!r}")
+        if fair_key is not None and several:
+            raise ConfigurationError(f"task {name}: fair_key= shares one interval queue, not several limits")
+        if isinstance(fair_weight, Mapping):
+            for key, weight in fair_weight.items():
+                _check_weight(name, key, weight)
+        elif fair_weight is not None and not callable(fair_weight):
+            raise ConfigurationError(f"task {name}: fair_weight= takes a mapping or a callable of the key")
         names = list(declared) if isinstance(declared, (Mapping, list, tuple)) else [declared]
         for queue in names:
             if isinstance(queue, str):  # "" is refused, not taken for "the task's name"
@@ -199,6 +224,31 @@ class IntervalTask(Task):  # type: ignore[misc]
         except ConfigurationError as exc:
             raise ConfigurationError(f"task {self.name}: {exc}") from None
 
+    @property
+    def siq_fair(self) -> bool:
+        """Whether the task declares a fairness key."""
+        return declared(self, self.fair_key) is not None
+
+    def siq_fair_share(self, args: Any = None, kwargs: Any = None) -> tuple[str, int]:
+        """A call's fairness key and that key's weight."""
+        key = _per_call(self, "fair_key", declared(self, self.fair_key), args, kwargs)
+        if not isinstance(key, str) or not key or len(key) > MAX_FAIR_KEY or not key.isprintable():
+            raise ConfigurationError(f"task {self.name}: fair_key({list(args or ())!r}, {dict(kwargs or {})!r}) "
+                                     f"gave {key!r}: a key is printable text of 1 to {MAX_FAIR_KEY} "
+                                     "characters")  # fmt: skip
+        weights = declared(self, self.fair_weight)
+        if weights is None:
+            return key, 1
+        if isinstance(weights, Mapping):
+            return key, weights.get(key, 1)
+        try:
+            weight = weights(key)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"task {self.name}: fair_weight({key!r}) raised {type(exc).__name__}: {exc}"
+            ) from exc
+        return key, _check_weight(self.name, key, weight)
+
     def siq_backoff(self, seconds: BackoffSource, *, default: IntervalLike | None = None) -> NoReturn:
         """From inside a running task: hold every start of this task's queue, on every
         worker, for ``seconds``, then run this task again with its arguments, id and retry
@@ -264,6 +314,10 @@ def _release_leftover_lease(sender: Any = None, state: str | None = None, **_: A
 
 
 signals.task_postrun.connect(_release_leftover_lease, weak=False)
+# On a Redis broker no interval task is lost between its list and a worker's unacked hash,
+# in every process that imports the app: producers, workers, and `celery -A app purge`
+# (a purge drops the records of what it purged).
+guard_transit()
 
 
 def _app_sets(app: Any, setting: str) -> bool:
@@ -280,6 +334,17 @@ def declared(task: IntervalTask, value: Any) -> Any:
     if getattr(value, "__self__", None) is task:
         return value.__func__
     return value
+
+
+#: The longest fairness key: it names a line in the store and labels a metric.
+MAX_FAIR_KEY = 200
+
+
+def _check_weight(task: str, key: Any, weight: Any) -> int:
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_FAIR_WEIGHT:
+        raise ConfigurationError(f"task {task}: fair_weight of {key!r} is {weight!r}: "
+                                 f"a whole number from 1 to {MAX_FAIR_WEIGHT}")  # fmt: skip
+    return weight
 
 
 def _per_call(task: IntervalTask, what: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:

@@ -1,12 +1,14 @@
 """Helpers for testing code that uses siq_celery (and for siq_celery's own tests).
 
-* :class:`PinnedClock` - a store clock that only moves when told to.
+* :class:`PinnedClock` - a store clock that only moves when told to (or when something
+  waits on it).
 * :class:`EmbeddedRedisCluster` - three ``redis-server`` nodes in cluster mode on free
   loopback ports, slots spread evenly, built without ``redis-cli``.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from types import TracebackType
 
@@ -17,17 +19,39 @@ CLUSTER_SLOTS = 16_384
 
 
 class PinnedClock:
-    """A clock in microseconds that moves only by :meth:`advance` (or by assignment)."""
+    """A clock in microseconds that moves only by :meth:`advance` (or by assignment).
+
+    Given as a store's clock and as an :class:`~siq_celery.IntervalQueue`'s local time
+    (``sleep=clock.sleep, monotonic=clock.monotonic``), a wait for a slot passes at once:
+    the clock moves by it, and the store's answers take no time."""
 
     def __init__(self, now_us: int = 1_700_000_000_000_000) -> None:
         self.now_us = now_us
+        self._lock = threading.Lock()  # a worker's threads move it too
 
     def __call__(self) -> int:
         return self.now_us
 
     def advance(self, seconds: float = 0.0, *, us: int = 0) -> int:
-        self.now_us += round(seconds * 1_000_000) + us
-        return self.now_us
+        with self._lock:
+            self.now_us += round(seconds * 1_000_000) + us
+            return self.now_us
+
+    def advance_to(self, now_us: int) -> int:
+        """Move to ``now_us`` (microseconds) unless the clock is there already; never back."""
+        with self._lock:
+            self.now_us = max(self.now_us, now_us)
+            return self.now_us
+
+    def sleep(self, seconds: float) -> None:
+        """Let ``seconds`` pass on this clock, at once: to ``seconds`` after now, so that
+        two threads waiting 10 s and 20 s from one moment leave it 20 s on, not 30."""
+        if seconds > 0:
+            self.advance_to(self.now_us + round(seconds * 1_000_000))
+
+    def monotonic(self) -> float:
+        """This clock in seconds (``time.monotonic``'s stand-in)."""
+        return self.now_us / 1e6
 
 
 class EmbeddedRedisCluster:

@@ -6,8 +6,9 @@ of starts), what binds beyond the interval as ``siq status`` shows it (a ``limit
 the quota's use of its window, the burst, the bodies in flight against the cap; only when
 some queue has one), the backlog and the time to drain it, the lateness of recent starts (the
 ledger's, from the moment ``siq top`` first saw the queue: nothing older is read), and
-whether it is paused or held. ``q`` or Ctrl-C quits. Drawn with ``rich``; read-only,
-like the exporter.
+whether it is paused or held; below, for each queue with tasks waiting in fair lines, how
+many keys and tasks wait and the keys with the most waiting. ``q`` or Ctrl-C quits. Drawn
+with ``rich``; read-only, like the exporter.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 from .backends import Backend
 from .errors import SiqError
 from .limits import NO_SPACING_US
-from .metrics import StoreCollector
+from .metrics import Scrape, StoreCollector
 from .readings import drain_seconds, has_limits, held_until, limits_text
 from .types import QueueStatus
 
@@ -32,6 +33,8 @@ from .types import QueueStatus
 RATE_WINDOW_S = 5.0
 #: The lateness shown is that of each queue's last this many starts.
 RECENT_STARTS = 500
+#: The fairness keys shown per fair queue: those with the most waiting.
+FAIR_TOP = 5
 
 
 class QueueRates:
@@ -131,6 +134,31 @@ def table(collector: StoreCollector, rates: QueueRates, pattern: str, recent: Re
             str(st.parked),
             f"[yellow]{state}[/]" if state != "running" else state,
         )
+    fair = fair_table(scrape)
+    if fair is None:
+        return grid
+    from rich.console import Group
+
+    return Group(grid, fair)
+
+
+def fair_table(scrape: Scrape) -> Any:
+    """Who waits in the fair lines of the queues that have tasks waiting there (None: no
+    such queue): the keys and tasks waiting, and the keys with the most waiting."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    fair = [(st.queue, scrape.fair_of(st)) for st in scrape.statuses if st.fair_tasks]
+    if not fair:
+        return None
+    grid = Table(title="fair shares", title_justify="left", expand=True)
+    for name, justify in (("queue", "left"), ("keys", "right"), ("tasks", "right"), ("most waiting", "left")):
+        grid.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
+    for queue, backlog in fair:
+        most = ", ".join(f"{escape(key)} {n:,} (w{weight})" for key, n, weight in backlog.top)
+        more = backlog.keys_waiting - len(backlog.top)
+        grid.add_row(queue, f"{backlog.keys_waiting:,}", f"{backlog.tasks_waiting:,}",
+                     most + (f", +{more:,} more" if more > 0 and most else "") or "-")  # fmt: skip
     return grid
 
 
@@ -156,7 +184,7 @@ def run(backend: Backend, pattern: str = "*", refresh: float = 1.0, max_queues: 
     """Show the queues matching ``pattern`` until ``q`` or Ctrl-C."""
     from rich.live import Live
 
-    collector = StoreCollector(backend, (pattern,), max_queues)
+    collector = StoreCollector(backend, (pattern,), max_queues, fair_top=FAIR_TOP)
     rates, recent = QueueRates(), RecentLateness()
     with (
         keys_without_echo() as fd,

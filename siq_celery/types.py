@@ -7,6 +7,8 @@ return seconds are for people and for Celery's countdowns.
 from __future__ import annotations
 
 import enum
+import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 US = 1_000_000
@@ -222,6 +224,10 @@ class QueueStatus:
     window_next_us: int = 0
     #: When the window quota lets the last ticket claimed start (0: as above, or no backlog).
     window_last_us: int = 0
+    #: Fair shares: the fairness keys with tasks waiting in their lines, and those tasks
+    #: (counted in ``parked`` too); who waits most: Backend.fair_backlog.
+    fair_keys: int = 0
+    fair_tasks: int = 0
 
     @property
     def next_start_us(self) -> int:
@@ -256,6 +262,8 @@ class QueueStatus:
             "now": self.now_us / US,
             "finished_recorded": self.finished,
             "parked": self.parked,
+            "fair_keys_waiting": self.fair_keys,
+            "fair_tasks_waiting": self.fair_tasks,
             "duplicates_refused": self.duplicates_refused,
             "reclaims": self.reclaims,
             "starts_counted": self.counts.starts,
@@ -410,6 +418,42 @@ class ParkedTask:
     ticket: int
     task_id: str
     message: str  #: JSON: everything needed to publish the task again unchanged
+
+
+@dataclass(frozen=True)
+class FairTask:
+    """A task of a fair queue waiting in its key's line, with no ticket yet (see
+    Backend.fair_park)."""
+
+    task_id: str
+    message: str  #: as a parked task's
+    cost: int = 1
+
+
+@dataclass(frozen=True)
+class FairBacklog:
+    """What waits in a fair queue's lines (Backend.fair_backlog): how many fairness keys
+    have tasks waiting, how many tasks, and the keys with the most waiting as (key, tasks
+    waiting, weight), most first (ties: the smaller key first), as many as asked for."""
+
+    keys_waiting: int = 0
+    tasks_waiting: int = 0
+    top: tuple[tuple[str, int, int], ...] = ()
+
+    @classmethod
+    def ranked(
+        cls, keys_waiting: int, tasks_waiting: int, entries: Iterable[tuple[str, int, int]], top: int
+    ) -> FairBacklog:
+        """The counts, and the ``top`` of ``entries`` (key, waiting, weight) in order."""
+        most = heapq.nsmallest(top, entries, key=lambda e: (-e[1], e[0])) if top else []
+        return cls(keys_waiting, tasks_waiting, tuple(most))
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "keys_waiting": self.keys_waiting,
+            "tasks_waiting": self.tasks_waiting,
+            "most_waiting": [{"key": k, "waiting": n, "weight": w} for k, n, w in self.top],
+        }
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,13 @@
 kombu's Redis transport takes a message with BRPOP: the server removes it from the list as
 it sends the reply, and kombu writes it to the ``unacked`` hash (where a dead worker's
 messages are found again, after ``visibility_timeout``) only once it has read the reply.
-From kombu 5.6, when the consumer's credit runs out while a BRPOP is pending (Celery lowers
-the prefetch count each time it applies a task it held for an ETA), kombu stops reading
-that socket until credit comes back (``MultiChannelPoller._pause_brpop``): a message that
-arrives meanwhile sits in the socket, in no list and in no hash, for as long as the node
-is busy. A SIGKILL then loses it for good. Interval tasks meet this often: a deferral is a
+When the consumer's credit runs out while a BRPOP is pending (Celery lowers the prefetch
+count each time it applies a task it held for an ETA), kombu leaves the reply unread until
+credit comes back: its poller skips a readable socket while the channel cannot consume
+(``MultiChannelPoller.on_readable``), and from kombu 5.7 it stops watching that socket
+(``MultiChannelPoller._pause_brpop``). A message that arrives meanwhile sits in the
+socket, in no list and in no hash, for as long as the node is busy. A SIGKILL then loses
+it for good (every kombu from 5.3 to 5.7 alike). Interval tasks meet this often: a deferral is a
 new message with an ETA, and a waiting task holds credit. Seen in the fault suite: one
 task of 200 never ran after a node was killed (a deferral's new message, popped by the
 node in its last second).
@@ -28,8 +30,7 @@ logger = logging.getLogger("siq_celery")
 
 
 def guard_unread_replies() -> bool:
-    """Patch kombu's Redis poller (once per process; a no-op on a kombu without paused
-    BRPOP replies). True if the guard is in place."""
+    """Patch kombu's Redis poller (once per process). True if the guard is in place."""
     try:
         from kombu.transport import redis as transport
     except ImportError:  # no redis-py: no Redis broker either
@@ -37,8 +38,6 @@ def guard_unread_replies() -> bool:
     poller: Any = transport.MultiChannelPoller
     if getattr(poller, "_siq_guarded", False):
         return True
-    if not hasattr(poller, "_pause_brpop"):
-        return False
     original = poller.on_readable
 
     def on_readable(self: Any, fileno: int) -> Any:
@@ -54,7 +53,8 @@ def guard_unread_replies() -> bool:
         """The socket stays watched: a reply is read (and put back) as it arrives."""
 
     poller.on_readable = on_readable
-    poller._pause_brpop = never_pause
+    if hasattr(poller, "_pause_brpop"):  # kombu 5.7 on
+        poller._pause_brpop = never_pause
     poller._siq_guarded = True
     return True
 

@@ -7,7 +7,9 @@
 * renew the node's interval declarations when due (declarations.py);
 * on a worker without Celery's event loop (a green pool) and a Redis broker, put back
   the unacknowledged tasks of dead workers once their visibility timeout passed, as the
-  event loop's timer does elsewhere (broker_restore.py).
+  event loop's timer does elsewhere (broker_restore.py);
+* on a Redis broker, put back the messages of interval tasks lost between the list and a
+  consumer's unacknowledged hash (broker_transit.py).
 
 Nothing here is needed for correctness: any worker, or a producer, does the same work,
 and a missed round is done by the next. While the store is unreachable a round stops at
@@ -24,6 +26,7 @@ from typing import Any
 
 from .app_state import siq_state
 from .broker_restore import UnackedRestore
+from .broker_transit import TransitSweep
 from .clock import CLOCK
 from .declarations import app_declarations
 from .errors import StoreUnavailableError
@@ -37,9 +40,11 @@ logger = logging.getLogger("siq_celery")
 class WorkerUpkeep(threading.Thread):
     DISCOVER_EVERY = 10
 
-    def __init__(self, app: Any, every: float, restore: UnackedRestore | None = None) -> None:
+    def __init__(
+        self, app: Any, every: float, restore: UnackedRestore | None = None, transit: TransitSweep | None = None
+    ) -> None:
         super().__init__(name="siq-upkeep", daemon=True)
-        self.app, self.every, self.restore = app, every, restore
+        self.app, self.every, self.restore, self.transit = app, every, restore, transit
         self._stop_event = threading.Event()
         self._parked: list[IntervalQueue] = []
         #: The store unreachable: one line when it goes, one when it is back (not one per round and queue).
@@ -53,15 +58,18 @@ class WorkerUpkeep(threading.Thread):
                     return
                 self.run_round(round_)
         finally:
-            if self.restore is not None:
-                self.restore.close()
+            for sweep in (self.restore, self.transit):
+                if sweep is not None:
+                    sweep.close()
 
     def run_round(self, round_: int) -> None:
         """One round; it stops at the first timeout of an unreachable store (a frozen one
         would cost a timeout per queue), and the next round tries again. The broker's
-        restore sweep does not depend on the store: it comes first."""
+        sweeps do not depend on the store: they come first."""
         if self.restore is not None:
             self.restore_unacked()
+        if self.transit is not None:
+            self.restore_lost_in_transit()
         try:
             self._round(round_)
         except StoreUnavailableError as exc:
@@ -72,7 +80,8 @@ class WorkerUpkeep(threading.Thread):
     def _round(self, round_: int) -> None:
         state = siq_state(self.app)
         try:  # this worker's clock against the store's: Celery reads ETAs by it (clock.py)
-            CLOCK.observe(state.backend.now_us())
+            if state.clock is None:  # a clock given to the app is this process's own (a test's): no skew
+                CLOCK.observe(state.backend.now_us())
         except StoreUnavailableError:
             raise
         except Exception as exc:  # the releases below say what is wrong with the store
@@ -116,6 +125,17 @@ class WorkerUpkeep(threading.Thread):
         if count:
             logger.info("siq_celery: put back %d unacknowledged task(s) of a worker gone for longer than the "
                         "broker's visibility timeout", count)  # fmt: skip
+
+    def restore_lost_in_transit(self) -> None:
+        assert self.transit is not None
+        try:
+            count = self.transit.sweep()
+        except Exception as exc:  # the next round tries again; the records stay
+            self._warn("transit", "siq_celery: could not look for tasks lost on their way to a worker: %s", exc)
+            return
+        if count:
+            logger.warning("siq_celery: put back %d task message(s) a worker took from the broker and died "
+                           "before holding (see broker_transit.py)", count)  # fmt: skip
 
     def _warn(self, key: Hashable, message: str, *args: Any) -> None:
         """A failure other than an unreachable store: at most once a minute per kind."""

@@ -35,7 +35,8 @@ from celery import signals
 from . import green
 from .app_state import siq_state
 from .broker_check import warn_if_broker_forgets_before_horizon
-from .broker_restore import UnackedRestore, needs_restore_sweep
+from .broker_restore import UnackedRestore, needs_restore_sweep, redis_broker
+from .broker_transit import TransitSweep
 from .declarations import NodeDeclarations, PerKeyDeclarations, app_declarations
 from .deferral_gc import DeferralCollector
 from .green_credit import add_green_credit
@@ -69,6 +70,9 @@ class WorkerProcess:
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
     #: The garbage collection after deferrals, one per process.
     collect_after_deferrals: DeferralCollector = field(default_factory=DeferralCollector)
+    #: Whether a worker starting in this process freezes its startup objects (gc.freeze):
+    #: not a test's worker, which runs in the test process (siq_celery.pytest_plugin).
+    freezes_startup: bool = True
 
 
 WORKER = WorkerProcess()
@@ -161,7 +165,7 @@ def freeze_startup_objects(app: Any) -> None:
     starts. On a green pool every waiting task shares that one thread: at 10 ms, bodies
     authorized an interval apart started 2-3 ms apart after such a stall, 0-3 times in
     400 starts."""
-    if has_interval_tasks(app):
+    if WORKER.freezes_startup and has_interval_tasks(app):
         gc.collect()  # what is garbage now is not frozen with the rest
         gc.freeze()
 
@@ -177,7 +181,9 @@ def _start_upkeep(sender: Any = None, **_: Any) -> None:
     # sender: the consumer. Without the event loop (a green pool) nothing else restores
     # a dead worker's unacknowledged tasks on the Redis broker (broker_restore.py).
     restore = UnackedRestore(app) if needs_restore_sweep(sender) else None
-    upkeep = WorkerUpkeep(app, settings.release_every, restore)
+    # On a Redis broker, a message lost in a BRPOP reply goes back to its list (broker_transit.py).
+    transit = TransitSweep(app) if redis_broker(app) else None
+    upkeep = WorkerUpkeep(app, settings.release_every, restore, transit)
     upkeep.start()
     WORKER.upkeep.append(upkeep)
 

@@ -11,6 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
+
+# Celery's in-process worker for tests that run interval tasks through one (with
+# siq_celery's pytest plugin: siq_store, siq_clock); pytest-celery's is a Docker container.
+from celery.contrib.pytest import celery_worker  # noqa: F401
 from hypothesis import settings
 
 from siq_celery import IntervalQueue

@@ -148,8 +148,8 @@ def test_bad_metrics_settings_name_the_setting(key: str, value: object) -> None:
 
 
 def test_every_interval_the_docs_and_the_parse_error_suggest_is_accepted() -> None:
-    """The README's list of forms and the parse error's examples are intervals the code
-    takes (they once suggested "250us", below the 1 ms floor)."""
+    """The list of forms in docs/queue.md and the parse error's examples are intervals the
+    code takes (they once suggested "250us", below the 1 ms floor)."""
     import re
     from pathlib import Path
 
@@ -159,8 +159,8 @@ def test_every_interval_the_docs_and_the_parse_error_suggest_is_accepted() -> No
     with pytest.raises(InvalidIntervalError) as refused:
         parse_interval("fast")
     suggested = re.findall(r"'([^']+)'", str(refused.value))[1:]
-    readme = Path(__file__).resolve().parent.parent.joinpath("README.md").read_text()
-    paragraph = readme[readme.index("The interval can be float seconds") :].split("\n\n")[0]
+    page = Path(__file__).resolve().parent.parent.joinpath("docs", "queue.md").read_text()
+    paragraph = page[page.index("The interval can be float seconds") :].split("\n\n")[0]
     listed = re.findall(r'`"([^"]+)"`', paragraph)
     assert len(suggested) >= 6 and len(listed) >= 8
     for form in suggested + listed:

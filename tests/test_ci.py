@@ -57,3 +57,34 @@ def test_the_tmux_test_fails_under_ci_without_tmux_and_skips_outside(tmp_path: P
         assert result.returncode == 1 and " error" in summary and "skipped" not in summary
     else:
         assert result.returncode == 0 and " skipped" in summary and "error" not in summary
+
+
+def floors_of(pyproject: Path, *extras: str) -> subprocess.CompletedProcess[str]:
+    """``.ci/floors.py`` (what ``make test-floors`` installs) run on ``pyproject``."""
+    script = pyproject.parent / ".ci" / "floors.py"
+    if not script.exists():
+        script.parent.mkdir()
+        script.write_text((ROOT / ".ci" / "floors.py").read_text())
+    return subprocess.run([sys.executable, str(script), *extras], capture_output=True, text=True, timeout=30)
+
+
+def test_the_floors_installed_are_the_declared_ones_and_one_without_a_floor_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "siq_celery"\ndependencies = ["celery>=5.3", "click >= 8.1.2"]\n'
+        "[project.optional-dependencies]\n"
+        'metrics = ["rich>=13"]  # a comment\nall = ["siq_celery[metrics]"]\nloose = ["foo", "bar<2"]\n'
+    )
+    result = floors_of(tmp_path / "pyproject.toml", "metrics,all")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["celery==5.3", "click==8.1.2", "rich==13"]
+    refused = floors_of(tmp_path / "pyproject.toml", "loose")
+    assert refused.returncode == 1 and "not of the form name>=version: foo, bar<2" in refused.stderr
+    unknown = floors_of(tmp_path / "pyproject.toml", "nosuch")
+    assert unknown.returncode == 1 and "no extra nosuch" in unknown.stderr
+
+
+def test_the_floors_of_the_package_name_kombu_whose_transport_it_patches() -> None:
+    result = floors_of(ROOT / "pyproject.toml", "metrics,spark")
+    assert result.returncode == 0, result.stderr
+    names = [pin.split("==")[0] for pin in result.stdout.split()]
+    assert {"celery", "kombu", "click", "prometheus_client", "rich", "pyspark", "pyarrow", "numpy"} <= set(names)

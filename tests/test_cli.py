@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from siq_celery import IntervalQueue
 from siq_celery.cli import siq
 from siq_celery.embedded import free_port
-from siq_celery.types import ParkedTask
+from siq_celery.types import FairTask, ParkedTask
+from tests.cli_runner import separate_runner
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -176,8 +177,8 @@ def test_a_wrong_password_says_authentication_failed_and_not_the_password(redis_
     [["status", "--bogus"], ["nosuch"], ["set-interval"], ["--bogus", "status"], ["backoff", "q"]],
 )
 def test_usage_errors_are_one_line_on_stderr(args: list[str], tmp_path: object) -> None:
-    result = CliRunner().invoke(siq, ["--url", f"sqlite:///{tmp_path}/siq.db", *args])
-    assert result.exit_code == 2 and result.stdout == "", result.output
+    result = separate_runner().invoke(siq, ["--url", f"sqlite:///{tmp_path}/siq.db", *args])
+    assert result.exit_code == 2 and result.stdout == "", result.stdout + result.stderr
     assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1, result.stderr
     assert "--help" in result.stderr
 
@@ -192,8 +193,8 @@ def test_celery_siq_usage_errors_are_one_line_too() -> None:
     app = Celery("usage", broker="memory://", set_as_current=False)
     app.conf.siq_url = "memory://"
     for args in (["nosuch"], ["set-interval"], ["status", "--bogus"]):
-        result = CliRunner().invoke(celery_siq, args, obj=SimpleNamespace(app=app))
-        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+        result = separate_runner().invoke(celery_siq, args, obj=SimpleNamespace(app=app))
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
         assert result.stderr.startswith("Error: ")
 
 
@@ -254,6 +255,35 @@ def test_status_shows_what_binds_beyond_the_interval_only_where_a_queue_has_it(u
     assert "3/5 in 1s, burst 2" in rows["geo"]
     assert rows["day"].split()[1:4] == ["none", "0/10000", "in"]  # a quota alone: no spacing
     assert rows["plain"].split()[1:3] == ["1s", "-"]
+
+
+def test_status_shows_who_waits_most_in_a_fair_queues_lines(url: str) -> None:
+    from siq_celery.backends import backend_from_url
+
+    backend = backend_from_url(url)
+    for key, n, weight in (("A", 1200, 1), ("gold", 12, 2), ("b", 12, 1), ("c", 3, 1), ("d", 2, 5), ("e", 1, 1)):
+        backend.fair_park("geo", key, weight, [FairTask(f"{key}{i}", "{}") for i in range(n)], 200_000, "e1")
+    backend.fair_park("one", "k", 1, [FairTask("k0", "{}")], 200_000, "e1")
+    IntervalQueue("plain", url=url, interval="1s").ensure()
+    code, out = run(url, "status")
+    print(out)
+    lines = out.strip().splitlines()
+    assert code == 0 and [line.split()[0] for line in lines[1:4]] == ["geo", "one", "plain"]  # the table first
+    assert lines[4:] == [
+        "geo: fair shares: 6 keys waiting, 1,230 tasks; most waiting: A 1,200 (weight 1), b 12 (weight 1), "
+        "gold 12 (weight 2), c 3 (weight 1), d 2 (weight 5), ...",
+        "one: fair shares: 1 key waiting, 1 task; most waiting: k 1 (weight 1)",
+    ]
+    code, out = run(url, "status", "--json")
+    shown = {q["queue"]: q for q in json.loads(out)}
+    assert code == 0 and (shown["geo"]["fair_keys_waiting"], shown["geo"]["fair_tasks_waiting"]) == (6, 1230)
+    assert shown["geo"]["parked"] == 1230  # waiting without a ticket: parked, as a parked task is
+    assert [(k["key"], k["waiting"], k["weight"]) for k in shown["geo"]["fair_most_waiting"]] == [
+        ("A", 1200, 1), ("b", 12, 1), ("gold", 12, 2), ("c", 3, 1), ("d", 2, 5)
+    ]  # fmt: skip
+    plain = shown["plain"]
+    assert (plain["fair_keys_waiting"], plain["fair_tasks_waiting"], plain["fair_most_waiting"]) == (0, 0, [])
+    backend.close()
 
 
 def test_set_limits_overrides_some_kinds_status_shows_where_limits_come_from_and_clear_returns(url: str) -> None:

@@ -14,6 +14,7 @@ from siq_celery.cli import siq
 from siq_celery.export import parse_time
 from siq_celery.ledger import COLUMNS, StartRecord, arrow_schema
 from siq_celery.testing import PinnedClock
+from tests.cli_runner import separate_runner
 
 I = 100_000
 
@@ -38,7 +39,7 @@ def run_queue(url: str, name: str, starts: int, clock: PinnedClock) -> int:
 
 
 def export(url: str, *args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(siq, ["--url", url, "export", *args])
+    result = separate_runner().invoke(siq, ["--url", url, "export", *args])
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -49,12 +50,14 @@ def test_json_lines_one_row_per_start_with_its_finish(store_url: str, tmp_path: 
     rows = [json.loads(line) for line in (tmp_path / "geo.jsonl").read_text().splitlines()]
     assert [r["ticket"] for r in rows] == [1, 2, 3, 4, 5] and tuple(rows[0]) == COLUMNS
     assert [r["outcome"] for r in rows] == ["SUCCESS", "FAILURE", "SUCCESS", "SUCCESS", "SUCCESS"]
-    assert all(r["v"] == 3 and r["cost"] == 1 and r["finish_us"] == r["start_us"] for r in rows)
+    assert all(r["v"] == 4 and r["cost"] == 1 and r["finish_us"] == r["start_us"] for r in rows)
+    assert all((r["fair_key"], r["fair_tag"], r["fair_weight"]) == ("", -1, 0) for r in rows)  # no fair share
     assert all(r["quota"] == r["concurrency"] == r["lease_us"] == 0 and r["lease_returned"] is None for r in rows)
 
 
 def test_an_export_carries_the_limits_in_force_and_each_lease_given_back(store_url: str, tmp_path: Path) -> None:
-    """What ``siq audit`` checks the window quota and the concurrency cap by, in both formats."""
+    """What ``siq audit`` checks the window quota, the concurrency cap and fair shares by,
+    in both formats."""
     from siq_celery.backends import backend_from_url
 
     clock = PinnedClock()
@@ -63,7 +66,8 @@ def test_an_export_carries_the_limits_in_force_and_each_lease_given_back(store_u
     t0 = q.ensure().last_start_us
     for i in range(1, 4):
         clock.now_us = t0 + i * I
-        d = q.start(q.claim(), task_id=f"t{i}", record=StartRecord("job", f"t{i}", "h", 1))
+        share = (f"tenant-{i % 2}", 720_720 * i, i) if i > 1 else ("", -1, 0)
+        d = q.start(q.claim(), task_id=f"t{i}", record=StartRecord("job", f"t{i}", "h", 1, 0, *share))
         if i < 3:
             clock.now_us += 50
             q.finish(f"t{i}", lease=d.lease)
@@ -78,6 +82,11 @@ def test_an_export_carries_the_limits_in_force_and_each_lease_given_back(store_u
         (50, True),
         (50, True),
         (None, None),
+    ]
+    assert [(r["fair_key"], r["fair_tag"], r["fair_weight"]) for r in rows] == [
+        ("", -1, 0),
+        ("tenant-0", 2 * 720_720, 2),
+        ("tenant-1", 3 * 720_720, 3),
     ]
 
 
@@ -179,6 +188,6 @@ def test_a_sqlite_ledger_from_before_costs_were_recorded_reads_as_cost_1(tmp_pat
     clock.now_us = t0 + I
     assert q.start(ticket, task_id="y", record=StartRecord("job", "y", "h", 1), cost=4).authorized
     assert [(r.epoch, r.ticket, r.cost) for r in q.ledger()] == [("old", 7, 1), (ticket.epoch, 1, 4)]
-    old = next(iter(q.ledger()))  # and no limits, no lease (ledger schema 3's columns)
+    old = next(iter(q.ledger()))  # and no limits, no lease (ledger schema 3's columns), no fair share (4's)
     assert (old.burst, old.quota, old.window_us, old.concurrency, old.lease_us) == (0, 0, 0, 0, 0)
-    assert old.lease_returned is None
+    assert old.lease_returned is None and (old.fair_key, old.fair_tag, old.fair_weight) == ("", -1, 0)

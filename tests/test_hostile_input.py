@@ -215,7 +215,9 @@ def test_queue_names_are_refused_before_anything_is_written_or_make_round_trippi
         try:
             keys = QueueKeys.for_queue(name)
             assert QueueKeys.queue_from_state_key(keys.state) == name
-            assert {_redis_hash_tag(key) for key in keys.all} == {name}  # one cluster slot
+            group = re.match(r"\{([^{}]+)\}.", name, re.S)  # "{group}rest" names its own hash tag
+            every = (*keys.all, *keys.fair_keys, keys.fair_line("a key"))  # one cluster slot
+            assert {_redis_hash_tag(key) for key in every} == {group[1] if group else name}
             queue.ensure()
             assert queue.backend.queues() == [name]
             assert queue.status().queue == name

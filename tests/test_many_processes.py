@@ -16,7 +16,7 @@ from siq_celery.loadtest import run_slot_processes, summarize
 from tests.timing import HOST_CLOCK_RERUNS, host_gaps_at_least
 
 # Real processes timed on the host clock of a 2-core shared machine: a rare scheduling
-# spike of a few ms can delay one body past the bound. Such a test runs at most twice more
+# spike of a few ms can delay one body past the bound. Such a test runs at most three times more
 # (same tolerances; a real defect fails three times; pytest -ra lists every rerun).
 pytestmark = [pytest.mark.slow, pytest.mark.processes, HOST_CLOCK_RERUNS]
 

@@ -1,6 +1,6 @@
 """The exporter's readings without a server: the counters the store keeps (the same for
-every exporter, a restart and a trimmed ledger), the derived gauges, and the README's
-table."""
+every exporter, a restart and a trimmed ledger), the derived gauges, and the table of
+docs/monitoring.md."""
 
 from __future__ import annotations
 
@@ -115,12 +115,12 @@ def test_drain_time_is_the_wait_for_the_first_and_an_interval_for_each_other() -
     assert drain_seconds(st) == (I + 9 * I) / 1e6
 
 
-def test_the_readme_lists_every_metric_served() -> None:
-    backend = backend_from_url("memory://readme-metrics")
+def test_the_monitoring_page_lists_every_metric_served() -> None:
+    backend = backend_from_url("memory://documented-metrics")
     backend.ensure("api", I, "e1")
     served = {line.split()[2] for line in text(StoreCollector(backend)).splitlines() if line.startswith("# TYPE")}
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("| `siq_up`") : readme.index("Every per-queue series")]
+    page = (ROOT / "docs" / "monitoring.md").read_text()
+    table = page[page.index("| `siq_up`") : page.index("Every per-queue series")]
     listed = set(re.findall(r"`(siq_\w+)", table))
     assert listed == served
 
@@ -298,3 +298,83 @@ def test_top_shows_the_limits_beyond_the_interval_as_siq_status_does() -> None:
     assert by_queue["plain"]["limits"] == "-"
     statuses = [backend.status(q) for q in ("api", "cap", "plain")]
     assert [r[2] for r in status_rows(statuses)[1:]] == [by_queue[q]["limits"] for q in ("api", "cap", "plain")]
+
+
+def test_the_exporter_shows_who_waits_in_fair_lines_with_only_the_top_keys_labelled() -> None:
+    """Per queue the keys and tasks waiting in its fair lines (0 for a queue with none); per
+    key only the ``fair_top`` with the most waiting, so a key that drops out of them, or
+    whose line empties, drops out of the next scrape: the ``key`` label stays bounded."""
+    from click.testing import CliRunner
+
+    from siq_celery.cli import siq
+    from siq_celery.types import FairTask
+
+    backend = backend_from_url("memory://fair-metrics", clock=PinnedClock())
+    backend.ensure("plain", I, "e1")
+
+    def push(key: str, first: int, last: int) -> None:
+        backend.fair_park("fair", key, 2 if key == "gold" else 1,
+                          [FairTask(f"{key}{n}", "{}") for n in range(first, last + 1)], I, "e1")  # fmt: skip
+
+    def scraped(collector: StoreCollector) -> dict[tuple[str, ...], float]:
+        return {(s.name, s.labels["queue"], *([s.labels["key"]] if "key" in s.labels else [])): s.value
+                for family in text_string_to_metric_families(text(collector))
+                for s in family.samples if s.name.startswith("siq_fair")}  # fmt: skip
+
+    for key, n in (("A", 5), ("gold", 4), ("C", 3), ("D", 2)):
+        push(key, 0, n - 1)
+    collector = StoreCollector(backend, fair_top=2)
+    assert scraped(collector) == {
+        ("siq_fair_keys_waiting", "fair"): 4, ("siq_fair_tasks_waiting", "fair"): 14,
+        ("siq_fair_keys_waiting", "plain"): 0, ("siq_fair_tasks_waiting", "plain"): 0,
+        ("siq_fair_key_waiting", "fair", "A"): 5, ("siq_fair_key_waiting", "fair", "gold"): 4,
+    }  # fmt: skip
+    push("C", 3, 12)  # C now waits most; gold drops out of the top 2
+    backend.release("fair", 50 * I)  # the lookahead (4 tickets) to the heads: A, C, D, gold
+    got = scraped(collector)
+    print(got)
+    assert got[("siq_fair_tasks_waiting", "fair")] == 20 and got[("siq_fair_keys_waiting", "fair")] == 4
+    assert {k[2]: v for k, v in got.items() if k[0] == "siq_fair_key_waiting"} == {"C": 12, "A": 4}
+    backend.set_interval("fair", 1)  # a lookahead of 250,000: every head handed a ticket
+    backend.release("fair", 50 * I)
+    got = scraped(collector)
+    assert got[("siq_fair_keys_waiting", "fair")] == 0 and not any(k[0] == "siq_fair_key_waiting" for k in got)
+    assert 'key="' not in text(StoreCollector(backend, fair_top=0))
+
+    bad = CliRunner().invoke(siq, ["--url", "memory://fair-metrics", "exporter", "--fair-top", "-1"])
+    assert bad.exit_code == 2 and "--fair-top" in bad.output
+    push("B", 0, 2)
+    once = CliRunner().invoke(siq, ["--url", "memory://fair-metrics", "exporter", "--once", "--fair-top", "1"])
+    assert once.exit_code == 0 and 'siq_fair_key_waiting{key="B",queue="fair"} 3.0' in once.output, once.output
+
+
+def test_top_shows_who_waits_in_fair_lines_below_the_queues() -> None:
+    import io
+
+    from rich.console import Console
+
+    from siq_celery.top import QueueRates, table
+    from siq_celery.types import FairTask
+
+    backend = backend_from_url("memory://top-fair", clock=PinnedClock())
+    backend.ensure("plain", I, "e1")
+
+    def shown() -> str:
+        console = Console(file=io.StringIO(), width=160, color_system=None)
+        console.print(table(StoreCollector(backend, fair_top=3), QueueRates(), "*"))
+        return console.file.getvalue()  # type: ignore[attr-defined, no-any-return]
+
+    assert "fair shares" not in shown()  # no queue with tasks waiting in fair lines: no table
+    for key, n in (("A", 1500), ("[b]", 3), ("c", 3), ("d", 1), ("e", 1)):
+        backend.fair_park("fair", key, 2 if key == "c" else 1, [FairTask(f"{key}{i}", "{}") for i in range(n)], I,
+                          "e1")  # fmt: skip
+    screen = shown()
+    print(screen)
+    head, fair = screen.split("fair shares")
+    assert "plain" in head and "fair" in head  # every queue in the first table, as before
+    rows = [[c.strip() for c in line.strip("│┃ ").split("│" if "│" in line else "┃")]
+            for line in fair.splitlines() if line.startswith(("│", "┃"))]  # fmt: skip
+    assert rows == [
+        ["queue", "keys", "tasks", "most waiting"],
+        ["fair", "5", "1,508", "A 1,500 (w1), [b] 3 (w1), c 3 (w2), +2 more"],
+    ]

@@ -14,8 +14,10 @@ import pytest
 import redis
 
 from siq_celery import ConfigurationError, IntervalQueue, StoreUnavailableError
+from siq_celery.backends import backend_from_url
 from siq_celery.backends.redis import ACL_RULES
 from siq_celery.embedded import EmbeddedRedis, free_port, redis_server_binary
+from siq_celery.types import FairBacklog, FairTask
 
 
 def exercise(url: str) -> None:
@@ -48,6 +50,54 @@ def test_acl_user_and_password_url(redis_server: EmbeddedRedis, redis_url: str) 
             exercise(f"redis://narrow:s3cret@127.0.0.1:{redis_server.port}/0")
     finally:
         admin.execute_command("ACL", "DELUSER", "siq", "narrow")
+
+
+def test_fair_shares_and_their_backlog_need_no_more_than_the_documented_acl(
+    redis_server: EmbeddedRedis, redis_url: str
+) -> None:
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "siqfair", "reset", "on", ">s3cret", *ACL_RULES)
+    backend = backend_from_url(f"redis://siqfair:s3cret@127.0.0.1:{redis_server.port}/0")
+    try:
+        backend.fair_park("fair", "A", 1, [FairTask("a0", "{}"), FairTask("a1", "{}")], 10_000, "e1")
+        backend.fair_park("fair", "B", 2, [FairTask("b0", "{}")], 10_000, "e1")
+        assert backend.fair_backlog("fair", top=1) == FairBacklog(2, 3, (("A", 2, 1),))
+        assert len(backend.release("fair", 60_000_000).tasks) == 3  # each line popped to its end
+        assert backend.fair_backlog("fair") == FairBacklog() and backend.delete("fair")
+    finally:
+        backend.close()
+        admin.execute_command("ACL", "DELUSER", "siqfair")
+
+
+#: The ACL the previous release documented (before fair shares).
+ACL_BEFORE_FAIR_SHARES = tuple(
+    rule for rule in ACL_RULES if rule not in ("+rpush", "+lpop", "+llen", "+hexists", "+hlen")
+)
+
+
+def test_a_user_on_the_acl_before_fair_shares_still_runs_and_reads_other_queues(
+    redis_server: EmbeddedRedis, redis_url: str
+) -> None:
+    """An upgrade does not break a restricted user whose ACL predates fair shares: the
+    commands fair shares added run only for a queue that has some (status, the exporter's
+    reads and siq top read every queue)."""
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "siqold", "reset", "on", ">s3cret", *ACL_BEFORE_FAIR_SHARES)
+    try:
+        exercise(f"redis://siqold:s3cret@127.0.0.1:{redis_server.port}/0")
+        backend = backend_from_url(f"redis://siqold:s3cret@127.0.0.1:{redis_server.port}/0")
+        try:
+            q = IntervalQueue("old-acl", backend=backend, interval="1ms")
+            q.ensure(reset=True)
+            with q.slot(task_id="t1"):
+                pass
+            assert backend.status("old-acl").state.current == 1
+            assert backend.release("old-acl", 60_000_000).tasks == []
+            assert backend.delete("old-acl")
+        finally:
+            backend.close()
+    finally:
+        admin.execute_command("ACL", "DELUSER", "siqold")
 
 
 @pytest.fixture
@@ -160,13 +210,13 @@ def test_a_sentinel_urls_commands_give_a_hung_master_up_in_a_second() -> None:
     assert plain.connection_pool.connection_kwargs["socket_timeout"] == 5.0
 
 
-def test_the_readme_acl_is_the_one_the_code_needs() -> None:
+def test_the_documented_acl_is_the_one_the_code_needs() -> None:
     from pathlib import Path
 
     from siq_celery.backends.redis import ACL_RULES
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert f"ACL SETUSER siq on >PASSWORD {' '.join(ACL_RULES)}\n" in readme
+    page = (Path(__file__).resolve().parent.parent / "docs" / "stores.md").read_text()
+    assert f"ACL SETUSER siq on >PASSWORD {' '.join(ACL_RULES)}\n" in page
 
 
 def test_claims_sent_while_others_are_unread_each_get_their_own_reply(redis_url: str) -> None:

@@ -1,4 +1,5 @@
-"""IntervalTask without workers: settings, errors at publish, eager mode, headers."""
+"""IntervalTask without workers: settings, errors at publish, eager mode, headers. Tests of
+an app with a store of its own take Celery's ``celery_app`` and siq_celery's ``siq_store``."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from hypothesis import strategies as st
 
 from siq_celery import ConfigurationError, IntervalQueue, IntervalTask, InvalidQueueNameError
 from siq_celery.app_state import siq_state
-from siq_celery.backends import backend_from_url
 from siq_celery.messages import ticket_from_headers, ticket_headers
+from siq_celery.pytest_plugin import SiqStore
 from siq_celery.settings import SiqSettings
+from siq_celery.testing import PinnedClock
 from siq_celery.types import Ticket
 
 
@@ -41,39 +43,41 @@ def test_bad_settings_are_named(key: str, value: object) -> None:
         SiqSettings.from_app(make_app(siq_url="memory://", **{key: value}))
 
 
-def test_a_queue_with_no_interval_anywhere_fails_at_the_first_publish(tmp_path: Any) -> None:
-    app = make_app(siq_url=f"sqlite:///{tmp_path}/s.db")
-
-    @app.task(base=IntervalTask, shared=False)
+def test_a_queue_with_no_interval_anywhere_fails_at_the_first_publish(celery_app: Celery, siq_store: SiqStore) -> None:
+    @celery_app.task(base=IntervalTask, shared=False)
     def untimed() -> None: ...
 
     with pytest.raises(ConfigurationError, match="no interval"):
         untimed.delay()
 
 
-def test_interval_falls_back_to_siq_default_interval_and_queue_to_the_task_name(tmp_path: Any) -> None:
-    app = make_app(siq_url=f"sqlite:///{tmp_path}/s.db", siq_default_interval="250ms")
-
-    @app.task(base=IntervalTask, shared=False, name="pkg.lookup")
+@pytest.mark.celery(siq_default_interval="250ms")
+def test_interval_falls_back_to_siq_default_interval_and_queue_to_the_task_name(
+    celery_app: Celery, siq_store: SiqStore
+) -> None:
+    @celery_app.task(base=IntervalTask, shared=False, name="pkg.lookup")
     def lookup() -> None: ...
 
     q = lookup.siq_queue()
     assert (q.name, q.interval_us) == ("pkg.lookup", 250_000)
     assert q is lookup.siq_queue()  # cached on the app
-    assert siq_state(app) is siq_state(app)
+    assert siq_state(celery_app) is siq_state(celery_app)
 
 
-def test_eager_mode_waits_in_process_and_records_the_finish(tmp_path: Any) -> None:
-    app = make_app(siq_url=f"sqlite:///{tmp_path}/s.db", task_always_eager=True)
-    ran = []
-
-    @app.task(base=IntervalTask, shared=False, interval="10ms", interval_queue="eager")
+@pytest.mark.celery(task_always_eager=True)
+def test_eager_mode_waits_in_process_and_records_the_finish(
+    celery_app: Celery, siq_store: SiqStore, siq_clock: PinnedClock
+) -> None:
+    @celery_app.task(base=IntervalTask, shared=False, interval="10s", interval_queue="eager")
     def work(n: int) -> int:
-        ran.append(n)
         return n
 
-    assert [work.delay(n).get() for n in range(3)] == [0, 1, 2]
-    status = work.siq_queue().status()
+    began = siq_clock.now_us
+    assert [work.delay(n).get() for n in range(3)] == [0, 1, 2]  # each waited 10 s on the store's clock
+    assert [(row.ticket, row.start_us - began, row.outcome) for row in siq_store.starts("eager")] == [
+        (1, 10_000_000, "SUCCESS"), (2, 20_000_000, "SUCCESS"), (3, 30_000_000, "SUCCESS"),
+    ]  # fmt: skip
+    status = siq_store.status("eager")
     assert (status.state.current, status.finished) == (3, 3)
 
 
@@ -188,8 +192,8 @@ def test_a_worker_warns_when_the_broker_would_forget_before_the_horizon(
     assert ("lower siq_horizon" in caplog.text) is warns
 
 
-def test_per_key_queues_costs_and_limits_are_checked_at_publish(tmp_path: Any) -> None:
-    app = make_app(siq_url=f"sqlite:///{tmp_path}/s.db")
+def test_per_key_queues_costs_and_limits_are_checked_at_publish(celery_app: Celery, siq_store: SiqStore) -> None:
+    app = celery_app
 
     @app.task(
         base=IntervalTask, shared=False, interval="1s", interval_queue=lambda args, kwargs: f"shop:{kwargs['shop']}"
@@ -213,7 +217,7 @@ def test_per_key_queues_costs_and_limits_are_checked_at_publish(tmp_path: Any) -
             weighted.delay(bad)
     with pytest.raises(ConfigurationError, match="2 interval queues but 1 intervals"):
         mismatched.delay()
-    assert backend_from_url(f"sqlite:///{tmp_path}/s.db").queues() == [], "nothing was claimed"
+    assert siq_store.backend.queues() == [], "nothing was claimed"
 
 
 def test_interval_tasks_are_durable_unless_the_task_or_the_app_says_otherwise() -> None:
@@ -262,13 +266,14 @@ def test_interval_tasks_are_durable_unless_the_task_or_the_app_says_otherwise() 
     assert (object_says.acks_late, object_says.reject_on_worker_lost) == (True, False)
 
 
-def test_ensure_and_declare_with_another_interval_leave_the_cached_queue_as_declared(tmp_path: Any) -> None:
+def test_ensure_and_declare_with_another_interval_leave_the_cached_queue_as_declared(
+    celery_app: Celery, siq_store: SiqStore
+) -> None:
     """The app caches one IntervalQueue per declaration: an ``ensure(..., reset=True)`` or a
     ``declare(...)`` with another interval changes the store, never the cached object (the
     worker's renewals would declare that interval for the code's)."""
-    app = make_app(siq_url=f"sqlite:///{tmp_path}/s.db")
 
-    @app.task(base=IntervalTask, shared=False, interval="200ms", interval_queue="cached")
+    @celery_app.task(base=IntervalTask, shared=False, interval="200ms", interval_queue="cached")
     def job() -> None: ...
 
     job.siq_queue().ensure("1s", reset=True)

@@ -4,8 +4,9 @@ BRPOP pending): with siq_celery's guard the message is back in its queue, not lo
 Against a real Redis broker and a real kombu consumer in a forked process: prefetch 2,
 one message taken and held, a second BRPOP sent, then the credit lowered to 1 (what Celery
 does when it applies a task it held for an ETA) and a second message published. Unguarded,
-kombu 5.6+ pauses the socket with that message in it: after the kill the queue is empty
-and the unacked hash holds only the first, so nothing can bring the second back."""
+kombu leaves the reply with that message in it unread (5.7 stops watching the socket, older
+ones skip it while there is no credit): after the kill the queue is empty and the unacked
+hash holds only the first, so nothing can bring the second back."""
 
 from __future__ import annotations
 

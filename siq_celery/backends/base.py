@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from .. import model
 from ..errors import ConfigurationError, CorruptStateError, QueueNotFoundError, SiqError, StoreUnavailableError
@@ -30,11 +30,14 @@ from ..keys import DEFAULT_KEY_PREFIX, QueueKeys, validate_key_prefix
 from ..ledger import DEFAULT_LEDGER_MAX, LedgerRow, StartRecord
 from ..logs import Throttle
 from ..lru import LRUCache
+from ..messages import with_fair_share
 from ..types import (
     NO_LIMITS,
     ClaimResult,
     Decision,
     Declared,
+    FairBacklog,
+    FairTask,
     IntervalSources,
     Limits,
     LimitsOverride,
@@ -336,6 +339,26 @@ class Backend(ABC):
         """Forget released tasks once they are published."""
 
     @abstractmethod
+    def fair_park(
+        self, queue: str, key: str, weight: int, tasks: Sequence[FairTask], interval_us: int, epoch: str,
+        *, limits: Limits = NO_LIMITS,
+    ) -> None:  # fmt: skip
+        """``tasks`` of fairness key ``key`` (its weight from now on) wait in the key's line
+        of ``queue``, with no ticket (:func:`siq_celery.model.fair_push`); the state is
+        created if missing, as a claim creates it. A release hands them tickets in fair
+        order (:func:`siq_celery.model.fair_promote`) and then releases them as parked
+        tasks. ValueError, with nothing written, for a cost below 1 or a weight outside
+        1..MAX_FAIR_WEIGHT."""
+
+    @abstractmethod
+    def fair_backlog(self, queue: str, top: int = 10) -> FairBacklog:
+        """What waits in the fair lines of ``queue`` (none for a queue without state): how
+        many fairness keys have tasks waiting, how many tasks, and the ``top`` keys with the
+        most waiting (ties: the smaller key first), each with its weight. Read only; on
+        Redis its cost grows with ``top``, not with the keys waiting. ValueError for a
+        negative ``top``."""
+
+    @abstractmethod
     def parked_tasks(self, queue: str) -> list[ParkedTask]:
         """Every parked task of ``queue`` (leased ones included), by ticket."""
 
@@ -421,6 +444,17 @@ def state_from_fields(queue: str, key: str, fields: Mapping[str, Any]) -> QueueS
     return state
 
 
+class FairMessages(Protocol):
+    """The messages of a fair queue's waiting tasks, by task id."""
+
+    def get(self, task_id: str) -> str | None: ...
+
+    def keep(self, task_id: str, message: str) -> None: ...
+
+    def take(self, task_id: str) -> str:
+        """The message, forgotten here (it moves to the parked line with its ticket)."""
+
+
 class Transaction(ABC):
     """One queue's state inside an atomic section of a :class:`ModelBackend`."""
 
@@ -492,6 +526,18 @@ class Transaction(ABC):
 
     @abstractmethod
     def parked_count(self) -> int: ...
+
+    @abstractmethod
+    def fair_lines(self) -> model.FairLines:
+        """The queue's fair lines (kept across a reset)."""
+
+    @abstractmethod
+    def fair_messages(self) -> FairMessages:
+        """The messages of the tasks waiting in the fair lines, by task id."""
+
+    @abstractmethod
+    def fair_backlog(self, top: int) -> FairBacklog:
+        """What waits in the fair lines (:meth:`Backend.fair_backlog`), read only."""
 
     @abstractmethod
     def renumber_parked(self) -> int:
@@ -682,7 +728,8 @@ class ModelBackend(Backend):
             queue, state.epoch, ticket, task_id or record.task_id, record.task_name, d.slot_us, d.now_us,
             state.interval_us, deferrals=record.deferrals, host=record.host, pid=record.pid, cost=cost,
             burst=state.burst, quota=state.quota, window_us=state.window_us, concurrency=state.concurrency,
-            lease_us=self.lease_timeout_us if d.lease and state.concurrency else 0,
+            lease_us=self.lease_timeout_us if d.lease and state.concurrency else 0, fair_key=record.fair_key,
+            fair_tag=record.fair_tag, fair_weight=record.fair_weight,
             lease=d.lease if d.lease and state.concurrency else None,
         )  # fmt: skip
 
@@ -795,10 +842,12 @@ class ModelBackend(Backend):
                 used = model.window_used(tx.window(), tx.now_us - state.window_us)
                 slots = model.status_window(state, tx.window(), tx.now_us)
             in_flight = tx.leases().live(tx.now_us) if state.concurrency else 0
+            fair = tx.fair_backlog(0)
             return QueueStatus(
                 queue, _copy(state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources(), *tx.refusals(),
                 window_used=used, counts=model.counts_from_fields(tx.start_counts()), in_flight=in_flight,
-                window_next_us=slots[0], window_last_us=slots[1],
+                window_next_us=slots[0], window_last_us=slots[1], fair_keys=fair.keys_waiting,
+                fair_tasks=fair.tasks_waiting,
             )  # fmt: skip
 
     def park(self, queue: str, epoch: str, tasks: Sequence[ParkedTask]) -> bool:
@@ -820,6 +869,13 @@ class ModelBackend(Backend):
                 units = model.window_units(state, window, now)
                 held = 0 if units is None else units.slot(state.current + 1, 1)
                 model.shift_after_outage(state, now, horizon_us, held)
+            promoted = model.fair_promote(state, tx.fair_lines(), now, window)
+            if promoted:  # each parked with its fair share in its message, for the ledger
+                messages = tx.fair_messages()
+                tx.park([
+                    ParkedTask(ticket, t.task_id, with_fair_share(messages.take(t.task_id), t.key, t.tag, t.weight))
+                    for ticket, t in promoted
+                ])  # fmt: skip
             units = model.window_units(state, window, now)  # read again: the line may have shifted
             tasks = tx.leasable(model.release_cutoff(state, now, horizon_us, units), now, limit)
             tx.lease([t.task_id for t in tasks], now + lease_us)
@@ -828,6 +884,24 @@ class ModelBackend(Backend):
     def unpark(self, queue: str, task_ids: Sequence[str]) -> None:
         with self.transaction(queue) as tx:
             tx.unpark(task_ids)
+
+    def fair_park(
+        self, queue: str, key: str, weight: int, tasks: Sequence[FairTask], interval_us: int, epoch: str,
+        *, limits: Limits = NO_LIMITS,
+    ) -> None:  # fmt: skip
+        model.fair_check(key, weight, [t.cost for t in tasks])  # before anything is written
+        with self._following_one(queue) as tx:
+            self._created(tx, queue, interval_us, epoch, limits)
+            lines, messages = tx.fair_lines(), tx.fair_messages()
+            for task in tasks:
+                if messages.get(task.task_id) is None:  # a publish sent again waits once
+                    model.fair_push(lines, key, task.task_id, task.cost, weight)
+                    messages.keep(task.task_id, task.message)
+
+    def fair_backlog(self, queue: str, top: int = 10) -> FairBacklog:
+        check_top(top)
+        with self.transaction(queue, replace_corrupt=True) as tx:  # the state is not read (nor written)
+            return tx.fair_backlog(top)
 
     def parked_tasks(self, queue: str) -> list[ParkedTask]:
         with self.transaction(queue) as tx:
@@ -838,6 +912,12 @@ class ModelBackend(Backend):
             existed = tx.delete()
             tx.state = None
             return existed
+
+
+def check_top(top: int) -> None:
+    """ValueError unless ``top`` (keys a fair backlog lists) is 0 or more."""
+    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+        raise ValueError(f"a fair backlog lists 0 or more keys, not {top!r}")
 
 
 def _count_start(tx: Transaction, decision: Decision, record: StartRecord | None) -> None:

@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from ..ledger import LedgerRow, complete
-from ..model import LAST_COUNTED, DictLeases, ListWindow
-from ..types import IntervalSources, ParkedTask, QueueState
+from ..model import LAST_COUNTED, DictFairLines, DictLeases, ListWindow
+from ..types import FairBacklog, IntervalSources, ParkedTask, QueueState
 from .base import ModelBackend, Transaction, _copy, match_names
 
 
@@ -38,6 +38,17 @@ class _Store:
     windows: dict[str, ListWindow] = field(default_factory=dict)
     #: per queue: the leases its concurrency cap counts
     leases: dict[str, DictLeases] = field(default_factory=dict)
+    #: per queue: its fair lines, and the messages of the tasks waiting in them
+    fair: dict[str, DictFairLines] = field(default_factory=dict)
+    fair_messages: dict[str, _Messages] = field(default_factory=dict)
+
+
+class _Messages(dict[str, str]):
+    def keep(self, task_id: str, message: str) -> None:
+        self[task_id] = message
+
+    def take(self, task_id: str) -> str:
+        return self.pop(task_id)
 
 
 _NAMED_STORES: dict[str, _Store] = {}
@@ -153,8 +164,22 @@ class _MemoryTransaction(Transaction):
         for task_id in task_ids:
             parked.pop(task_id, None)
 
-    def parked_count(self) -> int:
-        return len(self._store.parked.get(self._queue, {}))
+    def parked_count(self) -> int:  # the tasks waiting in fair lines are parked without a ticket
+        return len(self._store.parked.get(self._queue, {})) + len(self._store.fair_messages.get(self._queue, {}))
+
+    def fair_lines(self) -> DictFairLines:
+        return self._store.fair.setdefault(self._queue, DictFairLines())
+
+    def fair_messages(self) -> _Messages:
+        return self._store.fair_messages.setdefault(self._queue, _Messages())
+
+    def fair_backlog(self, top: int) -> FairBacklog:
+        lines = self._store.fair.get(self._queue)
+        if lines is None:
+            return FairBacklog()
+        waiting = lines.lines  # only keys with tasks waiting have a line
+        entries = ((key, len(line), lines.weights[key]) for key, line in waiting.items())
+        return FairBacklog.ranked(len(waiting), len(self._store.fair_messages.get(self._queue, {})), entries, top)
 
     def renumber_parked(self) -> int:
         parked = self._parked()
@@ -174,6 +199,8 @@ class _MemoryTransaction(Transaction):
         self._store.refusals.pop(self._queue, None)
         self._store.start_counts.pop(self._queue, None)
         had_parked = bool(self._store.parked.pop(self._queue, None))
+        self._store.fair.pop(self._queue, None)
+        had_parked = bool(self._store.fair_messages.pop(self._queue, None)) or had_parked
         had_state = self._store.states.pop(self._queue, None) is not None
         self._store.unfinished.pop(self._queue, None)
         self._store.windows.pop(self._queue, None)
@@ -221,3 +248,9 @@ class MemoryBackend(ModelBackend):
     def queues(self, pattern: str = "*") -> list[str]:
         with self.store.lock:
             return match_names(list(self.store.states), pattern)
+
+
+def forget_memory_store(name: str) -> None:
+    """Drop the named store of ``memory://name`` (a backend holding it keeps it)."""
+    with _NAMED_LOCK:
+        _NAMED_STORES.pop(name, None)

@@ -32,13 +32,15 @@ from ..errors import (
 from ..keys import QueueKeys
 from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
 from ..lru import LRUCache
-from ..model import counts_from_fields
+from ..model import counts_from_fields, fair_check
 from ..types import (
     NO_LIMITS,
     NO_OVERRIDE,
     ClaimResult,
     Decision,
     Declared,
+    FairBacklog,
+    FairTask,
     IntervalSources,
     Limits,
     LimitsOverride,
@@ -55,6 +57,7 @@ from .base import (
     RELEASE_LIMIT,
     Backend,
     PendingClaim,
+    check_top,
     log_unreadable_sources,
     match_names,
 )
@@ -71,7 +74,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 logger = logging.getLogger("siq_celery")
 
-#: The Redis ACL a siq_celery user needs (README, "Redis ACL"): its scripts, the commands
+#: The Redis ACL a siq_celery user needs (docs/stores.md, "Redis ACL"): its scripts, the commands
 #: they call, SCAN/DEL for listing and deleting queues, TIME (a worker compares its clock
 #: with the store's) and SELECT (a database other than 0), on its own keys only.
 ACL_RULES = (
@@ -79,12 +82,13 @@ ACL_RULES = (
     "+evalsha", "+eval", "+script|load", "+ping", "+select", "+scan", "+del", "+exists", "+pexpire", "+persist",
     "+time", "+hmget", "+hset", "+zscore", "+zadd", "+zremrangebyscore", "+zremrangebyrank", "+zcard",
     "+xadd", "+xrange", "+hget", "+hgetall", "+hdel", "+zrange", "+zrangebyscore", "+zrem", "+hincrby", "+zcount",
-    "+wait",
+    "+wait", "+rpush", "+lpop", "+llen", "+hexists", "+hlen",
 )  # fmt: skip
 
 SCRIPTS = (
     "claim", "start", "restamp", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status",
-    "park", "release", "unpark", "backoff", "start_all", "declare", "renew", "set_limits",
+    "park", "release", "unpark", "backoff", "start_all", "declare", "renew", "set_limits", "fair_park", "delete",
+    "fair_backlog",
 )  # fmt: skip
 
 
@@ -319,8 +323,17 @@ def _ledger_entry(queue: str, raw: Mapping[bytes, bytes]) -> LedgerRow | FinishE
         queue, f["ep"], int(f["t"]), f["id"] or None, f["n"], int(f["sl"]), int(f["st"]), int(f["iv"]),
         deferrals=int(f["d"]), host=f["h"], pid=int(f["p"]), cost=int(f.get("c", 1)), burst=int(f.get("b", 0)),
         quota=int(f.get("q", 0)), window_us=int(f.get("w", 0)), concurrency=int(f.get("k", 0)),
-        lease_us=int(f.get("lt", 0)), lease=f.get("l"),
+        lease_us=int(f.get("lt", 0)), lease=f.get("l"), fair_key=f.get("fk", ""), fair_tag=int(f.get("ft", -1)),
+        fair_weight=int(f.get("fw", 0)),
     )  # fmt: skip
+
+
+def _fair_args(record: StartRecord | None) -> list[Any]:
+    """A start's fair share for its ledger entry (start.lua: ARGV[23..25]; start_all.lua: the
+    last three): key ('' none), tag, weight."""
+    if record is None or not record.fair_key:
+        return ["", -1, 0]
+    return [record.fair_key, record.fair_tag, record.fair_weight]
 
 
 def _connection_query(query: Mapping[str, str], url: str) -> dict[str, Any]:
@@ -713,6 +726,7 @@ class RedisBackend(Backend):
                 *_limit_args(limits),
                 member,
                 self.lease_timeout_us,
+                *_fair_args(record),
             ],
         )
         return _decision(reply)
@@ -798,7 +812,8 @@ class RedisBackend(Backend):
                 f"'{{geo}}per-day'"
             )
         per_limits = [v for lim in each for v in _limit_args(lim)]
-        args = [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost, *per_limits, member, self.lease_timeout_us]
+        args = [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost, *per_limits, member, self.lease_timeout_us,
+                *_fair_args(record)]  # fmt: skip
         restamps = [(q, e, lim.burst > 0) for q, e, lim in zip(queues, epochs, each, strict=True)]
         replies = self._start_replicated("start_all", queues[0], restamps, keys, args)
         return [_decision(r) for r in replies]
@@ -866,7 +881,7 @@ class RedisBackend(Backend):
         (self._run_replicated if replicated else self._run)(
             "finish", queue,
             [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.unfinished,
-             k.refused, k.window, k.leases],
+             k.refused, k.window, k.leases, k.fair],
             [task_id, self.finished_retention_us, self.finished_max, 2 * self.ledger_max, outcome, int(remember),
              self.idle_expiry_us(queue), lease or task_id],  # a run's lease is named by its task id
         )  # fmt: skip
@@ -972,7 +987,7 @@ class RedisBackend(Backend):
     ) -> Release:
         k = self.keys(queue)
         reply = self._run(
-            "release", queue, [k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.window],
+            "release", queue, [k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.window, *k.fair_keys],
             [horizon_us, limit, lease_us],
         )  # fmt: skip
         epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
@@ -997,6 +1012,24 @@ class RedisBackend(Backend):
             raise store_error(exc, queue) from None
         return sorted(tasks, key=lambda t: t.ticket)
 
+    def fair_park(
+        self, queue: str, key: str, weight: int, tasks: Sequence[FairTask], interval_us: int, epoch: str,
+        *, limits: Limits = NO_LIMITS,
+    ) -> None:  # fmt: skip
+        fair_check(key, weight, [t.cost for t in tasks])  # before anything is written
+        k = self.keys(queue)
+        args: list[Any] = [interval_us, epoch, self.idle_expiry_us(queue), *_limit_args(limits), key, weight]
+        for t in tasks:
+            args += [t.task_id, t.cost, t.message]
+        self._run("fair_park", queue, [*k.all, *k.fair_keys[1:]], args)
+
+    def fair_backlog(self, queue: str, top: int = 10) -> FairBacklog:
+        check_top(top)
+        k = self.keys(queue)
+        reply = self._run("fair_backlog", queue, [k.fair_waiting, k.fair_weight, k.fair_messages], [top])
+        entries = ((_text(reply[i]), int(reply[i + 1]), int(reply[i + 2])) for i in range(2, len(reply), 3))
+        return FairBacklog.ranked(int(reply[0]), int(reply[1]), entries, top)
+
     def unpark(self, queue: str, task_ids: Sequence[str]) -> None:
         if task_ids:
             k = self.keys(queue)
@@ -1007,21 +1040,24 @@ class RedisBackend(Backend):
 
     def _status_keys(self, queue: str) -> list[str]:
         k = self.keys(queue)
-        return [k.state, k.finished, k.parked, k.releasing, k.intervals, k.refused, k.window, k.leases]
+        return [
+            k.state, k.finished, k.parked, k.releasing, k.intervals, k.refused, k.window, k.leases, k.fair_messages,
+            k.fair,
+        ]  # fmt: skip
 
     def _status(self, queue: str, reply: Sequence[Any]) -> QueueStatus | None:
         if not reply:
             return None
         state, now = self._state(reply)
-        finished, parked, duplicates, reclaims, used, live, head, last = (
-            int(v) for v in reply[STATE_REPLY : STATE_REPLY + 8]
+        finished, parked, duplicates, reclaims, used, live, head, last, fair_keys, fair_tasks = (
+            int(v) for v in reply[STATE_REPLY : STATE_REPLY + 10]
         )
-        raw = reply[STATE_REPLY + 8]
+        raw = reply[STATE_REPLY + 10]
         counts = counts_from_fields({raw[i].decode(): int(raw[i + 1]) for i in range(0, len(raw), 2)})
-        sources = _sources(reply[STATE_REPLY + 9 :])
+        sources = _sources(reply[STATE_REPLY + 11 :])
         return QueueStatus(
             queue, state, now, finished, parked, sources, duplicates, reclaims, window_used=used, counts=counts,
-            in_flight=live, window_next_us=head, window_last_us=last,
+            in_flight=live, window_next_us=head, window_last_us=last, fair_keys=fair_keys, fair_tasks=fair_tasks,
         )  # fmt: skip
 
     #: Commands sent in one pipeline by the exporter's reads of many queues.
@@ -1116,7 +1152,7 @@ class RedisBackend(Backend):
     def parked_queues(self) -> list[str]:
         names = set()
         try:
-            for suffix in ("parked", "releasing"):
+            for suffix in ("parked", "releasing", "fair"):  # "fair": tasks waiting in fair lines
                 for key in self.client.scan_iter(match=f"{self.key_prefix}:{{*}}*:{suffix}", count=1000):
                     name = QueueKeys.queue_from_state_key(key.decode(), suffix)
                     if name:
@@ -1126,11 +1162,8 @@ class RedisBackend(Backend):
         return sorted(names)
 
     def delete(self, queue: str) -> bool:
-        k = self.keys(queue)
-        try:
-            return bool(self.client.delete(*k.all))
-        except _REDIS_ERRORS as exc:
-            raise store_error(exc, queue) from None
+        k = self.keys(queue)  # a script: the line of each fairness key goes in the same step
+        return bool(self._run("delete", queue, [*k.all, *k.fair_keys[1:]], []))
 
     def now_us(self) -> int:
         if self.clock:

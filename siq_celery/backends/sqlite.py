@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlsplit
 from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError, redacted
 from ..ledger import LedgerRow
 from ..model import LAST_COUNTED
-from ..types import NO_LIMITS, ClaimResult, IntervalSources, Limits, ParkedTask
+from ..types import NO_LIMITS, ClaimResult, FairBacklog, IntervalSources, Limits, ParkedTask
 from .base import ModelBackend, Transaction, match_names, sources_from_json, sources_to_json, state_from_fields
 
 _SCHEMA = """
@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS siq_ledger (
     interval_us INTEGER NOT NULL, finish_us INTEGER, outcome TEXT, deferrals INTEGER NOT NULL,
     host TEXT NOT NULL, pid INTEGER NOT NULL, cost INTEGER NOT NULL DEFAULT 1, burst INTEGER NOT NULL DEFAULT 0,
     quota INTEGER NOT NULL DEFAULT 0, window_us INTEGER NOT NULL DEFAULT 0, concurrency INTEGER NOT NULL DEFAULT 0,
-    lease_us INTEGER NOT NULL DEFAULT 0, lease_returned INTEGER, lease TEXT
+    lease_us INTEGER NOT NULL DEFAULT 0, lease_returned INTEGER, lease TEXT, fair_key TEXT NOT NULL DEFAULT '',
+    fair_tag INTEGER NOT NULL DEFAULT -1, fair_weight INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS siq_ledger_by_start ON siq_ledger (prefix, queue, start_us);
 CREATE INDEX IF NOT EXISTS siq_ledger_by_task ON siq_ledger (prefix, queue, task_id);
@@ -100,25 +101,54 @@ CREATE TABLE IF NOT EXISTS siq_leases (
 CREATE TABLE IF NOT EXISTS siq_interval_sources (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, sources TEXT NOT NULL, PRIMARY KEY (prefix, queue)
 );
+-- A fair queue's lines (model.FairLines): its virtual time (no row: 0); per key with waiting
+-- work or a kept finish tag, its head's tag (NULL: no waiting work), its finish tag (NULL:
+-- none kept), its weight and how many of its tasks wait (a key with neither tag has no row);
+-- per waiting task, in its key's order (the rowid), its cost and message. The partial
+-- indexes make the smallest head and the finish tags one search, whatever the keys' number,
+-- and the keys with the most waiting (siq status, siq top, the exporter) the first rows of one.
+-- A reset keeps them; a deleted queue loses them.
+CREATE TABLE IF NOT EXISTS siq_fair_vtime (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, vtime INTEGER NOT NULL, PRIMARY KEY (prefix, queue)
+);
+CREATE TABLE IF NOT EXISTS siq_fair_keys (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, fair_key TEXT NOT NULL, head_tag INTEGER, finish_tag INTEGER,
+    weight INTEGER, waiting INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (prefix, queue, fair_key)
+);
+CREATE INDEX IF NOT EXISTS siq_fair_keys_by_head ON siq_fair_keys (prefix, queue, head_tag, fair_key)
+    WHERE head_tag IS NOT NULL;
+CREATE INDEX IF NOT EXISTS siq_fair_keys_by_finish ON siq_fair_keys (prefix, queue, finish_tag)
+    WHERE finish_tag IS NOT NULL;
+CREATE INDEX IF NOT EXISTS siq_fair_keys_by_waiting ON siq_fair_keys (prefix, queue, waiting DESC, fair_key)
+    WHERE waiting > 0;
+CREATE TABLE IF NOT EXISTS siq_fair_tasks (
+    seq INTEGER PRIMARY KEY, prefix TEXT NOT NULL, queue TEXT NOT NULL, fair_key TEXT NOT NULL,
+    task_id TEXT NOT NULL, cost INTEGER NOT NULL, message TEXT
+);
+CREATE INDEX IF NOT EXISTS siq_fair_tasks_by_key ON siq_fair_tasks (prefix, queue, fair_key, seq);
+CREATE UNIQUE INDEX IF NOT EXISTS siq_fair_tasks_by_id ON siq_fair_tasks (prefix, queue, task_id);
 """
 _LEDGER_COLUMNS = (
     "queue", "epoch", "ticket", "task_id", "task_name", "slot_us", "start_us", "interval_us", "finish_us",
     "outcome", "deferrals", "host", "pid", "cost", "burst", "quota", "window_us", "concurrency", "lease_us",
-    "lease_returned", "lease",
+    "lease_returned", "lease", "fair_key", "fair_tag", "fair_weight",
 )  # fmt: skip
-#: Ledger columns added after the table was first made, with their definitions (ledger schema 2 and 3).
+#: Ledger columns added after the table was first made, with their definitions (ledger schema 2, 3 and 4).
 _LEDGER_ADDED = {
     "cost": "INTEGER NOT NULL DEFAULT 1", "burst": "INTEGER NOT NULL DEFAULT 0", "quota": "INTEGER NOT NULL DEFAULT 0",
     "window_us": "INTEGER NOT NULL DEFAULT 0", "concurrency": "INTEGER NOT NULL DEFAULT 0",
     "lease_us": "INTEGER NOT NULL DEFAULT 0", "lease_returned": "INTEGER", "lease": "TEXT",
+    "fair_key": "TEXT NOT NULL DEFAULT ''", "fair_tag": "INTEGER NOT NULL DEFAULT -1",
+    "fair_weight": "INTEGER NOT NULL DEFAULT 0",
 }  # fmt: skip
 _FIELDS = ("epoch", "interval_us", "ticket", "current", "anchor_us", "last_start_us", "paused")
 
 
 def _add_ledger_columns(conn: sqlite3.Connection) -> None:
-    """A database made before the ledger recorded each start's cost (schema 2) and the
-    limits in force (schema 3) gets the columns: its rows read as cost 1, no limits and no
-    lease. Another process may add them first."""
+    """A database made before the ledger recorded each start's cost (schema 2), the limits
+    in force (schema 3) and a fair task's share (schema 4) gets the columns: its rows read
+    as cost 1, no limits, no lease and no fair share (as do the rows a process of an earlier
+    version goes on writing). Another process may add them first."""
     have = {row[1] for row in conn.execute("PRAGMA table_info(siq_ledger)")}
     for name, definition in _LEDGER_ADDED.items():
         if name in have:
@@ -151,6 +181,7 @@ class _SqliteTransaction(Transaction):
         self._limits: tuple[int, int, int, int] | None = None
         self._window: _SqliteWindow | None = None
         self._leases: _SqliteLeases | None = None
+        self._fair: _SqliteFairLines | None = None
         if row is not None:
             try:
                 self.state = state_from_fields(queue, self._where(), dict(zip(_FIELDS, row, strict=False)))
@@ -172,6 +203,19 @@ class _SqliteTransaction(Transaction):
         if self._leases is None:
             self._leases = _SqliteLeases(self._c, self._key)
         return self._leases
+
+    def fair_lines(self) -> _SqliteFairLines:
+        if self._fair is None:
+            self._fair = _SqliteFairLines(self._c, self._key)
+        return self._fair
+
+    def fair_messages(self) -> _SqliteFairMessages:
+        return _SqliteFairMessages(self._c, self._key, self.fair_lines())
+
+    def fair_backlog(self, top: int) -> FairBacklog:
+        keys, tasks = self._c.execute(FAIR_WAITING, self._key).fetchone()
+        rows = self._c.execute(FAIR_MOST_WAITING, (*self._key, top)).fetchall() if top and keys else []
+        return FairBacklog(int(keys), int(tasks or 0), tuple((str(k), int(n), int(w)) for k, n, w in rows))
 
     def _where(self) -> str:
         return f"{self._b.path}: siq_queues[prefix={self._b.key_prefix!r}, queue={self._queue!r}]"
@@ -311,8 +355,12 @@ class _SqliteTransaction(Transaction):
             "DELETE FROM siq_parked WHERE prefix=? AND queue=? AND task_id=?", [(*self._key, t) for t in task_ids]
         )
 
-    def parked_count(self) -> int:
-        (n,) = self._c.execute("SELECT COUNT(*) FROM siq_parked WHERE prefix=? AND queue=?", self._key).fetchone()
+    def parked_count(self) -> int:  # the tasks waiting in fair lines are parked without a ticket
+        (n,) = self._c.execute(
+            "SELECT (SELECT COUNT(*) FROM siq_parked WHERE prefix=? AND queue=?) "
+            "+ (SELECT COUNT(*) FROM siq_fair_tasks WHERE prefix=? AND queue=?)",
+            (*self._key, *self._key),
+        ).fetchone()
         return int(n)
 
     def renumber_parked(self) -> int:
@@ -345,7 +393,10 @@ class _SqliteTransaction(Transaction):
         self._c.execute("DELETE FROM siq_window WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_leases WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_queue_concurrency WHERE prefix=? AND queue=?", self._key)
-        removed = self._c.execute("DELETE FROM siq_parked WHERE prefix=? AND queue=?", self._key).rowcount
+        self._c.execute("DELETE FROM siq_fair_vtime WHERE prefix=? AND queue=?", self._key)
+        self._c.execute("DELETE FROM siq_fair_keys WHERE prefix=? AND queue=?", self._key)
+        removed = self._c.execute("DELETE FROM siq_fair_tasks WHERE prefix=? AND queue=?", self._key).rowcount
+        removed += self._c.execute("DELETE FROM siq_parked WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_queues WHERE prefix=? AND queue=?", self._key).rowcount
         removed += self._c.execute("DELETE FROM siq_finished WHERE prefix=? AND queue=?", self._key).rowcount
         self._c.execute("DELETE FROM siq_unfinished WHERE prefix=? AND queue=?", self._key)
@@ -471,6 +522,165 @@ class _SqliteLeases:
             "SELECT COUNT(*) FROM siq_leases WHERE prefix=? AND queue=? AND expires_us > ?", (*self._key, now_us)
         ).fetchone()
         return int(n)
+
+
+#: The active key with the smallest (tag, key), and the largest finish tag kept: each one
+#: search of a partial index of siq_fair_keys, however many keys there are.
+FAIR_SMALLEST = (
+    "SELECT head_tag, fair_key FROM siq_fair_keys WHERE prefix=? AND queue=? AND head_tag IS NOT NULL "
+    "ORDER BY head_tag, fair_key LIMIT 1"
+)
+FAIR_LARGEST_FINISH = "SELECT MAX(finish_tag) FROM siq_fair_keys WHERE prefix=? AND queue=? AND finish_tag IS NOT NULL"
+#: The keys whose finish tags the virtual time reached (FAIR_FORGET: those with nothing
+#: else kept, whose rows go; FAIR_FORGET_TAGS: the others, which keep their head).
+FAIR_FORGET = (
+    "DELETE FROM siq_fair_keys WHERE prefix=? AND queue=? AND finish_tag <= ? AND head_tag IS NULL AND waiting = 0"
+)
+FAIR_FORGET_TAGS = "UPDATE siq_fair_keys SET finish_tag=NULL WHERE prefix=? AND queue=? AND finish_tag <= ?"
+#: The keys with tasks waiting and the tasks (FAIR_WAITING), and the keys with the most
+#: waiting, ties by key (FAIR_MOST_WAITING): read in index siq_fair_keys_by_waiting.
+FAIR_WAITING = "SELECT COUNT(*), SUM(waiting) FROM siq_fair_keys WHERE prefix=? AND queue=? AND waiting > 0"
+FAIR_MOST_WAITING = (
+    "SELECT fair_key, waiting, weight FROM siq_fair_keys WHERE prefix=? AND queue=? AND waiting > 0 "
+    "ORDER BY waiting DESC, fair_key LIMIT ?"
+)
+
+
+class _SqliteFairLines:
+    """The queue's fair lines (model.FairLines) in tables siq_fair_vtime, siq_fair_keys and
+    siq_fair_tasks, inside the transaction. A key's row goes once it has neither a head nor
+    a finish tag: keys served and forgotten leave nothing behind."""
+
+    def __init__(self, conn: sqlite3.Connection, key: tuple[str, str]) -> None:
+        self._c, self._key = conn, key
+        #: the messages of the tasks popped in this transaction, until taken (their rows are gone)
+        self.popped: dict[str, str] = {}
+
+    def vtime(self) -> int:
+        row = self._c.execute("SELECT vtime FROM siq_fair_vtime WHERE prefix=? AND queue=?", self._key).fetchone()
+        return int(row[0]) if row else 0
+
+    def set_vtime(self, vtime: int) -> None:
+        if vtime:
+            self._c.execute("INSERT OR REPLACE INTO siq_fair_vtime VALUES (?, ?, ?)", (*self._key, vtime))
+        else:  # 0, where an idle queue starts over: no row
+            self._c.execute("DELETE FROM siq_fair_vtime WHERE prefix=? AND queue=?", self._key)
+
+    def _column(self, column: str, key: str) -> int | None:
+        row = self._c.execute(
+            f"SELECT {column} FROM siq_fair_keys WHERE prefix=? AND queue=? AND fair_key=?", (*self._key, key)
+        ).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def _drop_if_idle(self, key: str) -> None:
+        self._c.execute(
+            "DELETE FROM siq_fair_keys WHERE prefix=? AND queue=? AND fair_key=? "
+            "AND head_tag IS NULL AND finish_tag IS NULL AND waiting = 0",
+            (*self._key, key),
+        )
+
+    def head_tag(self, key: str) -> int | None:
+        return self._column("head_tag", key)
+
+    def smallest(self) -> tuple[int, str] | None:
+        row = self._c.execute(FAIR_SMALLEST, self._key).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
+
+    def set_head_tag(self, key: str, tag: int | None) -> None:
+        if tag is None:
+            self._c.execute(
+                "UPDATE siq_fair_keys SET head_tag=NULL WHERE prefix=? AND queue=? AND fair_key=?", (*self._key, key)
+            )
+            self._drop_if_idle(key)
+        else:
+            self._c.execute(
+                "INSERT INTO siq_fair_keys (prefix, queue, fair_key, head_tag) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (prefix, queue, fair_key) DO UPDATE SET head_tag=excluded.head_tag",
+                (*self._key, key, tag),
+            )
+
+    def finish_tag(self, key: str) -> int | None:
+        return self._column("finish_tag", key)
+
+    def set_finish_tag(self, key: str, tag: int) -> None:
+        self._c.execute(
+            "INSERT INTO siq_fair_keys (prefix, queue, fair_key, finish_tag) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (prefix, queue, fair_key) DO UPDATE SET finish_tag=excluded.finish_tag",
+            (*self._key, key, tag),
+        )
+
+    def largest_finish_tag(self) -> int | None:
+        (tag,) = self._c.execute(FAIR_LARGEST_FINISH, self._key).fetchone()
+        return None if tag is None else int(tag)
+
+    def forget_finish_tags(self, through: int) -> None:
+        self._c.execute(FAIR_FORGET, (*self._key, through))
+        self._c.execute(FAIR_FORGET_TAGS, (*self._key, through))
+
+    def push(self, key: str, task_id: str, cost: int, weight: int) -> None:
+        # the message comes with FairMessages.keep (NULL until then)
+        self._c.execute(
+            "INSERT INTO siq_fair_tasks (prefix, queue, fair_key, task_id, cost) VALUES (?, ?, ?, ?, ?)",
+            (*self._key, key, task_id, cost),
+        )
+        self._c.execute(
+            "INSERT INTO siq_fair_keys (prefix, queue, fair_key, weight, waiting) VALUES (?, ?, ?, ?, 1) "
+            "ON CONFLICT (prefix, queue, fair_key) DO UPDATE SET weight=excluded.weight, waiting=waiting + 1",
+            (*self._key, key, weight),
+        )
+
+    def pop(self, key: str) -> tuple[str, int, int]:
+        row = self._c.execute(
+            "SELECT t.seq, t.task_id, t.cost, t.message, k.weight FROM siq_fair_tasks t JOIN siq_fair_keys k "
+            "USING (prefix, queue, fair_key) WHERE t.prefix=? AND t.queue=? AND t.fair_key=? ORDER BY t.seq LIMIT 1",
+            (*self._key, key),
+        ).fetchone()
+        if row is None:
+            raise KeyError(key)
+        seq, task_id, cost, message, weight = row
+        self._c.execute("DELETE FROM siq_fair_tasks WHERE seq=?", (seq,))
+        self._c.execute(
+            "UPDATE siq_fair_keys SET waiting=waiting - 1 WHERE prefix=? AND queue=? AND fair_key=?", (*self._key, key)
+        )
+        if message is not None:
+            self.popped[task_id] = message
+        return str(task_id), int(cost), int(weight)
+
+    def waiting(self, key: str) -> int:
+        return self._column("waiting", key) or 0
+
+
+class _SqliteFairMessages:
+    """The messages of the queue's fair waiting tasks (base.FairMessages): column message
+    of siq_fair_tasks, by task id; a task popped from its line in this transaction has its
+    message in the lines' ``popped`` until taken."""
+
+    def __init__(self, conn: sqlite3.Connection, key: tuple[str, str], lines: _SqliteFairLines) -> None:
+        self._c, self._key, self._popped = conn, key, lines.popped
+
+    def get(self, task_id: str) -> str | None:
+        if task_id in self._popped:
+            return self._popped[task_id]
+        row = self._c.execute(
+            "SELECT message FROM siq_fair_tasks WHERE prefix=? AND queue=? AND task_id=?", (*self._key, task_id)
+        ).fetchone()
+        return None if row is None or row[0] is None else str(row[0])
+
+    def keep(self, task_id: str, message: str) -> None:
+        """The message of a task pushed (FairLines.push) in this transaction."""
+        if task_id in self._popped:
+            self._popped[task_id] = message
+            return
+        kept = self._c.execute(
+            "UPDATE siq_fair_tasks SET message=? WHERE prefix=? AND queue=? AND task_id=?",
+            (message, *self._key, task_id),
+        )
+        if kept.rowcount == 0:
+            raise KeyError(f"task {task_id!r} waits in no fair line of queue {self._key[1]!r}")
+
+    def take(self, task_id: str) -> str:
+        """The message of a task popped from its line in this transaction."""
+        return self._popped.pop(task_id)
 
 
 LOCK_RETRY_S = 0.0001

@@ -20,10 +20,16 @@ read: local, HDFS, S3 with the cluster's connector; globs work) and writes, per 
 * ``by_day`` and ``by_hour``: the same figures per UTC day and hour;
 * ``gaps``: the gap histogram (gap / interval, bins of 0.05); ``rate``: starts over time
   in about 60 buckets; ``workers``: starts per worker host and process;
-* ``violations`` and ``duplicates``: the offending rows themselves.
+* ``violations`` and ``duplicates``: the offending rows themselves;
+* of the fair tasks' rows (ledger schema 4; :mod:`siq_celery.spark.fair`): ``fair_keys`` and
+  ``fair_hours``, each key's starts, units, weight, share of its queue's units and the
+  share its weight gives it, over the ledger and per hour; ``fair_order``, per queue and
+  hour the fair starts and those handed their tickets out of fair order, ``unfair``, those
+  rows themselves.
 
-Each is a Parquet table under DIR, in full; ``report.json`` holds all but the last two, and
-``report.html`` shows them with charts, self-contained (no scripts, no network).
+Each is a Parquet table under DIR, in full; ``report.json`` holds all but ``violations``,
+``limit_violations`` and ``duplicates`` (and of ``unfair`` each queue's first
+rows), and ``report.html`` shows them with charts, self-contained (no scripts, no network).
 
 The audit runs in stages: the census (:func:`census`, one pass that also checks the
 schema), the start order (:func:`ordered_starts`), the tables (:func:`audit`, each made in
@@ -36,10 +42,11 @@ once, in pieces of each queue sorted in parallel, written under DIR/_ordered and
 back by the tables that need it (removed at the end); the others read only the ledger
 columns they need. What is collected to the driver, for report.json and report.html, is
 bounded whatever the ledger's length: per queue, the summary, at most 61 gap bins, about
-60 rate buckets, its worker processes, its days, and its latest ``REPORT_HOURS`` (168: a
-week) hours of ``by_hour``; and at most ``REPORT_ROWS_MAX`` (10,000) rows of any one
-table (``report.json`` says what was left out, under ``left_out``). Days and worker
-processes grow with the time a ledger covers; the full tables stay in Parquet.
+60 rate buckets, its worker processes, its days, its latest ``REPORT_HOURS`` (168: a
+week) hours of ``by_hour``, its fairness keys (per hour in ``fair_hours``) and its first
+20 ``unfair`` rows; and at most ``REPORT_ROWS_MAX`` (10,000) rows of any one table
+(``report.json`` says what was left out, under ``left_out``). Days, worker processes and
+keys grow with the time a ledger covers; the full tables stay in Parquet.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ from typing import Any
 
 from siq_celery.ledger import SCHEMA_VERSION
 from siq_celery.queue import MAX_COST
-from siq_celery.spark import audit_tables, limits
+from siq_celery.spark import audit_tables, fair, limits
 
 # ``name as name``: kept importable from here (main: ``siq audit`` and this file run as a
 # script; spark_session: the tests and the benchmark).
@@ -64,8 +71,20 @@ from siq_celery.spark.io import read_ledger_files, read_table, remove, write_tab
 from siq_celery.spark.pieces import ROWS_PER_PIECE, in_pieces, in_start_order, kept, piece_ends, piece_spans
 from siq_celery.spark.session import spark_session as spark_session
 
-#: Tables small enough for report.json and report.html (the others can be as big as the ledger).
-REPORTED = ("summary", "by_day", "by_hour", "gaps", "rate", "workers")
+#: Tables small enough for report.json and report.html (the others can be as big as the ledger;
+#: of ``unfair``, each queue's first :data:`siq_celery.spark.fair.UNFAIR_REPORTED` rows).
+REPORTED = (
+    "summary",
+    "by_day",
+    "by_hour",
+    "gaps",
+    "rate",
+    "workers",
+    "fair_keys",
+    "fair_hours",
+    "fair_order",
+    "unfair",
+)
 #: The latest hours of each queue in report.json and report.html (``by_hour`` in Parquet has all).
 REPORT_HOURS = 168
 #: Rows of any one table collected into report.json and report.html, at most.
@@ -127,6 +146,7 @@ def census(df: Any) -> Any:
         F.max("start_us").alias("t1"),
         F.max("v").alias("newest"),
         *(F.max(c).alias(c) for c in LIMITS),
+        F.max("fair_weight").alias("fair_weight"),  # > 0: some row is a fair task's
     )
 
 
@@ -245,15 +265,16 @@ def audit(
     census_table: Any = None,
     swept: Any = None,
     limited: bool | None = None,
+    rows_per_piece: int = ROWS_PER_PIECE,
 ) -> dict[str, Any]:
     """Every audit table of ``df`` (ledger rows), as Spark DataFrames, by name. They are
     read from ``ordered`` (:func:`ordered_starts`, made here if not given), ``swept``
     (:func:`swept_starts`, likewise, when ``limited``: some row records a limit beyond the
     interval; None: found out here) and ``census_table`` (:func:`census` of ``df``,
-    likewise); how each is made: :mod:`siq_celery.spark.audit_tables`. The small tables it
-    caches go on ``cached``, for the caller to unpersist when done.
+    likewise); how each is made: :mod:`siq_celery.spark.audit_tables`, and the fair
+    shares' :mod:`siq_celery.spark.fair` (in pieces of ``rows_per_piece``). The small
+    tables it caches go on ``cached``, for the caller to unpersist when done.
     """
-
     if census_table is None:
         census_table = kept(census(df), cached)
     if limited is None:
@@ -280,6 +301,7 @@ def audit(
         "violations": audit_tables.violations(ordered, ledger, cached, flagged),
         "limit_violations": audit_tables.limit_violations(flagged, ledger),
         "duplicates": duplicates,
+        **fair.tables(ledger.withColumn("hour_n", _hour_of()), fair.recorded(census_table), rows_per_piece, cached),
     }
 
 
@@ -320,7 +342,7 @@ def run_audit(
             write_table(swept_starts(df, rows_per_piece, cached, counted), sweep)
             swept = read_table(spark, sweep)
             done("(limits)")
-        tables = audit(df, tolerance_us, read_table(spark, work), cached, counted, swept, limited)
+        tables = audit(df, tolerance_us, read_table(spark, work), cached, counted, swept, limited, rows_per_piece)
         report: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -364,6 +386,8 @@ def _reported(table: Any, name: str) -> tuple[list[dict[str, Any]], int]:
     if name == "by_hour":
         latest = Window.partitionBy("queue").orderBy(F.col("hour").desc())
         table = table.withColumn("_n", F.row_number().over(latest)).filter(F.col("_n") <= REPORT_HOURS).drop("_n")
+    elif name == "unfair":
+        table = fair.first_unfair(table)
     rows = table.orderBy(*_order(name)).limit(REPORT_ROWS_MAX).collect()
     return [_plain(r.asDict()) for r in rows], total - len(rows)
 
@@ -371,7 +395,9 @@ def _reported(table: Any, name: str) -> tuple[list[dict[str, Any]], int]:
 def _order(name: str) -> tuple[str, ...]:
     return {
         "summary": ("queue",), "by_day": ("queue", "day"), "by_hour": ("queue", "hour"), "gaps": ("queue", "bin"),
-        "rate": ("queue", "bucket"), "workers": ("queue", "host", "pid"),
+        "rate": ("queue", "bucket"), "workers": ("queue", "host", "pid"), "fair_keys": ("queue", "fair_key"),
+        "fair_hours": ("queue", "hour", "fair_key"), "fair_order": ("queue", "hour"),
+        "unfair": ("queue", "epoch", "ticket", "start_us"),
     }[name]  # fmt: skip
 
 

@@ -64,9 +64,27 @@ def _when(us: int) -> str:
     return datetime.fromtimestamp(us / 1e6, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+_FAIR_COLUMNS = (
+    ("fair_key", "key"), ("starts", "starts"), ("units", "units"), ("weight", "weight"), ("share", "share"),
+    ("weight_share", "its weight's share"),
+)  # fmt: skip
+
+
+def _fair(keys: list[dict[str, Any]], hours: list[dict[str, Any]]) -> str:
+    """A fair queue's shares by key, and its starts out of fair order ("" for another queue)."""
+    if not keys:
+        return ""
+    unfair = sum(h["unfair"] for h in hours)
+    return (
+        f"<h3>fair shares</h3><p>{_fmt(sum(h['fair_starts'] for h in hours))} starts of fair tasks; {_fmt(unfair)} "
+        f"handed their tickets out of fair order (a tag below one before it while keys had work). Its weight's "
+        f"share: among the keys that started in the same hours.</p>" + _table(keys, _FAIR_COLUMNS)
+    )
+
+
 def render(report: dict[str, Any]) -> str:
     by_queue: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for name in ("gaps", "rate", "workers", "by_hour"):
+    for name in ("gaps", "rate", "workers", "by_hour", "fair_keys", "fair_order"):
         for row in report.get(name, []):
             by_queue[row["queue"]][name].append(row)
     sections = []
@@ -97,6 +115,7 @@ def render(report: dict[str, Any]) -> str:
                 f"{h} {100 * n / max(q['starts'], 1):.1f}%" for h, n in sorted(hosts.items())))
             + "<h3>by hour (UTC)</h3>"
             + _table(parts["by_hour"], (("hour", "hour"), *_SUMMARY_COLUMNS[:8], *limits))
+            + _fair(parts["fair_keys"], parts["fair_order"])
         )  # fmt: skip
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>siq audit</title><style>"

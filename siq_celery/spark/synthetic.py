@@ -263,6 +263,7 @@ def _table(queue: str, interval: int, limits: Limits, c: dict[str, Any]) -> Any:
         "window_us": np.full(count, limits.window_us, dtype=np.int64),
         "concurrency": np.full(count, limits.concurrency, dtype=np.int32),
         "lease_us": lease_us if leased else np.zeros(count, dtype=np.int64), "lease_returned": returned,
-        "v": np.full(count, SCHEMA_VERSION, dtype=np.int16),
+        "fair_key": pa.array(np.full(count, "")), "fair_tag": np.full(count, -1, dtype=np.int64),
+        "fair_weight": np.zeros(count, dtype=np.int32), "v": np.full(count, SCHEMA_VERSION, dtype=np.int16),
     }  # fmt: skip
     return pa.table(columns, schema=arrow_schema())

@@ -13,9 +13,11 @@ ahead 3 s after the app is imported (a host clock jump; see :func:`jump_clock`).
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import os
+import signal
 import socket
 import time
 import urllib.error
@@ -86,6 +88,9 @@ def make_app(env: Mapping[str, str]) -> Celery:
 
     def finished(task: Any, n: int) -> None:
         recorder().rpush(FINISHES, json.dumps({"n": n, "t": real_time(), "node": task.request.hostname}))
+
+    if env.get("SIQ_TEST_DIE_IN_TRANSIT"):
+        die_in_transit(int(env["SIQ_TEST_DIE_IN_TRANSIT"]))
 
     if env.get("SIQ_TEST_TRACE_PRERUN"):
 
@@ -184,7 +189,21 @@ def make_app(env: Mapping[str, str]) -> Celery:
         finished(self, n)
         return n
 
-    # The README's "10 a second and 10,000 a day", scaled: one start per 50 ms and at most 50
+    # Fair shares among tenants of one queue (tenant "gold" weighs 2, others 1); n says
+    # the tenant: 100,000 x its index in SIQ_TEST_TENANTS ("A,B,C") + its own count.
+    tenants = env.get("SIQ_TEST_TENANTS", "A,B,C").split(",")
+
+    @app.task(shared=False, name="geo.fair", base=IntervalTask, interval=interval, interval_queue="geo", bind=True,
+              fair_key=lambda args, kwargs: tenants[args[0] // 100_000],
+              fair_weight=lambda key: 2 if key == "gold" else 1)  # fmt: skip
+    def fair(self: Any, n: int, work: float = 0.0) -> int:
+        note(self, n, real_time())
+        if work:
+            time.sleep(work)
+        finished(self, n)
+        return n
+
+    # The limits page's "10 a second and 10,000 a day", scaled: one start per 50 ms and at most 50
     # starts in any 10 s window (SIQ_TEST_QUOTA).
     @app.task(shared=False, name="geo.windowed", base=IntervalTask, bind=True, interval="50ms",
               quota=env.get("SIQ_TEST_QUOTA", "50/10s"), interval_queue="{geo}windowed")  # fmt: skip
@@ -211,6 +230,31 @@ def make_app(env: Mapping[str, str]) -> Celery:
         return n
 
     return app
+
+
+def die_in_transit(n: int) -> None:
+    """The node (its whole process group) SIGKILLs itself when it has taken task ``n``'s
+    message from the Redis broker (BRPOP's reply read) and is about to hold it in the
+    unacked hash: the window in which kombu alone loses a message (broker_transit.py)."""
+    from kombu.transport import redis as transport
+
+    from siq_celery.broker_transit import guard_transit
+
+    guard_transit()
+    hold = transport.QoS.append
+
+    def append(self: Any, message: Any, delivery_tag: str) -> None:
+        raw = message._raw
+        try:
+            encoded = raw["properties"]["body_encoding"] == "base64"
+            args = json.loads(base64.b64decode(raw["body"]))[0] if encoded else []
+        except (ValueError, KeyError, TypeError, IndexError):
+            args = []
+        if args and args[0] == n:
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        hold(self, message, delivery_tag)
+
+    transport.QoS.append = append
 
 
 def jump_clock(spec: str) -> None:

@@ -3,6 +3,8 @@ by the finish, bounded, filtered by time, removed with the queue. Pinned clock."
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from siq_celery import IntervalQueue
@@ -34,33 +36,63 @@ def test_only_authorized_starts_are_recorded_with_every_field(store: Store) -> N
         "queue": "q", "epoch": first.epoch, "ticket": 1, "task_id": "a", "task_name": "geo.lookup",
         "slot_us": t0 + I, "start_us": t0 + I + 7, "interval_us": I, "finish_us": None, "outcome": None,
         "deferrals": 2, "host": "node1@host", "pid": 4242, "cost": 1, "burst": 0, "quota": 0, "window_us": 0,
-        "concurrency": 0, "lease_us": 0, "lease_returned": None, "v": 3,
+        "concurrency": 0, "lease_us": 0, "lease_returned": None, "fair_key": "", "fair_tag": -1, "fair_weight": 0,
+        "v": 4,
     }  # fmt: skip
+
+
+def two_limits(store: Store) -> tuple[Any, Any, Any]:
+    """Two queues, 100 ms and 200 ms, in one hash slot, and their combined limit."""
+    from siq_celery import CombinedQueue
+
+    backend = store.backend()
+    fast = IntervalQueue("{geo}fast", interval="100ms", backend=backend)
+    slow = IntervalQueue("{geo}slow", interval="200ms", backend=backend)
+    fast.ensure()
+    slow.ensure()
+    return fast, slow, CombinedQueue([fast, slow])
 
 
 def test_a_weighted_start_records_its_cost_and_a_combined_one_its_place_in_each_queue(store: Store) -> None:
     """The audit counts the tickets and slots a start used from the ledger: a start of cost
     c records c (its tickets are ticket .. ticket + c - 1), in every queue of a combined limit,
     where the queues that do not hold its place in line record ticket 0."""
-    from siq_celery import CombinedQueue, IntervalQueue
-
     q = store.queue()
     t0 = q.ensure().last_start_us
     first = q.claim(3)
     store.clock.now_us = t0 + I
     assert q.start(first, task_id="a", record=rec("a"), cost=3).authorized
-    backend = store.backend()
-    fast = IntervalQueue("{geo}fast", interval="100ms", backend=backend)
-    slow = IntervalQueue("{geo}slow", interval="200ms", backend=backend)
-    fast.ensure()
-    slow.ensure()
-    both = CombinedQueue([fast, slow])
+    fast, slow, both = two_limits(store)
     ticket = both.claim(2)
     store.clock.now_us = t0 + 10 * I
     assert all(d.authorized for d in both.start(ticket, task_id="b", record=rec("b"), cost=2))
     assert [(r.ticket, r.cost) for r in q.ledger()] == [(1, 3)]
     assert [(r.ticket, r.cost) for r in slow.ledger()] == [(1, 2)]
     assert [(r.ticket, r.cost) for r in fast.ledger()] == [(0, 2)]
+
+
+def test_a_fair_start_records_its_key_tag_and_weight_alone_or_combined(store: Store) -> None:
+    """A fair task's share (ledger schema 4), from the start record, in every queue it
+    starts in; a start without one records none."""
+    from dataclasses import replace
+
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    fair, plain = q.claim_many(2)
+    store.clock.now_us = t0 + I
+    share = replace(rec("a"), fair_key='tenant "7" é', fair_tag=3 * 720_720, fair_weight=1000)
+    assert q.start(fair, task_id="a", record=share).authorized
+    store.clock.now_us = t0 + 2 * I
+    assert q.start(plain, task_id="b", record=rec("b")).authorized
+    fast, slow, both = two_limits(store)
+    ticket = both.claim()
+    store.clock.now_us = t0 + 10 * I
+    assert all(d.authorized for d in both.start(ticket, task_id="c", record=replace(share, task_id="c")))
+    got = [(r.task_id, r.fair_key, r.fair_tag, r.fair_weight) for r in [*q.ledger(), *fast.ledger(), *slow.ledger()]]
+    assert got == [
+        ("a", 'tenant "7" é', 3 * 720_720, 1000), ("b", "", -1, 0),
+        ("c", 'tenant "7" é', 3 * 720_720, 1000), ("c", 'tenant "7" é', 3 * 720_720, 1000),
+    ]  # fmt: skip
 
 
 def test_the_finish_completes_the_latest_start_of_its_task(store: Store) -> None:
@@ -138,7 +170,7 @@ def test_delete_removes_the_ledger(store: Store) -> None:
 
 
 def test_a_start_records_the_limits_in_force_and_the_finish_the_lease_it_gave_back(store: Store) -> None:
-    """What the audit needs (ledger schema 3): burst, quota, window and cap at the start, the
+    """What the audit needs (ledger schema 3 and on): burst, quota, window and cap at the start, the
     lease's time to live, and whether the finish gave it back, in the step that recorded
     ``finish_us``: the lease counts until exactly then on the store's clock."""
     backend = store.backend(lease_timeout_us=3 * S)
@@ -155,7 +187,7 @@ def test_a_start_records_the_limits_in_force_and_the_finish_the_lease_it_gave_ba
     rows = {r.task_id: r for r in q.ledger()}
     assert {k: v for k, v in rows["a"].as_dict().items() if k in LIMIT_FIELDS} == {
         "burst": 2, "quota": 5, "window_us": 2 * S, "concurrency": 2, "lease_us": 3 * S, "finish_us": t0 + I + 700,
-        "lease_returned": True, "v": 3,
+        "lease_returned": True, "v": 4,
     }  # fmt: skip
     assert (rows["b"].finish_us, rows["b"].lease_us, rows["b"].lease_returned) == (None, 3 * S, None)
 

@@ -25,7 +25,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
@@ -33,7 +33,7 @@ import pytest
 import redis
 
 from siq_celery import IntervalQueue
-from siq_celery.embedded import free_cluster_port, free_port, redis_server_binary
+from siq_celery.embedded import free_cluster_port, free_port, redis_server_binary, wait_for_own_server
 from tests.faults.conftest import ControlledRedis
 from tests.integration.conftest import ROOT, CeleryRun
 
@@ -68,6 +68,9 @@ class Server:
     port: int
     dir: Path
     process: subprocess.Popen[bytes] | None = None
+    #: One client per socket timeout, closed with the process (a client per call leaves its
+    #: socket to the garbage collector, which warns at random).
+    clients: dict[float, redis.Redis] = field(default_factory=dict, repr=False)
 
     @property
     def conf(self) -> Path:
@@ -78,16 +81,24 @@ class Server:
         return self.dir / f"{self.name}.log"
 
     def client(self, timeout: float = 1.0) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_timeout=timeout, socket_connect_timeout=timeout)
+        if timeout not in self.clients:
+            self.clients[timeout] = redis.Redis(port=self.port, socket_timeout=timeout, socket_connect_timeout=timeout)
+        return self.clients[timeout]
+
+    def close_clients(self) -> None:
+        for client in self.clients.values():
+            client.close()
+        self.clients.clear()
 
     def start(self, *extra: str) -> Server:
         with open(self.logfile, "ab") as log:
             self.process = subprocess.Popen([redis_server_binary(), str(self.conf), *extra],
                                             stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        wait_until(lambda: bool(self.client(0.2).ping()) or self.exited(), 10, f"{self.name} on {self.port}")
+        if wait_for_own_server(self.process, self.port, 10):
+            return self
         if self.exited():
             raise HarnessError(f"{self.name} exited at start:\n{self.log()[-2000:]}")
-        return self
+        raise HarnessError(f"timed out after 10s waiting for {self.name} on {self.port}")
 
     def exited(self) -> bool:
         return self.process is None or self.process.poll() is not None
@@ -103,6 +114,7 @@ class Server:
             self.signal(signal.SIGCONT)  # a stopped process dies of SIGKILL too, but let it go cleanly
             self.process.kill()
             self.process.wait(10)
+        self.close_clients()
 
     def log(self) -> str:
         return self.logfile.read_text(errors="replace") if self.logfile.exists() else ""
@@ -194,17 +206,35 @@ class SentinelSet(ServerSet):
             ]) + "\n")  # fmt: skip
             sentinel.start("--sentinel")
         # Every sentinel knows the replica and the two others (through the master's hello channel).
-        wait_until(lambda: all(self._sees_all(s) for s in self.sentinels), timeout, "the sentinels to see each other")
+        try:
+            wait_until(lambda: all(map(self._sees_all, self.sentinels)), timeout, "the sentinels to see each other")
+        except HarnessError as e:
+            raise HarnessError(f"{e}; they see {self._views()}\n{self.logs()}") from None
         return self
+
+    def _counts(self, sentinel: Server) -> tuple[int, int]:
+        """(replicas, other sentinels) that ``sentinel`` knows of."""
+        master: dict[str, Any] = sentinel.client().sentinel_master(SERVICE)  # type: ignore[assignment]
+        return int(master["num-slaves"]), int(master["num-other-sentinels"])
+
+    def _views(self) -> list[str]:
+        """What each sentinel knows of the set, for the message of a start that timed out."""
+        views = []
+        for sentinel in self.sentinels:
+            try:
+                replicas, others = self._counts(sentinel)
+                views.append(f"{sentinel.name}: {replicas} replicas, {others} other sentinels")
+            except (redis.RedisError, OSError) as err:
+                views.append(f"{sentinel.name}: {err}")
+        return views
 
     def _link_up(self, replica: Server) -> bool:
         info = replica.client().info("replication")
         return info.get("role") == "slave" and info.get("master_link_status") == "up"
 
     def _sees_all(self, sentinel: Server) -> bool:
-        master: dict[str, Any] = sentinel.client().sentinel_master(SERVICE)  # type: ignore[assignment]
-        others = int(master["num-other-sentinels"])
-        return int(master["num-slaves"]) >= len(self.data) - 1 and others >= len(self.sentinels) - 1
+        replicas, others = self._counts(sentinel)
+        return replicas >= len(self.data) - 1 and others >= len(self.sentinels) - 1
 
     def master_addresses(self) -> list[int | None]:
         """The master's port as each sentinel reports it now (None: no answer)."""

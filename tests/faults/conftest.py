@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from siq_celery.embedded import free_port, redis_server_binary
+from siq_celery.embedded import free_port, redis_server_binary, wait_for_own_server
 from tests.integration.conftest import ROOT, CeleryRun
 
 
@@ -43,14 +43,10 @@ class ControlledRedis:
                 "--dir", self.dir.name, "--protected-mode", "no", *aof]  # fmt: skip
         with open(Path(self.dir.name) / "redis.log", "ab") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                if client.ping():
-                    return self
-            except (redis.ConnectionError, redis.BusyLoadingError):
-                time.sleep(0.02)
+        if wait_for_own_server(self.process, self.port, 10):
+            return self
+        if self.process.poll() is not None:
+            raise RuntimeError(f"redis-server on {self.port} exited at start (see {self.dir.name}/redis.log)")
         raise RuntimeError(f"redis-server on {self.port} did not come up")
 
     def crash(self) -> None:

@@ -273,3 +273,22 @@ def test_sigkill_mid_body_under_a_concurrency_cap(fault_run: CeleryRun) -> None:
     assert set(twice) == interrupted, "an interrupted body runs again, nothing else does"
     assert most <= 3, "never more than 3 bodies at once"
     assert back_us is not None and back <= timeout + 1.0, "the dead bodies' leases came back in time"
+
+
+def test_a_node_killed_between_taking_a_message_and_holding_it_loses_nothing(fault_run: CeleryRun) -> None:
+    """The node SIGKILLs itself having read task 7's message from a BRPOP reply, before
+    kombu writes it to the unacked hash (tests/apps/geo.py, ``die_in_transit``): kombu
+    alone loses that message (tests/test_broker_transit.py). Its transit record brings it
+    back: every task finishes once, on the node started after the kill."""
+    victim = fault_run.start_worker("victim", 2, env={"SIQ_TEST_DIE_IN_TRANSIT": "7"})
+    publish(fault_run, range(30))
+    until(lambda: not victim.alive, 60, "the victim to take task 7's message and die")
+    killed_at = time.time()
+    survivor = fault_run.start_worker("survivor", 2).wait_ready()
+    finishes = wait_finished(fault_run, 30, 90)
+    seven = [f["t"] for f in fault_run.finishes() if f["n"] == 7]
+    before = sum(1 for f in fault_run.finishes() if f["node"] == victim.name)
+    print(f"\ntask 7 finished {seven[0] - killed_at:.1f} s after the kill; {before} finished on the victim before")
+    assert victim.process is not None and victim.process.returncode == -signal.SIGKILL
+    assert sorted(finishes) == list(range(30)) and max(finishes.values()) == 1, "every task finished once"
+    assert "put back 1 task message" in survivor.log(), "task 7 came back through its transit record"

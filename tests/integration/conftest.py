@@ -150,6 +150,30 @@ def inversions(starts: list[dict[str, Any]]) -> int:
     return count
 
 
+def overtaken_on_time(starts: list[dict[str, Any]], preruns: list[dict[str, Any]]) -> list[str]:
+    """Inversions the design does not allow: a ticket overtaken although its task was at
+    the gate (had entered its trace, ``SIQ_TEST_TRACE_PRERUN``) before the overtaking
+    start was authorized. A head that reaches its worker after the next ticket's slot is
+    overtaken by design (docs/design.md, "The guarantees"); one described here was not late.
+    Host clock: the trace times are the bodies' (:func:`tests.apps.geo.real_time`)."""
+    entered: dict[str, list[float]] = {}
+    for p in preruns:
+        entered.setdefault(p["task_id"], []).append(p["t"])
+    ordered = sorted(starts, key=lambda r: r["store_start_us"])
+    found = []
+    for i, r in enumerate(ordered):
+        # the trace that led to this start: the last one before it
+        at_gate = max((t for t in entered.get(r["task_id"], []) if t <= r["t"]), default=r["t"])
+        for earlier in ordered[:i]:
+            if earlier["ticket"] > r["ticket"] and earlier["store_start_us"] / 1e6 > at_gate:
+                found.append(
+                    f"ticket {r['ticket']} at the gate {(earlier['store_start_us'] / 1e6 - at_gate) * 1000:.2f} ms "
+                    f"before ticket {earlier['ticket']} started ahead of it"
+                )
+                break
+    return found
+
+
 @contextmanager
 def busy_queue(url: str, name: str, callers: int) -> Iterator[None]:
     """``callers`` threads, each taking ``name``'s slots one after another with

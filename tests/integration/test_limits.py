@@ -246,7 +246,7 @@ def test_two_limits_on_one_task_are_never_exceeded_and_a_paused_one_holds_no_slo
 
 
 def test_a_window_quota_with_spacing_on_three_nodes(celery_run: CeleryRun) -> None:
-    """The README's "10 a second and 10,000 a day", scaled: 50 ms spacing and at most 50
+    """The limits page's "10 a second and 10,000 a day", scaled: 50 ms spacing and at most 50
     starts in any 10 s window; 120 tasks published at once on 3 nodes x -c 2."""
     celery_run.start_workers(3, 2)
     task = celery_run.app.tasks["geo.windowed"]

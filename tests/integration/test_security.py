@@ -1,4 +1,4 @@
-"""A whole worker fleet on a Redis ACL user limited to exactly what the README documents,
+"""A whole worker fleet on a Redis ACL user limited to exactly what docs/stores.md documents,
 with JSON as the only accepted content; and what watches it (``siq exporter``, ``siq
 top``, a worker's metrics port) on the same user."""
 

@@ -37,7 +37,7 @@ def test_a_million_rows_with_injected_faults_are_counted_exactly(spark: Any, tmp
     html = (tmp_path / "audit" / "report.html").read_text()
     assert html.startswith("<!doctype html>") and html.count("<svg") == 6 and "synthetic:fast" in html
     on_disk = json.loads((tmp_path / "audit" / "report.json").read_text())
-    assert on_disk["rows"] == injected.rows and on_disk["schema_version"] == 3
+    assert on_disk["rows"] == injected.rows and on_disk["schema_version"] == 4
 
 
 def ledger_rows(count: int, interval_us: int = 20_000, t0: int = 1_790_000_000_000_000) -> list[LedgerRow]:
@@ -64,8 +64,11 @@ def test_spark_submit_reads_json_lines_and_parquet_together(tmp_path: Path) -> N
     table = pa.table({c: [getattr(r, c) for r in rows[100:]] for c in COLUMNS}, schema=arrow_schema())
     pq.write_table(table, tmp_path / "part2.parquet")
     spark_submit = Path(sys.executable).parent / "spark-submit"
+    # spark-submit leaves Spark's 200 shuffle partitions (siq audit --master local[...] sets
+    # 8): a 200-row ledger's stages then run 200 tasks each, 70 s here against 38 s with 8
     result = subprocess.run(
-        [str(spark_submit), "--master", "local[2]", str(ROOT / "siq_celery" / "spark" / "audit.py"),
+        [str(spark_submit), "--master", "local[2]", "--conf", "spark.sql.shuffle.partitions=8",
+         str(ROOT / "siq_celery" / "spark" / "audit.py"),
          str(tmp_path / "part1.jsonl"), str(tmp_path / "part2.parquet"), "--out", str(tmp_path / "audit")],
         capture_output=True, text=True, timeout=170, env={"PYSPARK_PYTHON": sys.executable, "PATH": "/usr/bin:/bin",
                                                          "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(ROOT)},
@@ -79,9 +82,9 @@ def test_spark_submit_reads_json_lines_and_parquet_together(tmp_path: Path) -> N
 
 
 def test_a_newer_schema_is_refused(spark: Any, tmp_path: Path) -> None:
-    row = ledger_rows(1)[0].as_dict() | {"v": 4}
+    row = ledger_rows(1)[0].as_dict() | {"v": 5}
     (tmp_path / "future.jsonl").write_text(json.dumps(row) + "\n")
-    with pytest.raises(ValueError, match="schema version 4 is newer"):
+    with pytest.raises(ValueError, match="schema version 5 is newer"):
         run_audit(spark, [str(tmp_path / "future.jsonl")], str(tmp_path / "audit"), log=lambda _: None)
 
 

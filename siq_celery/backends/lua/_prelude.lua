@@ -13,6 +13,7 @@
 -- The limits beyond the interval (absent means 0; model.py): burst, quota and window_us, and
 -- w_used, the cost units in the queue's window (a sorted set of starts: siq_units), w_seq
 -- numbering its members; conc, the concurrency cap (its leases: a sorted set, siq_read_leases).
+-- fair_v (absent means 0): a fair queue's virtual time (siq_fair), kept by a reset.
 
 local function siq_now(arg)
   if arg ~= nil and arg ~= '' then
@@ -125,14 +126,35 @@ local function siq_shift_after_outage(s, now, overdue, held)
   return true
 end
 
+-- Issue count tickets (model.py: claim; the window, if any, read at now first: siq_units
+-- may move the line). Returns the first ticket, when it is due and the floor (the rate cap,
+-- or now): ticket n is estimated at max(due + (n - first) * interval, floor).
+local function siq_claim(s, count, now)
+  local first = s.ticket + 1
+  local due = s.anchor_us + (first - s.current) * s.interval_us
+  local floor = math.max(now, siq_cap(s))
+  local rebase = math.max(now, s.last_start_us + s.interval_us) - s.burst * s.interval_us
+  if due < rebase then
+    -- The line is overdue (an idle queue), or its head is held by the rate cap: the new
+    -- ticket is due at the first free slot and later claims follow one interval apart, so
+    -- a burst of claims keeps its ticket order and every estimate matches its slot.
+    s.anchor_us = s.anchor_us + (rebase - due)
+    due = rebase
+  end
+  s.ticket = s.ticket + count
+  return first, due, floor
+end
+
 -- Idle expiry (per-key queues): every key in keys expires ttl_us after the queue's last
--- commitment (below), counted from now, unless it is paused or holds parked tasks (those
--- outlive any idle time: the keys are made persistent). keys: the queue's keys, every one
--- of which gets the expiry; read here are keys[1] the state hash (idle_us is written
--- there), keys[4] and keys[6] its parked tasks not leased and leased (QueueKeys.all
--- order: state, finished, ledger, parked, parked messages, releasing, intervals, refused,
--- unfinished, window, leases) and, if given, keys[11] its leases. s: the state (nil: none
--- or corrupt). ttl_us <= 0: the state's own idle_us; with none either, nothing expires.
+-- commitment (below), counted from now, unless it is paused or holds parked tasks, or tasks
+-- waiting in its fair lines (those outlive any idle time: the keys are made persistent).
+-- keys: the queue's keys, every one of which gets the expiry; read here are keys[1] the
+-- state hash (idle_us is written there), keys[4] and keys[6] its parked tasks not leased and
+-- leased (QueueKeys.all order: state, finished, ledger, parked, parked messages, releasing,
+-- intervals, refused, unfinished, window, leases, fair) and, if given, keys[11] its leases
+-- and keys[12] its fair keys with waiting tasks (siq_fair; the fair lines and the fair
+-- shares' other keys never get an expiry, and each is gone once it is empty). s: the state
+-- (nil: none or corrupt). ttl_us <= 0: the state's own idle_us; with none either, nothing expires.
 -- now: the store time. The idle time is kept in the state (idle_us), so a script whose caller does
 -- not know it (an operator's reset or override) passes 0 and the queue's own is used.
 local function siq_touch(keys, s, ttl_us, now)
@@ -144,6 +166,7 @@ local function siq_touch(keys, s, ttl_us, now)
   end
   local pin = (s ~= nil and s.paused == 1)
     or redis.call('EXISTS', keys[4]) == 1 or redis.call('EXISTS', keys[6]) == 1
+    or (keys[12] ~= nil and redis.call('EXISTS', keys[12]) == 1)
   -- Idle means after the queue's last commitment: the last issued ticket's slot, a cost's
   -- or a back-off's hold. Keys that vanished before it would let a new life start early.
   local keep = ttl_us
@@ -437,7 +460,8 @@ end
 -- A start in the ledger stream (e=s). Short field names: a stream keeps them per entry.
 -- c: the start's cost (an entry written before it was recorded reads as 1). The limits in
 -- force (ledger.py, schema 3), each only when not 0: b burst, q quota, w window_us,
--- k concurrency; with a lease taken, lt its time to live and l its tag (siq_lease_tag).
+-- k concurrency; with a lease taken, lt its time to live and l its tag (siq_lease_tag); a
+-- fair task's share (schema 4; fair = {key, tag, weight}, key '' none): fk, ft, fw.
 local function siq_lease_tag(task_id, member)
   local prefix = task_id .. ':'
   if task_id ~= '' and string.sub(member, 1, #prefix) == prefix then return string.sub(member, #prefix + 1) end
@@ -445,7 +469,7 @@ local function siq_lease_tag(task_id, member)
 end
 
 local function siq_ledger_start(key, cap, s, ticket, task_id, slot, now, name, host, pid, deferrals, cost, lease,
-                                lease_ttl)
+                                lease_ttl, fair)
   if cap <= 0 then return end
   local entry = {'e', 's', 'ep', s.epoch, 't', ticket, 'id', task_id, 'n', name, 'sl', slot, 'st', now,
                  'iv', s.interval_us, 'h', host, 'p', pid, 'd', deferrals, 'c', cost}
@@ -460,6 +484,12 @@ local function siq_ledger_start(key, cap, s, ticket, task_id, slot, now, name, h
     table.insert(entry, lease_ttl)
     table.insert(entry, 'l')
     table.insert(entry, siq_lease_tag(task_id, lease))
+  end
+  if fair and fair[1] and fair[1] ~= '' then  -- a fair task: its key, tag and weight
+    for i, name in ipairs({'fk', 'ft', 'fw'}) do
+      table.insert(entry, name)
+      table.insert(entry, fair[i])
+    end
   end
   redis.call('XADD', key, 'MAXLEN', '~', cap, '*', unpack(entry))
 end
@@ -730,4 +760,184 @@ local function siq_commit_override(keys, s, src, idle_us, now)
   local reply = siq_reply(s, now)
   for _, field in ipairs(src.unreadable) do table.insert(reply, field) end
   return reply
+end
+
+-- Fair shares among keys under one limit (model.py: FairLines, fair_push, fair_next,
+-- fair_promote; docs/design.md, "Fair shares"): start-time fair queuing. A queue's fair
+-- lines, f = siq_fair(state key, QueueKeys.fair_keys): f.active, the fairness keys with
+-- waiting tasks, a sorted set scored by the start tag of each one's head (equal tags order
+-- by member: the smaller key first, as the model's ties); f.finish, the finish tags kept, a
+-- sorted set; f.weight, a hash, key -> weight (the keys with waiting tasks); f.messages, a
+-- hash, task id -> message of each waiting task; f.waiting, the keys with waiting tasks, a
+-- sorted set scored by how many wait (who waits most: fair_backlog.lua); each key's line, a
+-- list of '<cost>|<task id>' (siq_fair_line); the virtual time, field fair_v of the state hash
+-- (absent: 0). Only what waits is kept: when no task waits, every one of them is empty
+-- (Redis drops an empty key) and fair_v is gone. Tags are whole numbers, FAIR_SCALE per
+-- cost unit of weight 1, far below 2^53 (the virtual time starts over when no key has work).
+local SIQ_FAIR_SCALE = 720720  -- model.FAIR_SCALE
+local SIQ_MAX_FAIR_WEIGHT = 1000  -- model.MAX_FAIR_WEIGHT
+local SIQ_FAIR_LOOKAHEAD_US, SIQ_FAIR_LOOKAHEAD_MIN, SIQ_FAIR_LOOKAHEAD_MAX = 250000, 4, 64  -- model.FAIR_LOOKAHEAD_*
+
+local function siq_fair(skey, keys)
+  return {state = skey, active = keys[1], finish = keys[2], weight = keys[3], messages = keys[4], waiting = keys[5]}
+end
+
+-- The line of key: the active set's name, then the key in braces (QueueKeys.fair_line): in
+-- the queue's hash slot (the first braces are the queue's), and no other queue's key has a
+-- brace there. Not in KEYS (there is one per fairness key): built here, never expired.
+local function siq_fair_line(f, key)
+  return f.active .. '{' .. key .. '}'
+end
+
+-- A whole number from 1 to most (nil: any), or nil.
+local function siq_whole(v, most)
+  v = tonumber(v)
+  if v == nil or v ~= math.floor(v) or v < 1 or (most and v > most) then return nil end
+  return v
+end
+
+-- The FairLines of the model, one function each.
+local function siq_fair_vtime(f)
+  return tonumber(redis.call('HGET', f.state, 'fair_v')) or 0
+end
+
+local function siq_fair_set_vtime(f, v)
+  if v == 0 then redis.call('HDEL', f.state, 'fair_v') else redis.call('HSET', f.state, 'fair_v', v) end
+end
+
+local function siq_fair_head_tag(f, key)
+  return tonumber(redis.call('ZSCORE', f.active, key))
+end
+
+local function siq_fair_smallest(f)  -- tag, key of the active key with the smallest tag; nil: none
+  local head = redis.call('ZRANGE', f.active, 0, 0, 'WITHSCORES')  -- O(log n) however many keys wait
+  if #head == 0 then return nil end
+  return tonumber(head[2]), head[1]
+end
+
+local function siq_fair_set_head_tag(f, key, tag)  -- tag nil: inactive
+  if tag == nil then redis.call('ZREM', f.active, key) else redis.call('ZADD', f.active, tag, key) end
+end
+
+local function siq_fair_finish_tag(f, key)
+  return tonumber(redis.call('ZSCORE', f.finish, key))
+end
+
+local function siq_fair_set_finish_tag(f, key, tag)
+  redis.call('ZADD', f.finish, tag, key)
+end
+
+local function siq_fair_largest_finish_tag(f)
+  local last = redis.call('ZRANGE', f.finish, -1, -1, 'WITHSCORES')
+  if #last == 0 then return nil end
+  return tonumber(last[2])
+end
+
+local function siq_fair_forget_finish_tags(f, through)
+  redis.call('ZREMRANGEBYSCORE', f.finish, '-inf', through)
+end
+
+local function siq_fair_line_push(f, key, task_id, cost, weight)  -- FairLines.push
+  local waiting = redis.call('RPUSH', siq_fair_line(f, key), string.format('%d|%s', cost, task_id))
+  redis.call('HSET', f.weight, key, weight)
+  redis.call('ZADD', f.waiting, waiting, key)  -- the line's length: right whatever was kept before
+end
+
+local function siq_fair_line_pop(f, key)  -- FairLines.pop: task id, cost, weight
+  local line = siq_fair_line(f, key)
+  local v = redis.call('LPOP', line)
+  local bar = string.find(v, '|', 1, true)
+  local weight = tonumber(redis.call('HGET', f.weight, key))
+  local waiting = redis.call('LLEN', line)
+  if waiting == 0 then
+    redis.call('HDEL', f.weight, key)
+    redis.call('ZREM', f.waiting, key)
+  else
+    redis.call('ZADD', f.waiting, waiting, key)
+  end
+  return string.sub(v, bar + 1), tonumber(string.sub(v, 1, bar - 1)), weight
+end
+
+local function siq_fair_waiting(f, key)
+  return redis.call('LLEN', siq_fair_line(f, key))
+end
+
+-- A task of key waits for its share; a key with no work before joins now (model.fair_push).
+local function siq_fair_push(f, key, task_id, cost, weight)
+  if siq_fair_head_tag(f, key) == nil then
+    siq_fair_set_head_tag(f, key, math.max(siq_fair_vtime(f), siq_fair_finish_tag(f, key) or 0))
+  end
+  siq_fair_line_push(f, key, task_id, cost, weight)
+end
+
+-- The next task to hand a ticket of the shared queue, taken from its line (model.fair_next):
+-- key, task id, cost, the tag it is served at and its key's weight; nil when no key has work.
+local function siq_fair_next(f)
+  local tag, key = siq_fair_smallest(f)
+  if tag == nil then return nil end
+  local task_id, cost, weight = siq_fair_line_pop(f, key)
+  local units = cost * SIQ_FAIR_SCALE
+  local finish = tag + (units - math.fmod(units, weight)) / weight  -- exact: units // weight
+  siq_fair_set_finish_tag(f, key, finish)
+  if siq_fair_waiting(f, key) > 0 then siq_fair_set_head_tag(f, key, finish) else siq_fair_set_head_tag(f, key, nil) end
+  -- The virtual time moves to the tag served; when no key has work left, nothing is kept
+  -- and it starts over from 0.
+  if siq_fair_smallest(f) == nil then
+    siq_fair_forget_finish_tags(f, math.max(tag, siq_fair_largest_finish_tag(f) or 0))
+    siq_fair_set_vtime(f, 0)
+  else
+    siq_fair_set_vtime(f, tag)
+    siq_fair_forget_finish_tags(f, tag)
+  end
+  return key, task_id, cost, tag, weight
+end
+
+-- Tickets a fair queue keeps handed out ahead of its starts (model.fair_lookahead).
+local function siq_fair_lookahead(interval, concurrency)
+  local ahead = math.min(SIQ_FAIR_LOOKAHEAD_MAX,
+    math.max(SIQ_FAIR_LOOKAHEAD_MIN, math.ceil(SIQ_FAIR_LOOKAHEAD_US / math.max(interval, 1))))
+  if concurrency > 0 then ahead = math.min(ahead, concurrency + SIQ_FAIR_LOOKAHEAD_MIN) end
+  return ahead
+end
+
+-- How many more tickets a fair queue may hand out now (model.fair_room): the lookahead less
+-- those handed out and not started, unless the newest one's slot is more than the outage
+-- span past with no start since (tickets that will never start must not hold it forever).
+local function siq_fair_room(s, now)
+  local ahead = siq_fair_lookahead(s.interval_us, s.concurrency)
+  local handed = s.ticket - s.current
+  if handed > 0 then
+    local newest = math.max(s.anchor_us + handed * s.interval_us, siq_cap(s))
+    if math.max(newest, s.last_start_us) + math.max(10 * s.interval_us, 1000000) < now then return ahead end
+  end
+  return ahead - handed
+end
+
+-- Hand tickets of the shared queue to the fair heads, in fair order, while fewer than the
+-- lookahead are handed out and not yet started (model.fair_promote; s changes: the caller
+-- saves it). A task of cost c claims c tickets (siq_claim: the window, if any, read at now
+-- before). Returns {first ticket, task id, key, tag, weight} per task handed one; none
+-- while paused.
+local function siq_fair_promote(f, s, now)
+  local promoted = {}
+  if s.paused == 1 then return promoted end
+  local room = siq_fair_room(s, now)
+  while room > 0 do
+    local key, task_id, cost, tag, weight = siq_fair_next(f)
+    if key == nil then break end
+    local first = siq_claim(s, cost, now)
+    table.insert(promoted, {first, task_id, key, tag, weight})
+    room = room - cost
+  end
+  return promoted
+end
+
+-- A promoted task's parked message with its fair share in front, for the ledger:
+-- '{"fair": [key, tag, weight], ...' (messages.with_fair_share; parking.py reads it).
+local function siq_fair_message(message, key, tag, weight)
+  if string.sub(message, 1, 1) ~= '{' then return message end
+  local rest = string.sub(message, 2)
+  local sep = ', '
+  if string.find(rest, '^%s*}') then sep = ' ' end
+  return string.format('{"fair": [%s, %d, %d]%s%s', cjson.encode(key), tag, weight, sep, rest)
 end

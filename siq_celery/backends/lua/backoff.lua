@@ -1,7 +1,7 @@
 -- backoff: no start of the queue before now + ARGV[2] (the service said "retry after").
 -- The last start and the anchor move so that the cap and ticket current+1 both fall
 -- then; the line behind keeps its order. Never earlier than already due.
--- KEYS[1..11]  the queue's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
+-- KEYS[1..12]  the queue's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
 --              KEYS[1] its state hash; KEYS[7] its interval sources (siq_follow_expiry)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  how long to hold, in microseconds (>= 0)

@@ -1,5 +1,5 @@
 -- claim: issue ARGV[2] consecutive tickets of one queue.
--- KEYS[1..11]  the queue's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
+-- KEYS[1..12]  the queue's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
 --              KEYS[1] its state hash, siq:{<queue>}:state; KEYS[7] its interval sources
 --              (siq_follow_expiry); KEYS[10] its window (siq_units: emptied for a state
 --              created here); KEYS[11] its leases (the keys outlive the bodies still running)
@@ -25,18 +25,7 @@ else
   siq_follow_expiry(KEYS[7], s, now)  -- saved below
 end
 local u = siq_units(KEYS[10], KEYS[1], s, now)  -- first: it may move the line
-local first = s.ticket + 1
-local due = s.anchor_us + (first - s.current) * s.interval_us
-local floor = math.max(now, siq_cap(s))
-local rebase = math.max(now, s.last_start_us + s.interval_us) - s.burst * s.interval_us
-if due < rebase then
-  -- The line is overdue (an idle queue), or its head is held by the rate cap: the new
-  -- ticket is due at the first free slot and later claims follow one interval apart, so
-  -- a burst of claims keeps its ticket order and every estimate matches its slot.
-  s.anchor_us = s.anchor_us + (rebase - due)
-  due = rebase
-end
-s.ticket = s.ticket + count
+local first, due, floor = siq_claim(s, count, now)
 local reply = {first, count, s.epoch, due, floor, s.interval_us, now}
 if u then
   local slots, bound = {}, false

@@ -8,6 +8,7 @@
 -- KEYS[10]  the queue's window (siq_units), for idle expiry too (it must not expire before
 --           the state, whose w_used counts its starts)
 -- KEYS[11]  the queue's leases (siq_give_back)
+-- KEYS[12]  the queue's fair keys with waiting tasks, for idle expiry (they pin the keys)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  task id
 -- ARGV[3]  retention in microseconds: older records are dropped
@@ -26,7 +27,7 @@ local function touch()
   if ttl > 0 then
     local s = siq_load(KEYS[3])  -- corrupt state: touched as if running (no pause to keep)
     siq_touch({KEYS[3], KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
-               KEYS[11]}, s, ttl, now)
+               KEYS[11], KEYS[12]}, s, ttl, now)
   end
 end
 local entry = {'e', 'f', 'id', ARGV[2], 'ft', now, 'o', ARGV[6]}

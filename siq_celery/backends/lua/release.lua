@@ -8,6 +8,10 @@
 -- KEYS[5]  the queue's interval sources hash (siq_follow_expiry)
 -- KEYS[6]  the queue's window (siq_units): a ticket is due by the later of its interval
 --          slot and its window slot, as a start of cost 1
+-- KEYS[7..11]  the queue's fair keys (QueueKeys.fair_keys: siq_fair): first, the heads of
+--          its fair lines are handed tickets, a lookahead at a time (siq_fair_promote), and
+--          parked under them with their messages, each with its fair share in front
+--          (siq_fair_message: key, tag and weight, for the ledger)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  horizon in microseconds
 -- ARGV[3]  most tasks to hand out
@@ -27,6 +31,17 @@ local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, li
 if s.paused == 0 then
   local held = siq_window_slot(siq_units(KEYS[6], KEYS[1], s, now), s.current + 1, 1)
   if siq_shift_after_outage(s, now, tonumber(ARGV[2]), held) then siq_save(KEYS[1], s) end
+end
+local promoted = siq_fair_promote(siq_fair(KEYS[1], {KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]}), s, now)
+if #promoted > 0 then
+  for _, p in ipairs(promoted) do  -- parked under their tickets (as park.lua keeps them)
+    local message = redis.call('HGET', KEYS[10], p[2])
+    redis.call('HDEL', KEYS[10], p[2])
+    redis.call('ZADD', KEYS[2], p[1], p[2])
+    message = siq_fair_message(message or '', p[3], p[4], p[5])
+    redis.call('HSET', KEYS[3], p[2], string.format('%d|%s', p[1], message))
+  end
+  siq_save(KEYS[1], s)
 end
 local u = siq_units(KEYS[6], KEYS[1], s, now)  -- read again: the line may have shifted
 local due = {}

@@ -1,12 +1,14 @@
 -- reset: a new life for the queue (new epoch; tickets and pause forgotten). The last start
 -- is kept, so a reset never allows a burst; finished-task records are kept too.
 -- Overwrites corrupt state (the way out of SIQCORRUPT).
--- KEYS[1..11]  the queue's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
+-- KEYS[1..12]  the queue's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
 --              KEYS[1] its state hash; KEYS[4], KEYS[5], KEYS[6] parked tasks not leased,
 --              parked messages, leased tasks (parked tasks are numbered 1..n in their order,
 --              so they keep their place in the new life); KEYS[7] its interval sources hash
 --              (a given interval is pinned: model.py: pin); KEYS[10] its window (emptied for a
---              state created here); KEYS[11] its leases (kept; the keys outlive them)
+--              state created here); KEYS[11] its leases (kept; the keys outlive them);
+--              KEYS[12] its fair keys with waiting tasks (the fair lines are kept, and the
+--              virtual time with them)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  interval in microseconds, or 0 to keep the stored one
 -- ARGV[3]  the new epoch
@@ -22,6 +24,7 @@ local now = siq_now(ARGV[1])
 local interval = tonumber(ARGV[2])
 local s = siq_load(KEYS[1])  -- corrupt state is replaced, not reported
 local seq = redis.call('HGET', KEYS[1], 'w_seq')
+local fair_v = redis.call('HGET', KEYS[1], 'fair_v')  -- the fair lines are kept (siq_fair)
 local old = s
 if s then
   siq_follow_expiry(KEYS[7], s, now)
@@ -37,6 +40,7 @@ s = siq_new(now, interval, ARGV[3], old.burst, old.quota, old.window_us, old.con
 s.last_start_us, s.until_us, s.idle_us, s.w_used = old.last_start_us, old.until_us, old.idle_us, old.w_used
 local started, held = old.started_us, old.held_until_us
 if seq then redis.call('HSET', KEYS[1], 'w_seq', seq) end
+if fair_v then redis.call('HSET', KEYS[1], 'fair_v', fair_v) end
 s.started_us, s.held_until_us = started, held  -- kept, as the last start is
 s.anchor_us = now - interval  -- ticket 1 of the new life is due at once
 local parked = {}

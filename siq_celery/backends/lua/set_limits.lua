@@ -2,7 +2,7 @@
 -- start and holds across worker restarts that do not change the code's declaration of that
 -- kind), merged into any earlier one; or clearing every override of them: back to what the
 -- code declares (model.py: override_limits).
--- KEYS[1..11]  the queue's keys (QueueKeys.all): KEYS[1] its state hash, KEYS[7] its interval
+-- KEYS[1..12]  the queue's keys (QueueKeys.all): KEYS[1] its state hash, KEYS[7] its interval
 --              sources hash (see siq_sources); all of them for idle expiry
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  the burst override (0: strict spacing), or -1: this kind not set here

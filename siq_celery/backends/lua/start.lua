@@ -25,7 +25,9 @@
 --           queue; a copy of the task is answered 'running' while it is live), or another
 --           (taken only in a queue with a concurrency cap)
 -- ARGV[22]  the lease's time to live (microseconds): siq_lease_timeout
+-- ARGV[23..25]  for the ledger: a fair task's key ('' none), virtual start tag and weight
 -- KEYS[10]  the queue's window (siq_units); KEYS[11]  its leases (siq_read_leases)
+-- KEYS[12]  the queue's fair keys with waiting tasks, for idle expiry (siq_touch)
 -- Returns {verdict, ticket, now_us, wait_us, slot_us, interval_us, lease, full}; verdict is one of
 -- 'authorized', 'wait', 'paused', 'reclaim', 'duplicate', 'running', 'lost'. With 'running', wait_us
 -- is until the running copy's lease expires (unless renewed). With 'paused', wait_us is the
@@ -78,7 +80,7 @@ local lease = siq_commit(KEYS[1], s, ticket, cost, now, KEYS[10], KEYS[11], ARGV
                         ARGV[4] ~= '' and ARGV[21] == ARGV[4])
 if max_lost > 0 then siq_count_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15]), tonumber(ARGV[16])) end
 siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11], cost,
-                 lease, tonumber(ARGV[22]))
+                 lease, tonumber(ARGV[22]), {ARGV[23], ARGV[24], ARGV[25]})
 siq_count_start(KEYS[8], now, slot, interval, tonumber(ARGV[11]) or 0)
 siq_touch(KEYS, s, tonumber(ARGV[13]), now)
 return {'authorized', ticket, now, 0, slot, interval, lease, 0}

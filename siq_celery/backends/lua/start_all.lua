@@ -2,10 +2,11 @@
 -- per-day limit): authorized and recorded in every queue, or in none (model.start_all).
 -- A queue that would authorize while another says wait answers 'wait' with wait 0: no
 -- slot is held in one queue while the start waits for another.
--- KEYS[11i-10..11i]  queue i's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
---                    11i-10 its state hash, 11i-9 finished-task set, 11i-8 ledger stream,
---                    11i-4 interval sources (siq_follow_expiry), 11i-3 counts (of refused and
---                    authorized starts), 11i-1 window (siq_units), 11i leases (siq_read_leases);
+-- KEYS[12i-11..12i]  queue i's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
+--                    12i-11 its state hash, 12i-10 finished-task set, 12i-9 ledger stream,
+--                    12i-5 interval sources (siq_follow_expiry), 12i-4 counts (of refused and
+--                    authorized starts), 12i-2 window (siq_units), 12i-1 leases (siq_read_leases),
+--                    12i fair keys with waiting tasks (siq_touch);
 --                    KEYS[9], the first queue's starts without a finish per task id (see
 --                    siq_unfinished). All keys in one hash slot on Redis Cluster: name the
 --                    queues {group}rest.
@@ -23,20 +24,22 @@
 --             quota, window, concurrency for a state created here; then the lease member the
 --             start takes in each queue with a concurrency cap (and in the first queue when it
 --             is the run's, named ARGV[2]: a copy is answered 'running' while it is live), and
---             the lease's time to live (microseconds)
+--             the lease's time to live (microseconds); then, for the ledger, a fair task's key
+--             ('' none), virtual start tag and weight
 -- Returns one {verdict, ticket, now_us, wait_us, slot_us, interval_us, lease, full} per queue.
 local now = siq_now(ARGV[1])
 local cost = tonumber(ARGV[8]) or 1
-local n = #KEYS / 11
+local per = 12  -- keys per queue: QueueKeys.all
+local n = #KEYS / per
 local lost_args = 10 + 4 * n
 local limit_args = lost_args + 3
 local lease_args = limit_args + 4 * n
 local max_lost = ARGV[2] ~= '' and tonumber(ARGV[lost_args]) or 0  -- model.too_many_lost
 local states, tickets, replies = {}, {}, {}
-local function key(i, k) return KEYS[11 * (i - 1) + k] end  -- queue i's k-th key of QueueKeys.all
+local function key(i, k) return KEYS[per * (i - 1) + k] end  -- queue i's k-th key of QueueKeys.all
 local function touch(i)  -- idle expiry: queue i is in use (siq_touch)
   local keys = {}
-  for k = 1, 11 do keys[k] = key(i, k) end
+  for k = 1, per do keys[k] = key(i, k) end
   siq_touch(keys, states[i], tonumber(ARGV[9 + 4 * i]), now)
 end
 local function count(verdict)  -- a refusal, counted in every queue for the exporter
@@ -116,7 +119,8 @@ for i = 1, n do
   replies[i][7] = siq_commit(key(i, 1), s, tickets[i], cost, now, key(i, 10), key(i, 11),
                               ARGV[lease_args], now + tonumber(ARGV[lease_args + 1]), i == 1 and run)
   siq_ledger_start(key(i, 3), cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7], cost,
-                   replies[i][7], tonumber(ARGV[lease_args + 1]))
+                   replies[i][7], tonumber(ARGV[lease_args + 1]),
+                   {ARGV[lease_args + 2], ARGV[lease_args + 3], ARGV[lease_args + 4]})
   siq_count_start(key(i, 8), now, replies[i][5], replies[i][6], tonumber(ARGV[7]) or 0)
   touch(i)
 end

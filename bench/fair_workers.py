@@ -1,0 +1,110 @@
+"""Fair shares under real workers: how soon a tenant behind a backlog starts, the shares
+by weight, and how late starts come after their slot.
+
+    python bench/fair_workers.py [--runs 3]
+
+3 nodes x ``-c 2`` (prefork) on a private Redis (broker and store), one queue at 50 ms
+(``fid.fair`` in bench/fidelity_app.py; tenant "gold" weighs 2). Per run:
+
+* backlog: tenant A publishes 1,000 calls, then B publishes 10: the tickets handed out
+  when B began publishing, the last of B's tickets, and how many slots B's 10 took;
+* shares: gold, B and C publish 200 calls each, interleaved: the shares of the first 300
+  starts, and how late those starts came after their slot (store clock).
+
+Prints one Markdown table row per run and scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.fidelity import bench_env  # noqa: E402
+from siq_celery.backends import backend_from_url  # noqa: E402
+from siq_celery.embedded import EmbeddedRedis  # noqa: E402
+from siq_celery.workers import WorkerProcess  # noqa: E402
+
+KEY = "fid:fair"
+
+
+def wait(record: redis.Redis, done: Any, timeout: float = 120) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = [json.loads(r) for r in record.lrange(KEY, 0, -1)]
+        if done(rows):
+            return sorted(rows, key=lambda r: r["start_us"])
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out with {len(rows)} starts")
+        time.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    print(f"# fair shares, 3 nodes x -c 2 (prefork), 50 ms, Redis broker and store, {time.strftime('%Y-%m-%d')}\n")
+    print("| run | scenario | result | smallest gap (store clock) | after the slot: median / p99 / most |")
+    print("|---|---|---|---:|---:|", flush=True)
+    with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp:
+        env = bench_env(server.port)
+        from bench.fidelity_app import app
+
+        record = redis.Redis.from_url(env["SIQ_BENCH_RECORD"])
+        store = backend_from_url(env["SIQ_BENCH_STORE"])
+        fair = app.tasks["fid.fair"]
+        for run, scenario in itertools.product(range(1, args.runs + 1), ("backlog", "shares")):
+            workers = [
+                WorkerProcess("bench.fidelity_app", f"fair{i}@bench", Path(tmp) / f"{scenario}{i}.log",
+                              concurrency=2, env=env, cwd=ROOT, extra_args=["-Q", "fid-fair"]).start()
+                for i in range(3)
+            ]  # fmt: skip
+            try:
+                for w in workers:
+                    w.wait_ready()
+                if scenario == "backlog":
+                    for n in range(1000):
+                        fair.delay("A", n)
+                    status = store.status("fair")
+                    handed = status.state.ticket if status else 0
+                    for n in range(10):
+                        fair.delay("B", n)
+                    rows = wait(record, lambda rs: sum(r["tenant"] == "B" for r in rs) == 10)
+                    b = sorted(r["ticket"] for r in rows if r["tenant"] == "B")
+                    a = [r["n"] for r in rows if r["tenant"] == "A"]
+                    result = (f"{handed} handed out when B published; B's 10 on tickets {b[0]}-{b[-1]}: within "
+                              f"{b[-1] - handed} slots; A's {len(a)} in order: {a == sorted(a)}")  # fmt: skip
+                else:
+                    for n in range(200):
+                        for tenant in ("gold", "B", "C"):
+                            fair.delay(tenant, n)
+                    rows = wait(record, lambda rs: len(rs) >= 300)[:300]
+                    shares = Counter(r["tenant"] for r in rows)
+                    result = f"first 300 starts: gold {shares['gold']}, B {shares['B']}, C {shares['C']}"
+                gaps = [(b["start_us"] - a["start_us"]) / 1000 for a, b in itertools.pairwise(rows)]
+                late = sorted((r["start_us"] - r["slot_us"]) / 1000 for r in rows)
+                p99 = late[min(len(late) - 1, round(0.99 * (len(late) - 1)))]
+                print(f"| {run} | {scenario} | {result} | {min(gaps):.3f} ms | "
+                      f"{late[len(late) // 2]:.2f} / {p99:.2f} / {late[-1]:.2f} ms |", flush=True)  # fmt: skip
+            finally:
+                for w in workers:
+                    w.stop(10)
+                store.delete("fair")
+                redis.Redis.from_url(env["SIQ_BENCH_BROKER"]).flushdb()
+                record.delete(KEY)
+        store.close()
+
+
+if __name__ == "__main__":
+    main()

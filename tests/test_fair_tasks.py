@@ -1,0 +1,160 @@
+"""Fair shares through Celery (the declaration, the publish and the worker's top-up): an
+IntervalTask with ``fair_key=`` on the plugin's store, in Celery's in-process worker, on
+the pinned clock. The stores' part is tests/contract/test_fair_contract.py's."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import pytest
+
+from siq_celery import IntervalTask
+from siq_celery.errors import ConfigurationError
+from siq_celery.model import FAIR_SCALE
+from siq_celery.parking import release_fair
+from siq_celery.pytest_plugin import SiqStore
+from siq_celery.testing import PinnedClock
+
+US = 1_000_000
+
+
+@pytest.fixture
+def celery_app(celery_app: Any) -> Any:
+    @celery_app.task(
+        base=IntervalTask, interval="1s", interval_queue="api", name="fair.call", bind=True,
+        fair_key=lambda args, kwargs: args[0], fair_weight={"gold": 2},
+    )  # fmt: skip
+    def call(self: Any, tenant: str, n: int) -> str:
+        return f"{tenant}{n}"
+
+    celery_app.conf.result_backend = "rpc://"
+    return celery_app
+
+
+def order(siq_store: SiqStore, celery_app: Any, results: list[Any]) -> list[str]:
+    """The calls in the order of their tickets: the order the fair lines handed them out.
+    (Celery's in-process worker on a pinned clock may start a ticket after the next one's
+    slot, its head then late and overtaken, as any late head is.)"""
+    done = {r.id: r.get(timeout=30) for r in results}
+    return [done[row.task_id] for row in sorted(siq_store.starts("api"), key=lambda row: row.ticket)]
+
+
+def test_a_tenant_behind_a_backlog_starts_within_the_lookahead(
+    celery_app: Any, siq_store: SiqStore, siq_clock: PinnedClock, celery_worker: Any
+) -> None:
+    call = celery_app.tasks["fair.call"]
+    results = [call.delay("A", n) for n in range(12)]
+    queue = siq_store.queue("api")
+    queue.pause()  # (so that no start hands A another ticket while B publishes)
+    handed = siq_store.status("api").state.ticket  # A's lookahead (4 at 1 s), and tickets started since
+    results += [call.delay("B", n) for n in range(3)]
+    queue.resume(grace=0)
+    release_fair(celery_app, call.siq_queue(), "test")
+    started = order(siq_store, celery_app, results)
+    first_b = started.index("B0")
+    # B's first takes the next ticket, or the one after: A's head ties with B's (each of A's
+    # first four was handed out as it was published, when A had no other work: V stayed 0),
+    # and a tie goes to the smaller key
+    assert first_b in (handed, handed + 1), started
+    assert [t for t in started if t[0] == "B"] == ["B0", "B1", "B2"]
+    assert [t for t in started if t[0] == "A"] == [f"A{n}" for n in range(12)]
+    assert started[first_b : first_b + 6 : 2] == ["B0", "B1", "B2"], started  # then one in two
+    rows = sorted(siq_store.starts("api"), key=lambda row: row.start_us)
+    assert sorted(r.ticket for r in rows) == list(range(1, 16))
+    assert all(b.start_us - a.start_us >= US for a, b in itertools.pairwise(rows))  # the spacing
+
+
+def test_weights_share_the_slots(celery_app: Any, siq_store: SiqStore, celery_worker: Any) -> None:
+    call = celery_app.tasks["fair.call"]
+    queue = siq_store.queue("api")
+    queue.ensure(1.0)
+    queue.pause()  # every tenant has work before the first ticket is handed out
+    results = [call.delay(tenant, n) for n in range(12) for tenant in ("gold", "B", "C")]
+    queue.resume(grace=0)
+    release_fair(celery_app, call.siq_queue(), "test")  # (a worker's upkeep would, within a second)
+    started = order(siq_store, celery_app, results)
+    assert [sum(t.startswith("gold") for t in started[i : i + 4]) for i in range(0, 24, 4)] == [2] * 6, started
+
+
+@pytest.mark.parametrize(
+    "options, error",
+    [
+        ({"fair_key": "tenant"}, "fair_key= takes a callable"),
+        ({"fair_key": lambda a, k: a[0], "fair_weight": {"A": 0}}, "fair_weight of 'A' is 0"),
+        ({"fair_key": lambda a, k: a[0], "fair_weight": 3}, "fair_weight= takes a mapping or a callable"),
+    ],
+)
+def test_a_bad_declaration_fails_when_the_task_is_defined(celery_app: Any, options: dict[str, Any], error: str) -> None:
+    with pytest.raises(ConfigurationError, match=error):
+
+        @celery_app.task(base=IntervalTask, interval="1s", name="fair.bad", shared=False, **options)
+        def bad(tenant: str) -> None: ...
+
+        celery_app.tasks["fair.bad"]
+
+
+@pytest.mark.parametrize("key", ["", "x" * 201, "tab\there"])
+def test_a_bad_key_fails_at_the_publish_with_nothing_written(celery_app: Any, siq_store: SiqStore, key: str) -> None:
+    call = celery_app.tasks["fair.call"]
+    with pytest.raises(ConfigurationError, match=r"a key is printable text of 1 to 200 characters"):
+        call.delay(key, 1)
+    assert siq_store.backend.status("api") is None
+
+
+def test_a_call_with_its_own_countdown_keeps_its_time_outside_the_fair_order(
+    celery_app: Any, siq_store: SiqStore, siq_clock: PinnedClock, celery_worker: Any
+) -> None:
+    """A countdown (a caller's, a retry's) is a time, which the fair lines do not hand out:
+    such a call takes a ticket at once and starts no earlier than its countdown."""
+    call = celery_app.tasks["fair.call"]
+    sent = time.monotonic()
+    late = call.apply_async(("A", 99), countdown=1)
+    assert siq_store.backend.fair_backlog("api").tasks_waiting == 0  # not in a line
+    assert late.get(timeout=30) == "A99"
+    assert time.monotonic() - sent >= 1.0  # Celery held it to its ETA (the host's clock)
+    [row] = siq_store.starts("api")
+    assert (row.ticket, row.fair_key, row.fair_tag) == (1, "", -1)  # claimed at publish, no fair turn
+
+
+@pytest.mark.celery(task_always_eager=True)
+def test_eager_apply_many_of_a_fair_task_runs_each_call_here(celery_app: Any, siq_store: SiqStore) -> None:
+    results = celery_app.tasks["fair.call"].apply_many([("A", n) for n in range(3)])
+    assert [r.get() for r in results] == ["A0", "A1", "A2"]
+    assert siq_store.backend.fair_backlog("api").tasks_waiting == 0
+
+
+def test_apply_many_puts_each_call_in_its_keys_line(
+    celery_app: Any, siq_store: SiqStore, siq_clock: PinnedClock, celery_worker: Any
+) -> None:
+    call = celery_app.tasks["fair.call"]
+    results = call.apply_many([("A", n) for n in range(12)], chunk_size=5)
+    handed = siq_store.status("api").state.ticket
+    results += call.apply_many([("B", n) for n in range(3)])
+    started = order(siq_store, celery_app, results)
+    assert started.index("B0") <= handed + 1, started
+    assert [t for t in started if t[0] == "A"] == [f"A{n}" for n in range(12)]
+    assert [t for t in started if t[0] == "B"] == ["B0", "B1", "B2"]
+
+
+def test_each_start_records_its_key_tag_and_weight(celery_app: Any, siq_store: SiqStore, celery_worker: Any) -> None:
+    """The release gives each task its fair share in headers (the promotion's: the tag the
+    fair order served it at, its key's weight), and the worker's start writes them to the
+    ledger: in ticket order the tags never go down while keys have work (the audit's
+    check), and each key's own go up by at least its share of a slot."""
+    call = celery_app.tasks["fair.call"]
+    results = [call.delay(tenant, n) for n in range(6) for tenant in ("gold", "B")]
+    done = {r.id: r.get(timeout=30) for r in results}
+    rows = siq_store.starts("api")
+    assert sorted(done[r.task_id] for r in rows) == sorted(done.values())
+    assert [(r.fair_key, r.fair_weight) for r in rows] == [
+        (done[r.task_id].rstrip("0123456789"), 2 if done[r.task_id].startswith("gold") else 1) for r in rows
+    ]
+    assert rows[0].fair_tag == 0 and max(r.fair_tag for r in rows) > 0, "served at virtual times"
+    assert [r.ticket for r in rows] == list(range(1, 13))
+    for a, b in itertools.pairwise(rows):
+        assert b.fair_tag >= a.fair_tag or b.fair_tag == 0, rows  # 0: the lines emptied, time starts over
+    for key, weight in (("gold", 2), ("B", 1)):
+        tags = [r.fair_tag for r in rows if r.fair_key == key]
+        assert all(b - a >= FAIR_SCALE // weight or b == 0 for a, b in itertools.pairwise(tags)), (key, tags)
