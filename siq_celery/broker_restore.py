@@ -24,6 +24,8 @@ import logging
 import time
 from typing import Any
 
+from .clock import store_time
+
 logger = logging.getLogger("siq_celery")
 
 #: A sweep counts the messages due up to this many (it restores them all).
@@ -125,7 +127,7 @@ class UnackedRestore(BrokerSweep):
         """Unacknowledged messages delivered longer than the visibility timeout ago (at most
         COUNT_AT_MOST), read as kombu reads them (ZRANGE: a ``global_keyprefix`` applies)."""
         with channel.conn_or_acquire() as client:
-            ceil = time.time() - channel.visibility_timeout
+            ceil = store_time() - channel.visibility_timeout
             due = client.zrange(channel.unacked_index_key, ceil, 0, desc=True, byscore=True, offset=0,
                                 num=COUNT_AT_MOST)  # fmt: skip
             return len(due or ())

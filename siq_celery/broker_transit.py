@@ -49,6 +49,7 @@ import time
 from typing import Any
 
 from .broker_restore import BrokerSweep
+from .clock import store_time
 
 logger = logging.getLogger("siq_celery")
 
@@ -194,7 +195,7 @@ def guard_transit() -> bool:
         delivery = message.delivery_info
         record = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
         with self.pipe_or_acquire() as pipe:  # kombu's own write, and the record's end in the same round trip
-            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
+            pipe.zadd(self.unacked_index_key, {delivery_tag: store_time()})
             pipe.hset(self.unacked_key, delivery_tag, record)
             pipe.hdel(TRANSIT, delivery_tag).hdel(TRANSIT_WHERE, delivery_tag)
             pipe.zrem(TRANSIT_DUE, delivery_tag).zrem(TRANSIT_SUSPECT, delivery_tag)
@@ -213,6 +214,10 @@ def guard_transit() -> bool:
         return result
 
     channel._put, channel._purge, channel._delete, qos.append = _put, _purge, _delete, append
+    # kombu's own unacked stamps and restore_visible's cutoff read its module's ``time``:
+    # on the store's clock, like ours above, so that workers whose clocks differ agree.
+    if callable(getattr(transport, "time", None)):
+        transport.time = store_time  # type: ignore[attr-defined]
     channel._siq_transit = True
     return True
 

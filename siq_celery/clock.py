@@ -8,6 +8,8 @@ worker measures its clock against the store's (its release loop asks the store f
 time every ``siq_release_every``), warns once a minute while they differ by more than
 a second, and reads the ETA of interval tasks corrected by the difference
 (:class:`StoreClockRequest`, the ``Request`` class of :class:`~siq_celery.IntervalTask`).
+The Redis broker's unacknowledged messages are stamped on the store's clock as well
+(:func:`store_time`), since another worker's sweep compares those stamps with its own.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ class ClockWatch:
             )  # fmt: skip
         return self.skew
 
+    def store_time(self) -> float:
+        """This host's wall clock read on the store's (``time.time()`` while they agree)."""
+        now = time.time()
+        return now - self.skew if abs(self.skew) > TOLERANCE_S else now
+
     def local_eta(self, eta: datetime | None) -> datetime | None:
         """``eta`` (meant on the store's clock) on this host's clock."""
         if eta is None or abs(self.skew) <= TOLERANCE_S:
@@ -55,6 +62,14 @@ class ClockWatch:
 
 #: This process's watch: the worker's release loop keeps it up to date.
 CLOCK = ClockWatch()
+
+
+def store_time() -> float:
+    """Now on the store's clock, as well as this process knows it. The Redis broker's
+    unacknowledged messages are stamped and swept by it (broker_transit.py): a worker
+    whose clock went back would otherwise stamp its messages minutes in the past, and
+    another worker's restore sweep would hand them out again while they wait or run."""
+    return CLOCK.store_time()
 
 
 class StoreClockRequest(Request):  # type: ignore[misc]

@@ -22,6 +22,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from siq_celery import broker_transit
 from siq_celery.broker_transit import TRANSIT, TRANSIT_DUE, TransitSweep, guard_transit
+from siq_celery.clock import CLOCK
 
 pytestmark = [pytest.mark.processes]
 
@@ -195,3 +196,25 @@ def test_without_ack_emulation_no_record_is_written(broker: str) -> None:
         Producer(conn.default_channel).publish({"n": 0}, exchange=EXCHANGE, routing_key="transit", headers=TICKETED)
     assert (client.llen("transit"), client.hlen(TRANSIT)) == (1, 0)
 
+
+def test_a_message_held_by_a_worker_whose_clock_went_back_is_not_handed_out_again(
+    broker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker whose clock is 180 s behind (and knows it: clock.py) holds a message; a
+    worker on the right clock sweeps with a 10 s visibility timeout. The stamp is on the
+    store's clock, so the message is not taken for one held 3 minutes and put back."""
+    real = time.time
+    monkeypatch.setattr(CLOCK, "skew", 0.0)
+    publish(broker, 1)
+    held: list[Any] = []
+    with Connection(broker, transport_options={"visibility_timeout": 10}) as conn:
+        monkeypatch.setattr(time, "time", lambda: real() - 180)
+        CLOCK.observe(int(real() * 1e6))  # the worker noticed
+        with Consumer(conn.default_channel, queues=[QUEUE], callbacks=[lambda body, message: held.append(body)]):
+            conn.drain_events(timeout=5)
+        monkeypatch.setattr(time, "time", real)
+        CLOCK.observe(int(real() * 1e6))  # the sweeper's clock is right
+        with Connection(broker, transport_options={"visibility_timeout": 10}) as other:
+            other.default_channel.qos.restore_visible(num=100, interval=1)
+        assert held == [{"n": 0}]
+        assert received(broker, timeout=1.0) == [], "held 0 s, not 180 s: not put back"

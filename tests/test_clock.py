@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -33,3 +34,11 @@ def test_a_skewed_clock_is_reported_once_a_minute(caplog: pytest.LogCaptureFixtu
 def test_interval_tasks_read_their_eta_through_the_store_clock_request() -> None:
     assert IntervalTask.Request == "siq_celery.clock:StoreClockRequest"
     assert isinstance(StoreClockRequest.eta, property)
+
+
+@pytest.mark.parametrize("skew", [0.0, 0.9, -180.0, 180.0])
+def test_store_time_is_the_host_clock_corrected_beyond_a_second(monkeypatch: pytest.MonkeyPatch, skew: float) -> None:
+    watch = ClockWatch()
+    monkeypatch.setattr(time, "time", lambda: STORE_NOW_US / 1e6 + skew)
+    watch.observe(STORE_NOW_US)
+    assert watch.store_time() == pytest.approx(STORE_NOW_US / 1e6 + (skew if abs(skew) <= 1.0 else 0.0))
