@@ -30,14 +30,23 @@ WARN_EVERY_S = 60.0
 
 
 class ClockWatch:
-    """How far this process's wall clock is from the store's (seconds, + = ahead)."""
+    """How far this process's wall clock is from the store's (seconds, + = ahead).
+
+    Between two readings of the store, a step of the host's wall clock (NTP, an operator)
+    is seen at once: the wall clock is compared with the monotonic one, which does not
+    step, so the skew moves with the step rather than at the next reading."""
 
     def __init__(self) -> None:
         self.skew = 0.0
         self._warned_at = -math.inf
+        self._wall_less_monotonic: float | None = None  # at the last reading
 
     def observe(self, store_now_us: int, local_now: float | None = None) -> float:
-        local = time.time() if local_now is None else local_now
+        if local_now is None:
+            local = time.time()
+            self._wall_less_monotonic = local - time.monotonic()
+        else:  # a given reading (tests): no step is followed from it
+            local, self._wall_less_monotonic = local_now, None
         self.skew = local - store_now_us / 1e6
         if abs(self.skew) > TOLERANCE_S and time.monotonic() - self._warned_at >= WARN_EVERY_S:
             self._warned_at = time.monotonic()
@@ -48,16 +57,26 @@ class ClockWatch:
             )  # fmt: skip
         return self.skew
 
+    def current_skew(self, now: float | None = None) -> float:
+        """The skew at ``now`` (this host's wall clock, read now if not given): the last
+        reading's, moved by any step of the wall clock since; 0 within the tolerance."""
+        skew = self.skew
+        if self._wall_less_monotonic is not None:
+            wall = time.time() if now is None else now
+            skew += wall - time.monotonic() - self._wall_less_monotonic
+        return skew if abs(skew) > TOLERANCE_S else 0.0
+
     def store_time(self) -> float:
         """This host's wall clock read on the store's (``time.time()`` while they agree)."""
         now = time.time()
-        return now - self.skew if abs(self.skew) > TOLERANCE_S else now
+        return now - self.current_skew(now)
 
     def local_eta(self, eta: datetime | None) -> datetime | None:
         """``eta`` (meant on the store's clock) on this host's clock."""
-        if eta is None or abs(self.skew) <= TOLERANCE_S:
+        skew = self.current_skew()
+        if eta is None or not skew:
             return eta
-        return eta + timedelta(seconds=self.skew)
+        return eta + timedelta(seconds=skew)
 
 
 #: This process's watch: the worker's release loop keeps it up to date.

@@ -42,3 +42,22 @@ def test_store_time_is_the_host_clock_corrected_beyond_a_second(monkeypatch: pyt
     monkeypatch.setattr(time, "time", lambda: STORE_NOW_US / 1e6 + skew)
     watch.observe(STORE_NOW_US)
     assert watch.store_time() == pytest.approx(STORE_NOW_US / 1e6 + (skew if abs(skew) <= 1.0 else 0.0))
+
+
+@pytest.mark.parametrize("step", [180.0, -180.0])
+def test_a_step_of_the_host_clock_is_followed_at_once_not_at_the_next_reading(
+    monkeypatch: pytest.MonkeyPatch, step: float
+) -> None:
+    """The skew read against the store, then the wall clock steps (the monotonic clock does
+    not): the correction follows the step before the store is read again."""
+    watch = ClockWatch()
+    real = time.time
+    watch.observe(int(real() * 1e6))  # host and store agree
+    assert watch.current_skew() == 0.0 and watch.local_eta(ETA) == ETA
+    monkeypatch.setattr(time, "time", lambda: real() + step)
+    assert watch.current_skew() == pytest.approx(step, abs=0.05)
+    assert watch.store_time() == pytest.approx(real(), abs=0.05)
+    eta = watch.local_eta(ETA)
+    assert eta is not None and (eta - ETA).total_seconds() == pytest.approx(step, abs=0.05)
+    watch.observe(int(real() * 1e6))  # the next reading measures the same skew: no double count
+    assert watch.current_skew() == pytest.approx(step, abs=0.05)

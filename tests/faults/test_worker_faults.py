@@ -165,10 +165,9 @@ def test_a_worker_host_clock_jumps_minutes(fault_run: CeleryRun, jump: str) -> N
     starts = fault_run.starts()
     per_node = Counter(s["node"] for s in starts)
     deferred = [line for line in skewed.log().splitlines() if "deferred" in line]
-    # Until the worker has noticed the jump (its next round), it stamps its unacknowledged
-    # messages on its own clock, and a sweep (the other worker's, or its own after +180)
-    # hands out a copy of those still waiting or running: copies are answered RUNNING and
-    # deferred (then refused). After that, stamps and sweeps are on the store's clock.
+    # A copy of a task still waiting or running, handed out by a broker sweep (the other
+    # worker's, or the skewed one's after +180) that read a stamp on the wrong clock, is
+    # answered RUNNING and deferred (then refused): counted apart from the ETA's deferrals.
     copies = sum(": running;" in line for line in deferred)
     deferrals = len(deferred) - copies
     warned = "clock is" in skewed.log()
