@@ -91,6 +91,7 @@ def test_set_interval_from_the_cli_applies_from_the_next_start(celery_run: Celer
 
 @HOST_CLOCK_RERUNS
 def test_producer_clock_five_seconds_ahead_changes_nothing_in_the_spacing(celery_run: CeleryRun) -> None:
+    celery_run.env.update(SIQ_TEST_INTERVAL="50ms")  # 50 ms, as above; rates at 20 ms are bench/'s
     celery_run.start_workers(2, 2, "prefork")
     app = celery_run.app
     real_now = app.now
@@ -99,12 +100,12 @@ def test_producer_clock_five_seconds_ahead_changes_nothing_in_the_spacing(celery
     starts = celery_run.wait_for_count(100, timeout=60)
     times = sorted(s["t"] for s in starts)
     print(f"smallest gap {min(gaps_ms(starts)):.2f} ms, span {times[-1] - times[0]:.3f} s")
-    host_gaps_at_least(gaps_ms(starts), 18.0)
+    host_gaps_at_least(gaps_ms(starts), 45.0)
     # Bodies timed on the host clock: a head delivered late is overtaken (by design), and a
     # busy host stretches the span; both are the host's timing, rerun as such.
     host_clock(inversions(starts) == 0, f"{inversions(starts)} inversion(s): a head delivered late was overtaken")
     span = times[-1] - times[0]
-    host_clock(span <= 1.05 * 99 * 0.020, f"100 starts at 20 ms took {span:.3f} s on the host clock (> 2.079 s)")
+    host_clock(span <= 1.05 * 99 * 0.050, f"100 starts at 50 ms took {span:.3f} s on the host clock (> 5.198 s)")
 
 
 def test_a_task_with_max_retries_0_deferred_many_times_still_runs(celery_run: CeleryRun) -> None:
@@ -128,6 +129,7 @@ def test_a_task_with_max_retries_0_deferred_many_times_still_runs(celery_run: Ce
 
 
 def test_a_retry_is_a_new_start_with_a_new_ticket(celery_run: CeleryRun) -> None:
+    celery_run.env.update(SIQ_TEST_INTERVAL="50ms")  # at 20 ms it needed a rerun (18.0 ms bound) in CI
     celery_run.start_workers(1, 2, "prefork")
     task = celery_run.app.tasks["geo.retry_once"]
     for n in range(5):
@@ -135,4 +137,4 @@ def test_a_retry_is_a_new_start_with_a_new_ticket(celery_run: CeleryRun) -> None
     starts = celery_run.wait_for(lambda s: len(s) >= 10, 60, "5 tasks x 2 starts")
     assert Counter(s["n"] for s in starts) == {n: 2 for n in range(5)}
     assert len({s["ticket"] for s in starts}) == 10  # every start its own ticket
-    host_gaps_at_least(gaps_ms(starts), 18.0)
+    host_gaps_at_least(gaps_ms(starts), 45.0)
