@@ -98,6 +98,15 @@ class Store:
     def queue(self, name: str = "q", interval: Any = "100ms", **options: Any) -> IntervalQueue:
         return IntervalQueue(name, interval=interval, backend=self.backend(**options))
 
+    def redis_client(self, why_not: str) -> Any:
+        """A client of this Redis (or Redis Cluster) store; on the others the test is
+        skipped, saying ``why_not``."""
+        if not self.kind.startswith("redis"):
+            pytest.skip(why_not)
+        from siq_celery.backends.redis import redis_client_from_url
+
+        return redis_client_from_url(self.url)
+
     def corrupt(self, queue: str, field: str, value: str) -> str:
         """Overwrite one stored field behind siq_celery's back; returns the key's name."""
         if self.kind == "sqlite":

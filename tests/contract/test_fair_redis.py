@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from siq_celery.backends.base import Backend
-from siq_celery.backends.redis import redis_client_from_url
 from siq_celery.keys import QueueKeys
 from siq_celery.types import FairTask
 from tests.conftest import Store
@@ -19,12 +18,6 @@ from tests.conftest import Store
 I = 100_000  # 100 ms: a lookahead of 4 tickets
 H = 50 * I
 KEYS = 10_000
-
-
-def redis_only(store: Store) -> Any:
-    if not store.kind.startswith("redis"):
-        pytest.skip(f"{store.kind}: the Redis layout of the fair lines")
-    return redis_client_from_url(store.url)
 
 
 def fair_keys(client: Any, store: Store, queue: str) -> list[str]:
@@ -61,7 +54,7 @@ def release_latency(store: Store, backend: Backend, queue: str, rounds: int = 30
 
 @pytest.mark.slow  # 10,000 keys pushed one call each: 3 to 4 s
 def test_ten_thousand_keys_served_leave_no_fair_keys_and_the_release_costs_the_same(store: Store) -> None:
-    client = redis_only(store)
+    client = store.redis_client(f"{store.kind}: the Redis layout of the fair lines")
     backend = store.backend()
     try:
         served(store, client, backend)
@@ -101,7 +94,7 @@ def test_waiting_fair_tasks_pin_an_idle_queues_keys_until_they_are_served(store:
     """Idle expiry (per-key queues): tasks waiting in a fair line outlive any idle time, as
     parked tasks do; once every one is served and started, the keys expire as usual and no
     fair key is left."""
-    client = redis_only(store)
+    client = store.redis_client(f"{store.kind}: the Redis layout of the fair lines")
     backend = store.backend()
     try:
         backend.expire_when_idle("shop", 1_000_000)

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from siq_celery import CombinedQueue, ConfigurationError, IntervalQueue, Verdict
-from siq_celery.backends.redis import redis_client_from_url
 from siq_celery.types import ParkedTask
 from tests.conftest import Store
 
@@ -19,9 +18,7 @@ I = 100_000
 
 
 def redis_only(store: Store) -> Any:
-    if not store.kind.startswith("redis"):
-        pytest.skip(f"{store.kind} keeps a row per queue: idle expiry is a Redis feature")
-    return redis_client_from_url(store.url)
+    return store.redis_client(f"{store.kind} keeps a row per queue: idle expiry is a Redis feature")
 
 
 def keys_of(client: Any, store: Store, queue: str) -> list[str]:
