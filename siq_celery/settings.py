@@ -14,6 +14,7 @@
   replicas (Sentinel), a start or a finish counts only once that many replicas acknowledged
   it (``WAIT``) within the timeout: a failover keeps it, and a master cut off from its
   replicas authorizes nothing (docs/design.md, "The guarantees").
+  Not on a Redis Cluster URL (``redis+cluster://``): ConfigurationError.
 * ``siq_key_prefix`` (``"siq"``): prefix of every store key (two apps on one Redis).
 * ``siq_max_sleep`` (0.1 s): waits up to this are slept in the worker process, holding a
   pool slot; longer ones go back to the broker by ETA.

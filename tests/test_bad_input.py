@@ -204,6 +204,8 @@ def test_a_back_off_that_cannot_be_read_suggests_durations_not_rates() -> None:
         ({"siq_store_replicas": 17}, "siq_store_replicas"),
         ({"siq_store_replicas": "1"}, "siq_store_replicas"),
         ({"siq_store_replicas": 1, "siq_url": "sqlite:///x.db"}, "a Redis store's"),
+        ({"siq_store_replicas": 1, "siq_url": "redis+cluster://127.0.0.1:1"}, "not on a Redis Cluster"),
+        ({"siq_store_replicas": 2, "siq_url": "rediss+cluster://127.0.0.1:1"}, "not on a Redis Cluster"),
         ({"siq_store_replica_timeout": 0}, "siq_store_replica_timeout"),
     ],
 )

@@ -28,6 +28,7 @@ from ..errors import (
     SiqError,
     StoreUnavailableError,
     redacted,
+    redacted_url,
 )
 from ..keys import QueueKeys
 from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
@@ -399,6 +400,14 @@ class RedisBackend(Backend):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
         client_options = dict(options.pop("client_options", {}))
+        if urlsplit(url).scheme.endswith("+cluster") and options.get("replicas"):
+            # A cluster node's WAIT covers only the keys of that node, and a failover within the
+            # cluster is not Sentinel's: the setting would be accepted and ignored.
+            raise ConfigurationError(
+                f"siq_store_replicas = {options['replicas']!r}: replica acknowledgement is for a Redis master "
+                f"with replicas (redis:// or redis+sentinel://), not on a Redis Cluster ({redacted_url(url)}): "
+                "set siq_store_replicas = 0"
+            )
         if urlsplit(url).scheme.endswith("+sentinel") and "socket_timeout" not in client_options:
             wait_ms = options.get("replica_timeout_ms", DEFAULT_REPLICA_TIMEOUT_MS) if options.get("replicas") else 0
             client_options["socket_timeout"] = SENTINEL_SOCKET_TIMEOUT_S + wait_ms / 1000
