@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from celery import signals
 from kombu.utils.uuid import uuid
 
 from .app_state import siq_state
@@ -379,6 +378,3 @@ def put_ticket_in_headers(sender: Any = None, headers: dict[str, Any] | None = N
         eta = eta_for(ticket, settings.countdown_margin, settings.broker_wait_below)
         if eta is not None:
             headers["eta"] = eta.isoformat()
-
-
-signals.before_task_publish.connect(put_ticket_in_headers, weak=False)

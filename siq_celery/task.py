@@ -16,6 +16,7 @@ belongs to and what it costs. Each side lives in a module of its own, read by on
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -31,9 +32,10 @@ from .keys import validate_queue_name
 from .limits import Limit, check_not_a_quota, parse_quota, validate_burst, validate_concurrency
 from .messages import DEFERRALS, KEEP_TICKET
 from .model import MAX_FAIR_WEIGHT
-from .publish import publish, publish_many
+from .publish import publish, publish_many, put_ticket_in_headers
 from .queue import IntervalQueue, validate_cost
 from .retry_after import BackoffSource, hold_from
+from .worker_hooks import connect_worker_hooks
 
 __all__ = ["DEFERRALS", "KEEP_TICKET", "IntervalTask", "paused_countdown"]
 
@@ -108,6 +110,7 @@ class IntervalTask(Task):  # type: ignore[misc]
 
     @classmethod
     def bind(cls, app: Any) -> Any:
+        install()
         for attribute, setting in cls.DURABLE_DEFAULTS:
             if getattr(cls, attribute, None) is None and not _app_sets(app, setting):
                 setattr(cls, attribute, True)
@@ -313,11 +316,27 @@ def _release_leftover_lease(sender: Any = None, state: str | None = None, **_: A
         release_leftover_lease(sender, state or "")
 
 
-signals.task_postrun.connect(_release_leftover_lease, weak=False)
-# On a Redis broker no interval task is lost between its list and a worker's unacked hash,
-# in every process that imports the app: producers, workers, and `celery -A app purge`
-# (a purge drops the records of what it purged).
-guard_transit()
+def install() -> None:
+    """Install, once per process, what interval tasks need outside the package: on a Redis
+    broker no interval task is lost between its list and a worker's unacked hash (the
+    transit guard on kombu's Redis transport: broker_transit.py; a purge drops the records
+    of what it purged), the ticket in the headers of a publish (publish.py) and the
+    worker's signal handlers (worker_hooks.py). Called when an
+    interval task binds to an app: a producer's first use of its tasks, a worker's start
+    (Celery finalizes the app before ``worker_init``). Importing a module installs nothing."""
+    global _INSTALLED
+    with _INSTALLING:
+        if _INSTALLED:
+            return
+        guard_transit()
+        connect_worker_hooks()
+        signals.before_task_publish.connect(put_ticket_in_headers, weak=False, dispatch_uid="siq_celery.publish")
+        signals.task_postrun.connect(_release_leftover_lease, weak=False, dispatch_uid="siq_celery.task.release")
+        _INSTALLED = True
+
+
+_INSTALLED = False
+_INSTALLING = threading.Lock()
 
 
 def _app_sets(app: Any, setting: str) -> bool:

@@ -193,19 +193,31 @@ def _stop_upkeep(**_: Any) -> None:
         WORKER.upkeep.pop().stop()
 
 
-signals.worker_init.connect(_note_task_events, weak=False)
-signals.worker_init.connect(_note_green_pool, weak=False)
-signals.worker_init.connect(_guard_unread_replies, weak=False)
-signals.worker_init.connect(_announce_declarations, weak=False)
-signals.task_postrun.connect(WORKER.collect_after_deferrals, weak=False)
-signals.worker_process_init.connect(_warm_pool_process, weak=False)
-signals.worker_ready.connect(_warm_worker, weak=False)
-signals.worker_ready.connect(_start_upkeep, weak=False)
-signals.worker_ready.connect(WORKER.metrics.serve, weak=False)
-# A stopping worker releases nothing more: what it would release is for the workers that
-# stay, and a release as the outage begins must not stand in for the restart (model.release_cutoff).
-signals.worker_shutting_down.connect(_stop_upkeep, weak=False)
-signals.worker_shutdown.connect(_stop_upkeep, weak=False)
-signals.worker_shutdown.connect(WORKER.metrics.stop, weak=False)
-signals.worker_shutdown.connect(_withdraw_declarations, weak=False)
-signals.worker_process_shutdown.connect(_withdraw_per_key_declarations, weak=False)
+#: (signal, receiver) in the order they are connected, each once (connect_worker_hooks).
+HOOKS: tuple[tuple[Any, Any], ...] = (
+    (signals.worker_init, _note_task_events),
+    (signals.worker_init, _note_green_pool),
+    (signals.worker_init, _guard_unread_replies),
+    (signals.worker_init, _announce_declarations),
+    (signals.task_postrun, WORKER.collect_after_deferrals),
+    (signals.worker_process_init, _warm_pool_process),
+    (signals.worker_ready, _warm_worker),
+    (signals.worker_ready, _start_upkeep),
+    (signals.worker_ready, WORKER.metrics.serve),
+    # A stopping worker releases nothing more: what it would release is for the workers that
+    # stay, and a release as the outage begins must not stand in for the restart (model.release_cutoff).
+    (signals.worker_shutting_down, _stop_upkeep),
+    (signals.worker_shutdown, _stop_upkeep),
+    (signals.worker_shutdown, WORKER.metrics.stop),
+    (signals.worker_shutdown, _withdraw_declarations),
+    (signals.worker_process_shutdown, _withdraw_per_key_declarations),
+)
+
+
+def connect_worker_hooks() -> None:
+    """Connect the worker's signal handlers (idempotent: each has a ``dispatch_uid``). Not at
+    import: importing the package changes nothing outside it; the first interval task bound
+    to an app connects them (task.py), before any worker of that app starts (Celery
+    finalizes the app, binding its tasks, before ``worker_init``)."""
+    for number, (signal, receiver) in enumerate(HOOKS):
+        signal.connect(receiver, weak=False, dispatch_uid=f"siq_celery.worker_hooks.{number}")

@@ -317,6 +317,7 @@ class Worker:
 def test_a_pool_process_that_stops_withdraws_its_per_key_declarations(tmp_path: Any) -> None:
     app = api_app(tmp_path)
     worker = Worker(app, "w1@host")
+    app.finalize()  # as a worker does before worker_init: its interval tasks bind, connecting siq_celery's signals
     signals.worker_init.send(sender=worker)  # announces; the pool processes fork after it
     state = siq_state(app)
     try:

@@ -33,6 +33,7 @@ import siq_celery
 from siq_celery import IntervalTask, SiqError
 from siq_celery.messages import DEFERRALS, HEADER_NAMES
 from siq_celery.parking import parked_message, release_due
+from siq_celery.task import install
 
 PACKAGE = Path(siq_celery.__file__).resolve().parent
 SIQ_HEADERS = (*HEADER_NAMES, DEFERRALS)
@@ -223,7 +224,8 @@ def test_every_message_siq_celery_publishes_is_json_with_plain_headers(json_app:
     @json_app.task(base=IntervalTask, shared=False, interval="500ms", interval_queue="json-defer", name="json.later")
     def later(n: Any) -> None: ...
 
-    signals.before_task_publish.connect(capture, weak=False)  # after siq_celery's own receiver
+    install()  # siq_celery's own receivers first (connected when an interval task first binds)
+    signals.before_task_publish.connect(capture, weak=False)  # so this one runs after them
     try:
         job.delay(1)  # the claim's reply is read in before_task_publish; its slot is 1 s out
         job.apply_async((2,), countdown=0.5, headers={"mine": "kept"})  # a long backlog now: parked

@@ -16,6 +16,7 @@ from siq_celery.app_state import siq_state
 from siq_celery.messages import ticket_from_headers, ticket_headers
 from siq_celery.pytest_plugin import SiqStore
 from siq_celery.settings import SiqSettings
+from siq_celery.task import install
 from siq_celery.testing import PinnedClock
 from siq_celery.types import Ticket
 
@@ -109,7 +110,8 @@ def test_the_published_message_carries_the_ticket_and_an_eta_on_the_store_clock(
     def capture(headers: dict[str, Any] | None = None, **_: Any) -> None:
         sent.append(dict(headers or {}))
 
-    signals.before_task_publish.connect(capture, weak=False)  # runs after siq_celery's own receiver
+    install()  # siq_celery's own receivers first (connected when an interval task first binds)
+    signals.before_task_publish.connect(capture, weak=False)  # so this one runs after them
     try:
 
         @app.task(base=IntervalTask, shared=False, interval="1s", interval_queue="published")
@@ -147,7 +149,8 @@ def test_a_short_interval_waits_in_the_broker_queue_not_by_eta(
     def capture(headers: dict[str, Any] | None = None, **_: Any) -> None:
         sent.append(dict(headers or {}))
 
-    signals.before_task_publish.connect(capture, weak=False)
+    install()  # siq_celery's own receivers first (connected when an interval task first binds)
+    signals.before_task_publish.connect(capture, weak=False)  # so this one runs after them
     try:
 
         @app.task(base=IntervalTask, shared=False, interval=interval, interval_queue=f"short-{interval}-{setting}")

@@ -1,0 +1,159 @@
+"""Importing siq_celery changes nothing outside the package: kombu's Redis transport is
+patched, and Celery's signals get their receivers, only once an interval task is in use
+(its first bind to an app: a worker's start, a producer's first use of its tasks).
+
+Each check runs in a fresh interpreter, since the test process has long imported and
+used everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Snapshots of what siq_celery may patch or connect: the identity of kombu's patch
+#: targets, and each Celery signal's receivers named by their module.
+SNAPSHOT = textwrap.dedent(
+    """
+    import json, weakref
+    from celery import signals
+    from celery.utils.dispatch import Signal
+    from kombu.transport import redis as transport, virtual
+
+    TARGETS = [
+        (transport.Channel, "_put"), (transport.Channel, "_purge"), (transport.Channel, "_delete"),
+        (transport.QoS, "append"), (transport, "time"), (transport.MultiChannelPoller, "on_readable"),
+        (transport.MultiChannelPoller, "_pause_brpop"),
+    ]
+
+    def kombu():
+        return {f"{getattr(o, '__name__', o)}.{a}": repr(getattr(o, a, None)) for o, a in TARGETS}
+
+    def receivers():
+        out = {}
+        for name, signal in sorted(vars(signals).items()):
+            if not isinstance(signal, Signal):
+                continue
+            found = []
+            for _, ref in signal.receivers:
+                fn = ref() if isinstance(ref, weakref.ReferenceType) else ref
+                found.append(f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}")
+            out[name] = sorted(found)
+        return out
+
+    def snapshot():
+        return {"kombu": kombu(), "receivers": receivers()}
+    """
+)
+
+
+def run(code: str) -> dict[str, object]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", SNAPSHOT + textwrap.dedent(code)], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def changes(before: dict[str, dict[str, object]], after: dict[str, dict[str, object]]) -> list[str]:
+    found = [f"kombu {k}: {v} -> {after['kombu'][k]}" for k, v in before["kombu"].items() if after["kombu"][k] != v]
+    for signal, names in after["receivers"].items():
+        added = sorted(set(names) - set(before["receivers"].get(signal, [])))  # type: ignore[arg-type]
+        found += [f"celery.signals.{signal}: {name}" for name in added]
+    return found
+
+
+def test_importing_every_module_changes_nothing_outside_the_package() -> None:
+    result = run(
+        """
+        import importlib, pkgutil
+        before = snapshot()
+        import siq_celery
+        imported, skipped = [], []
+        for module in pkgutil.walk_packages(siq_celery.__path__, "siq_celery."):
+            try:
+                importlib.import_module(module.name)
+                imported.append(module.name)
+            except ImportError as exc:  # an optional dependency not installed here
+                skipped.append(f"{module.name}: {exc}")
+        print(json.dumps({"before": before, "after": snapshot(), "imported": imported, "skipped": skipped}))
+        """
+    )
+    found = changes(result["before"], result["after"])  # type: ignore[arg-type]
+    print(f"\n{len(result['imported'])} modules imported (skipped: {result['skipped']}); changed: {found}")  # type: ignore[arg-type]
+    assert "siq_celery.worker_hooks" in result["imported"] and "siq_celery.task" in result["imported"]  # type: ignore[operator]
+    assert found == []
+
+
+def test_binding_an_interval_task_installs_the_guards_once() -> None:
+    """The worker and producer paths install them: an IntervalTask's first bind to an app."""
+    result = run(
+        """
+        from celery import Celery
+        from siq_celery import IntervalTask
+        before = snapshot()
+        app = Celery("bound", broker="memory://", set_as_current=False)
+
+        @app.task(base=IntervalTask, interval="1s")
+        def tick():
+            pass
+
+        app.finalize()
+        once = snapshot()
+        other = Celery("other", broker="memory://", set_as_current=False)
+
+        @other.task(base=IntervalTask, interval="1s")
+        def tock():
+            pass
+
+        other.finalize()
+        print(json.dumps({"before": before, "once": once, "twice": snapshot()}))
+        """
+    )
+    found = changes(result["before"], result["once"])  # type: ignore[arg-type]
+    print(f"\nafter the first bind: {found}")
+    assert any(line.startswith("kombu Channel._put") for line in found)
+    assert any("worker_init: siq_celery.worker_hooks" in line for line in found)
+    assert changes(result["once"], result["twice"]) == []  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("plugin", ["entry point", "import"])
+def test_the_pytest_plugin_leaves_kombu_untouched(plugin: str, tmp_path: Path) -> None:
+    """A pytest run of an environment where siq_celery is installed loads its plugin: that
+    patches nothing of kombu's."""
+    if plugin == "import":
+        result = run(
+            """
+            before = snapshot()
+            import siq_celery.pytest_plugin
+            print(json.dumps({"before": before, "after": snapshot()}))
+            """
+        )
+        assert changes(result["before"], result["after"]) == []  # type: ignore[arg-type]
+        return
+    test = tmp_path / "test_kombu_untouched.py"
+    test.write_text(
+        "import sys\n"
+        "from kombu.transport import redis as transport\n\n"
+        "def test_untouched():\n"
+        "    assert 'siq_celery.pytest_plugin' in sys.modules\n"
+        "    assert transport.Channel._put.__module__ == 'kombu.transport.redis', transport.Channel._put\n"
+        "    assert transport.MultiChannelPoller.on_readable.__module__ == 'kombu.transport.redis'\n"
+        "    assert transport.time.__module__ == 'time', transport.time\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
