@@ -48,6 +48,7 @@ import logging
 import time
 from typing import Any
 
+from .broker_kombu import kombu_problem
 from .broker_restore import BrokerSweep
 from .clock import store_time
 
@@ -146,7 +147,8 @@ def ticketed(payload: Any) -> bool:
 def guard_transit() -> bool:
     """Patch kombu's Redis transport (once per process) so that the messages of interval
     tasks carry a transit record from publish to the consumer's unacked hash. True if the
-    guard is in place (False: no redis-py, so no Redis broker)."""
+    guard is in place (False: no redis-py, so no Redis broker; or a kombu without what it
+    patches, said once in a WARNING: broker_kombu.py; a worker refuses to start then)."""
     try:
         from kombu.transport import redis as transport
         from kombu.transport import virtual
@@ -155,6 +157,10 @@ def guard_transit() -> bool:
     channel: Any = transport.Channel
     if getattr(channel, "_siq_transit", False):
         return True
+    problem = kombu_problem()
+    if problem is not None:  # nothing patched half-way
+        logger.warning("siq_celery: %s; interval tasks are published without transit records", problem)
+        return False
     from kombu.utils import json
 
     dumps: Any = json.dumps
@@ -216,8 +222,7 @@ def guard_transit() -> bool:
     channel._put, channel._purge, channel._delete, qos.append = _put, _purge, _delete, append
     # kombu's own unacked stamps and restore_visible's cutoff read its module's ``time``:
     # on the store's clock, like ours above, so that workers whose clocks differ agree.
-    if callable(getattr(transport, "time", None)):
-        transport.time = store_time  # type: ignore[attr-defined]
+    transport.time = store_time  # type: ignore[attr-defined]
     channel._siq_transit = True
     return True
 

@@ -26,11 +26,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .broker_kombu import missing_kombu_targets
+
 logger = logging.getLogger("siq_celery")
 
 
 def guard_unread_replies() -> bool:
-    """Patch kombu's Redis poller (once per process). True if the guard is in place."""
+    """Patch kombu's Redis poller (once per process). True if the guard is in place (False:
+    no redis-py, or a kombu without what it patches: broker_kombu.py, where a worker of
+    interval tasks refuses to start)."""
     try:
         from kombu.transport import redis as transport
     except ImportError:  # no redis-py: no Redis broker either
@@ -38,6 +42,8 @@ def guard_unread_replies() -> bool:
     poller: Any = transport.MultiChannelPoller
     if getattr(poller, "_siq_guarded", False):
         return True
+    if missing_kombu_targets():  # nothing patched half-way
+        return False
     original = poller.on_readable
 
     def on_readable(self: Any, fileno: int) -> Any:
@@ -53,7 +59,7 @@ def guard_unread_replies() -> bool:
         """The socket stays watched: a reply is read (and put back) as it arrives."""
 
     poller.on_readable = on_readable
-    if hasattr(poller, "_pause_brpop"):  # kombu 5.7 on
+    if hasattr(poller, "_pause_brpop"):  # kombu 5.7 on (where missing_kombu_targets requires it)
         poller._pause_brpop = never_pause
     poller._siq_guarded = True
     return True

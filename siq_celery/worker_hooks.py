@@ -1,6 +1,7 @@
 """What siq_celery does in a worker around its interval tasks, through Celery's signals.
 
-* ``worker_init`` (main process, before any task is taken): note whether task events are
+* ``worker_init`` (main process, before any task is taken): refuse to start on a kombu
+  whose Redis transport lacks what siq_celery patches (broker_kombu.py), note whether task events are
   sent and whether the pool is green (gevent, eventlet: admission.py), guard the Redis
   broker's paused replies (unread_replies.py), and announce the node's interval
   declarations (declarations.py).
@@ -28,13 +29,14 @@ from __future__ import annotations
 import gc
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import signals
 
 from . import green
 from .app_state import siq_state
 from .broker_check import warn_if_broker_forgets_before_horizon
+from .broker_kombu import kombu_problem
 from .broker_restore import UnackedRestore, needs_restore_sweep, redis_broker
 from .broker_transit import TransitSweep
 from .declarations import NodeDeclarations, PerKeyDeclarations, app_declarations
@@ -91,6 +93,25 @@ def _note_green_pool(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if WORKER.green and app is not None and has_interval_tasks(app):
         add_green_credit(app)
+
+
+def refuse_to_start(line: str) -> NoReturn:
+    """Stop a worker of interval tasks before it takes any task: one CRITICAL line, exit
+    status 1. (A receiver's Exception is logged and passed over by Celery's signals; a
+    SystemExit ends the worker's start.)"""
+    logger.critical("siq_celery: %s", line)
+    raise SystemExit(1)
+
+
+def _check_before_start(sender: Any = None, **_: Any) -> None:
+    """``worker_init``, first: a node of interval tasks on the Redis broker whose kombu lacks
+    what siq_celery's guards patch (broker_kombu.py) refuses to start."""
+    app = getattr(sender, "app", None)
+    if app is None or not has_interval_tasks(app):
+        return
+    problem = kombu_problem() if redis_broker(app) else None
+    if problem is not None:
+        refuse_to_start(f"{problem}. This worker runs interval tasks, so it does not start.")
 
 
 def _guard_unread_replies(sender: Any = None, **_: Any) -> None:
@@ -195,6 +216,7 @@ def _stop_upkeep(**_: Any) -> None:
 
 #: (signal, receiver) in the order they are connected, each once (connect_worker_hooks).
 HOOKS: tuple[tuple[Any, Any], ...] = (
+    (signals.worker_init, _check_before_start),
     (signals.worker_init, _note_task_events),
     (signals.worker_init, _note_green_pool),
     (signals.worker_init, _guard_unread_replies),
