@@ -27,7 +27,10 @@ Putting a message back when its consumer was alive after all (stalled for more t
 ``grace`` between reading the reply and writing the hash) makes a second copy: the gate's
 run lease and finished records answer it ``RUNNING`` or ``DUPLICATE`` (docs/design.md,
 "The guarantees": crashes), as for a broker redelivery. Purging or deleting a queue drops
-its records in the same atomic step, so a purge stays a purge.
+its records in the same atomic step, so a purge stays a purge, in a process where the guard
+is installed (task.install: once an interval task has bound to an app, as in a worker or
+a producer that used one). ``celery -A app purge`` binds no task: an app module that calls
+``siq_celery.task.install()`` keeps its purges of interval tasks from being put back.
 
 Not covered: a transport without ack emulation (``ack_emulation=False``: no unacked hash,
 so no records are written), a consumer with ``no_ack`` (its messages' records end only by

@@ -35,6 +35,7 @@ from .model import MAX_FAIR_WEIGHT
 from .publish import publish, publish_many, put_ticket_in_headers
 from .queue import IntervalQueue, validate_cost
 from .retry_after import BackoffSource, hold_from
+from .task_api import check_interval_options
 from .worker_hooks import connect_worker_hooks
 
 __all__ = ["DEFERRALS", "KEEP_TICKET", "IntervalTask", "paused_countdown"]
@@ -111,6 +112,9 @@ class IntervalTask(Task):  # type: ignore[misc]
     @classmethod
     def bind(cls, app: Any) -> Any:
         install()
+        # Celery binds every task of the app when it finalizes it, after creating them all:
+        # a task given an interval task's option on another base is refused here.
+        check_interval_options(app)
         for attribute, setting in cls.DURABLE_DEFAULTS:
             if getattr(cls, attribute, None) is None and not _app_sets(app, setting):
                 setattr(cls, attribute, True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from .combined import CombinedQueue
+from .errors import ConfigurationError
 from .queue import IntervalQueue
 
 
@@ -41,3 +42,29 @@ def is_interval_task(task: object) -> bool:
 
 def has_interval_tasks(app: Any) -> bool:
     return any(is_interval_task(t) for t in list(app.tasks.values()))
+
+
+#: The options of an interval task (IntervalTask's attributes). Celery's task decorator
+#: makes options class attributes of any base, so on another base they are read by no one
+#: and the task runs unlimited: :func:`check_interval_options` refuses them.
+INTERVAL_OPTIONS = ("interval", "interval_queue", "burst", "quota", "concurrency", "cost", "fair_key", "fair_weight")
+
+
+def check_interval_options(app: Any) -> None:
+    """Raise ConfigurationError (one line) for the first task of ``app`` that is not an
+    interval task but was given an interval task's option (``@app.task(interval="1s")``
+    without ``base=IntervalTask``). Reads the tasks ``app`` holds, never finalizing it."""
+    checked: set[str] = app.__dict__.setdefault("_siq_options_checked", set())
+    for name, task in list(getattr(app, "_tasks", {}).items()):
+        if name in checked or is_interval_task(task):
+            continue
+        declared = vars(type(task))
+        for option in INTERVAL_OPTIONS:
+            if option in declared:
+                base = next((b for b in type(task).__bases__), type(task))
+                raise ConfigurationError(
+                    f"task {name}: {option}= is an option of IntervalTask, and this task's base is "
+                    f"{base.__module__}.{base.__qualname__}: give it base=IntervalTask "
+                    f"(@app.task(base=IntervalTask, {option}=...)), or it runs unlimited"
+                )
+        checked.add(name)

@@ -1,10 +1,11 @@
 """What siq_celery does in a worker around its interval tasks, through Celery's signals.
 
 * ``worker_init`` (main process, before any task is taken): refuse to start on a kombu
-  whose Redis transport lacks what siq_celery patches (broker_kombu.py), note whether task events are
-  sent and whether the pool is green (gevent, eventlet: admission.py), guard the Redis
-  broker's paused replies (unread_replies.py), and announce the node's interval
-  declarations (declarations.py).
+  whose Redis transport lacks what siq_celery patches (broker_kombu.py), or with a task
+  given an interval task's option on another base; note whether task events are sent and
+  whether the pool is green (gevent, eventlet: admission.py), guard the Redis broker's
+  paused replies (unread_replies.py), and announce the node's interval declarations
+  (declarations.py).
 * ``worker_process_init`` / ``worker_ready``: connect to the store and load its scripts,
   so a fresh process's first task is not late; start the upkeep thread (upkeep.py), which
   on a green pool with a Redis broker also restores dead workers' tasks (broker_restore.py).
@@ -41,8 +42,9 @@ from .broker_restore import UnackedRestore, needs_restore_sweep, redis_broker
 from .broker_transit import TransitSweep
 from .declarations import NodeDeclarations, PerKeyDeclarations, app_declarations
 from .deferral_gc import DeferralCollector
+from .errors import ConfigurationError
 from .green_credit import add_green_credit
-from .task_api import has_interval_tasks
+from .task_api import check_interval_options, has_interval_tasks
 from .unread_replies import guard_unread_replies
 from .upkeep import WorkerUpkeep
 from .worker_metrics import WorkerMetrics
@@ -104,11 +106,17 @@ def refuse_to_start(line: str) -> NoReturn:
 
 
 def _check_before_start(sender: Any = None, **_: Any) -> None:
-    """``worker_init``, first: a node of interval tasks on the Redis broker whose kombu lacks
-    what siq_celery's guards patch (broker_kombu.py) refuses to start."""
+    """``worker_init``, first: a node of interval tasks refuses to start when a task of
+    its app has an interval task's option on another base (task_api.check_interval_options:
+    one defined after the app was finalized), or when the broker is Redis and kombu lacks
+    what siq_celery's guards patch (broker_kombu.py)."""
     app = getattr(sender, "app", None)
     if app is None or not has_interval_tasks(app):
         return
+    try:
+        check_interval_options(app)
+    except ConfigurationError as exc:
+        refuse_to_start(str(exc))
     problem = kombu_problem() if redis_broker(app) else None
     if problem is not None:
         refuse_to_start(f"{problem}. This worker runs interval tasks, so it does not start.")

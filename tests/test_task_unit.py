@@ -3,6 +3,7 @@ an app with a store of its own take Celery's ``celery_app`` and siq_celery's ``s
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -328,3 +329,54 @@ def test_a_task_wide_burst_or_quota_on_several_queues_is_refused_at_definition(q
         def several() -> None: ...
 
         several.name  # noqa: B018 (the task is defined when the app finalizes it)
+
+
+INTERVAL_OPTIONS = [
+    {"interval": "1s"}, {"interval_queue": "plain"}, {"burst": 2}, {"quota": "10/s"}, {"concurrency": 2},
+    {"cost": 2}, {"fair_key": lambda args, kwargs: "k"}, {"fair_weight": {"k": 2}},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("option", INTERVAL_OPTIONS, ids=lambda option: next(iter(option)))
+def test_an_interval_option_without_base_interval_task_is_refused_at_definition(option: dict[str, Any]) -> None:
+    """``@app.task(interval="1s")`` without ``base=IntervalTask``: Celery makes the option a
+    class attribute no one reads, and the task would run unlimited."""
+    app = make_app(siq_url="memory://")
+
+    @app.task(base=IntervalTask, shared=False, interval="1s", interval_queue="limited")
+    def limited() -> None: ...
+
+    @app.task(shared=False, name="pkg.plain", **option)
+    def plain() -> None: ...
+
+    with pytest.raises(ConfigurationError) as refused:
+        app.finalize()  # (a task is defined when its app is finalized: here, a worker's start or a first call)
+    print(f"\n{refused.value}")
+    assert str(refused.value).startswith(f"task pkg.plain: {next(iter(option))}= is an option of IntervalTask")
+    assert "base=IntervalTask" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_an_interval_option_on_a_task_defined_later_stops_the_worker_start(caplog: pytest.LogCaptureFixture) -> None:
+    """A task defined after the app was finalized is bound at once, by Celery alone: the
+    worker's start finds it."""
+    from celery import signals
+
+    app = make_app(siq_url="memory://late-option")
+
+    @app.task(base=IntervalTask, shared=False, interval="1s", interval_queue="limited-late")
+    def limited() -> None: ...
+
+    app.finalize()
+
+    @app.task(shared=False, name="pkg.late", interval="1s")
+    def late() -> None: ...
+
+    class Worker:
+        hostname = "w1@host"
+
+    worker = Worker()
+    worker.app = app  # type: ignore[attr-defined]
+    with caplog.at_level(logging.INFO, "siq_celery"), pytest.raises(SystemExit):
+        signals.worker_init.send(sender=worker)
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(lines) == 1 and "task pkg.late: interval= is an option of IntervalTask" in lines[0]
