@@ -4,8 +4,8 @@
   whose Redis transport lacks what siq_celery patches (broker_kombu.py), or with a task
   given an interval task's option on another base; note whether task events are sent and
   whether the pool is green (gevent, eventlet: admission.py), guard the Redis broker's
-  paused replies (unread_replies.py), and announce the node's interval declarations
-  (declarations.py).
+  paused replies (unread_replies.py), announce the node's interval declarations
+  (declarations.py), and warn of a Redis store that may evict keys.
 * ``worker_process_init`` / ``worker_ready``: connect to the store and load its scripts,
   so a fresh process's first task is not late; start the upkeep thread (upkeep.py), which
   on a green pool with a Redis broker also restores dead workers' tasks (broker_restore.py).
@@ -42,7 +42,7 @@ from .broker_restore import UnackedRestore, needs_restore_sweep, redis_broker
 from .broker_transit import TransitSweep
 from .declarations import NodeDeclarations, PerKeyDeclarations, app_declarations
 from .deferral_gc import DeferralCollector
-from .errors import ConfigurationError
+from .errors import ConfigurationError, StoreUnavailableError, redacted, redacted_url
 from .green_credit import add_green_credit
 from .task_api import check_interval_options, has_interval_tasks
 from .unread_replies import guard_unread_replies
@@ -144,6 +144,41 @@ def _announce_declarations(sender: Any = None, **_: Any) -> None:
     declarations.announce()
 
 
+def _check_store_eviction(sender: Any = None, **_: Any) -> None:
+    """A Redis store that may evict keys (any ``maxmemory-policy`` but ``noeviction``: the
+    ``allkeys-*`` policies evict anything, the ``volatile-*`` ones the keys with a TTL, as
+    per-key queues have) forgets the starts of a queue whose keys it evicted, and then
+    authorizes starts beyond its limits: said in one WARNING line at the worker's start,
+    with what to set. A user whose ACL forbids CONFIG is told once that it could not be
+    read. A WARNING, not a refusal: eviction begins only at ``maxmemory``, and managed Redis
+    services ship ``volatile-lru``."""
+    app = getattr(sender, "app", None)
+    if app is None or not has_interval_tasks(app):
+        return
+    state = siq_state(app)
+    try:
+        read = getattr(state.backend, "eviction_policy", None)
+        if read is None:  # memory, SQLite: nothing evicts
+            return
+        policy = read()
+    except StoreUnavailableError as exc:  # said by the warm-up and the first tasks
+        logger.debug("siq_celery: the state store's maxmemory-policy not read: %s", exc)
+        return
+    except Exception as exc:
+        logger.warning(
+            "siq_celery: could not read the state store's maxmemory-policy (%s: %s): make sure it is noeviction, "
+            "or Redis may evict a queue's keys and authorize starts beyond its limits", type(exc).__name__,
+            redacted(str(exc)).splitlines()[0] if str(exc) else "",
+        )  # fmt: skip
+        return
+    if policy != "noeviction":
+        logger.warning(
+            "siq_celery: the state store (%s) has maxmemory-policy %s: Redis may evict a queue's keys, and a "
+            "queue without them authorizes starts beyond its limits; set maxmemory-policy noeviction on it "
+            "(a Redis of its own for siq_url if the broker's must evict)", redacted_url(state.settings.url), policy,
+        )  # fmt: skip
+
+
 def _withdraw_declarations(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is None:
@@ -229,6 +264,7 @@ HOOKS: tuple[tuple[Any, Any], ...] = (
     (signals.worker_init, _note_green_pool),
     (signals.worker_init, _guard_unread_replies),
     (signals.worker_init, _announce_declarations),
+    (signals.worker_init, _check_store_eviction),
     (signals.task_postrun, WORKER.collect_after_deferrals),
     (signals.worker_process_init, _warm_pool_process),
     (signals.worker_ready, _warm_worker),

@@ -1183,6 +1183,23 @@ class RedisBackend(Backend):
             raise store_error(exc) from None
         return int(seconds) * 1_000_000 + int(micros)
 
+    def eviction_policy(self) -> str:
+        """The server's ``maxmemory-policy`` (on a cluster, the first primary's that is not
+        ``noeviction``): anything but ``noeviction`` may evict a queue's keys, and a queue
+        whose keys are gone forgets its starts. Raises what redis-py raised (a user whose ACL
+        forbids CONFIG: NoPermissionError)."""
+        client: Any = self.client
+        if isinstance(client, RedisCluster):
+            reply: Any = client.config_get("maxmemory-policy", target_nodes=RedisCluster.PRIMARIES)
+            each = reply and all(isinstance(value, dict) for value in reply.values())  # one answer per node
+            replies: list[Any] = list(reply.values()) if each else [reply]
+        else:
+            replies = [client.config_get("maxmemory-policy")]
+        policies = [
+            _text(value) for reply in replies for key, value in reply.items() if _text(key) == "maxmemory-policy"
+        ]
+        return next((p for p in policies if p != "noeviction"), policies[0] if policies else "unknown")
+
     def warm(self) -> None:
         try:
             for name in SCRIPTS:
