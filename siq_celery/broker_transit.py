@@ -151,7 +151,8 @@ def guard_transit() -> bool:
     """Patch kombu's Redis transport (once per process) so that the messages of interval
     tasks carry a transit record from publish to the consumer's unacked hash. True if the
     guard is in place (False: no redis-py, so no Redis broker; or a kombu without what it
-    patches, said once in a WARNING: broker_kombu.py; a worker refuses to start then)."""
+    patches: broker_kombu.py, where a worker refuses to start and a producer's first
+    publish says so in a WARNING)."""
     try:
         from kombu.transport import redis as transport
         from kombu.transport import virtual
@@ -160,9 +161,7 @@ def guard_transit() -> bool:
     channel: Any = transport.Channel
     if getattr(channel, "_siq_transit", False):
         return True
-    problem = kombu_problem()
-    if problem is not None:  # nothing patched half-way
-        logger.warning("siq_celery: %s; interval tasks are published without transit records", problem)
+    if kombu_problem() is not None:  # nothing patched half-way
         return False
     from kombu.utils import json
 

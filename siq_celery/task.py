@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 from celery import Task, signals
 
 from .app_state import siq_state
+from .broker_kombu import kombu_problem
 from .broker_transit import guard_transit
 from .combined import CombinedQueue
 from .errors import ConfigurationError, InvalidQueueNameError, LostDeliveriesError, SiqError
@@ -282,6 +283,8 @@ class IntervalTask(Task):  # type: ignore[misc]
         shadow: str | None = None,
         **options: Any,
     ) -> Any:
+        if _UNGUARDED:
+            _say_unguarded()
         keep_ticket = options.pop(KEEP_TICKET, False)
         if keep_ticket or self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
@@ -295,6 +298,8 @@ class IntervalTask(Task):  # type: ignore[misc]
         round trip per chunk); tasks whose slot is beyond the horizon are parked, a chunk
         at a time. A call is an args sequence, or an ``(args, kwargs)`` pair. Returns the
         AsyncResults, in order."""
+        if _UNGUARDED:
+            _say_unguarded()
         return publish_many(self, super().apply_async, calls, chunk_size, options)
 
     # -- worker (gate.py) -----------------------------------------------------------
@@ -332,7 +337,8 @@ def install() -> None:
     with _INSTALLING:
         if _INSTALLED:
             return
-        guard_transit()
+        if not guard_transit():
+            _UNGUARDED.append(kombu_problem())  # said at the first publish (a worker refuses to start)
         connect_worker_hooks()
         signals.before_task_publish.connect(put_ticket_in_headers, weak=False, dispatch_uid="siq_celery.publish")
         signals.task_postrun.connect(_release_leftover_lease, weak=False, dispatch_uid="siq_celery.task.release")
@@ -341,6 +347,14 @@ def install() -> None:
 
 _INSTALLED = False
 _INSTALLING = threading.Lock()
+#: Why the transit guard is not in place (a kombu without what it patches), until said once.
+_UNGUARDED: list[str | None] = []
+
+
+def _say_unguarded() -> None:
+    problem = _UNGUARDED.pop() if _UNGUARDED else None
+    if problem is not None:
+        logger.warning("siq_celery: %s; interval tasks are published without transit records", problem)
 
 
 def _app_sets(app: Any, setting: str) -> bool:

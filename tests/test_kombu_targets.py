@@ -80,3 +80,35 @@ def test_on_another_broker_the_worker_starts(monkeypatch: pytest.MonkeyPatch) ->
         signals.worker_init.send(sender=worker)
     finally:
         signals.worker_shutdown.send(sender=worker)
+
+
+def test_nothing_is_patched_half_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    from siq_celery.broker_transit import guard_transit
+    from siq_celery.unread_replies import guard_unread_replies
+
+    monkeypatch.setattr(transport.Channel, "_siq_transit", False, raising=False)  # as before the first guard
+    monkeypatch.setattr(transport.MultiChannelPoller, "_siq_guarded", False, raising=False)
+    monkeypatch.delattr(transport.QoS, "append")
+    put, readable = transport.Channel._put, transport.MultiChannelPoller.on_readable
+    assert guard_transit() is False and guard_unread_replies() is False
+    assert (transport.Channel._put, transport.MultiChannelPoller.on_readable) == (put, readable)
+
+
+def test_a_producer_says_once_that_it_publishes_without_transit_records(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from siq_celery import task as task_module
+
+    monkeypatch.setattr(task_module, "_UNGUARDED", ["kombu 9.0 has no kombu.transport.redis.QoS.append: ..."])
+    app = Celery("kombu-check-producer", broker="memory://", set_as_current=False)
+    app.conf.update(siq_url="memory://kombu-check-producer", task_always_eager=True)
+
+    @app.task(base=IntervalTask, shared=False, interval="1ms", interval_queue="kombu-check-producer")
+    def job() -> None: ...
+
+    with caplog.at_level(logging.INFO, "siq_celery"):
+        job.delay()
+        job.delay()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name == "siq_celery"]
+    assert lines == ["siq_celery: kombu 9.0 has no kombu.transport.redis.QoS.append: ...; interval tasks are "
+                     "published without transit records"]  # fmt: skip

@@ -286,4 +286,9 @@ def jump_clock(spec: str) -> None:
 
 if os.environ.get("SIQ_TEST_CLOCK_JUMP"):
     jump_clock(os.environ["SIQ_TEST_CLOCK_JUMP"])
+if os.environ.get("SIQ_TEST_KOMBU_LACKS"):  # "Class.attribute" of kombu's Redis transport, deleted
+    from kombu.transport import redis as _transport
+
+    _owner, _attribute = os.environ["SIQ_TEST_KOMBU_LACKS"].split(".")
+    delattr(getattr(_transport, _owner), _attribute)
 app = make_app(os.environ)
