@@ -129,6 +129,39 @@ def test_malformed_redis_urls_are_refused(url: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/abc",
+        "rediss://127.0.0.1:6380/db1",
+        "redis://127.0.0.1:6379/0?db=abc",
+        "unix:///tmp/redis.sock?db=one",
+        "redis+cluster://127.0.0.1:7000/abc",
+        "redis+sentinel://127.0.0.1:26379/mymaster/abc",
+    ],
+)
+def test_a_redis_database_that_is_not_a_number_is_refused_not_read_as_0(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="database") as refused:
+        backend_from_url(url)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ConfigurationError, match="database"):
+        IntervalQueue("q", url=url, interval="1s")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:6379", "redis://127.0.0.1:6379/", "redis://127.0.0.1:6379/3", "redis://h/0?db=2",
+     "unix:///tmp/redis.sock?db=1", "redis+cluster://127.0.0.1:7000", "redis+cluster://127.0.0.1:7000/0"],
+)  # fmt: skip
+def test_a_redis_url_with_a_numbered_database_or_none_is_accepted(url: str) -> None:
+    backend_from_url(url)  # connects on first use
+
+
+def test_a_redis_cluster_url_naming_another_database_than_0_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="only database 0"):
+        backend_from_url("redis+cluster://127.0.0.1:7000/2")
+
+
+@pytest.mark.parametrize(
     ("key", "value"),
     [("siq_metrics_port", "9808"), ("siq_metrics_port", 0), ("siq_metrics_port", 70_000), ("siq_metrics_port", True),
      ("siq_metrics_queues", []), ("siq_metrics_queues", [""]), ("siq_metrics_queues", 3)],

@@ -196,6 +196,7 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
     """A redis-py client (plain, Cluster or Sentinel master) for ``url``. Query options
     of the URL (``?socket_timeout=10``, ``?ssl_ca_certs=/path/ca.pem``) win over
     ``options``, which win over :func:`client_defaults`."""
+    check_database(url)
     parts = urlsplit(url)
     scheme = parts.scheme
     options = {**client_defaults(), **options}
@@ -227,8 +228,6 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
         path = [p for p in parts.path.split("/") if p]
         if not path:
             raise ConfigurationError(f"sentinel URL {redacted(url)!r} needs the service name: .../mymaster[/db]")
-        if len(path) > 1 and not path[1].isdigit():
-            raise ConfigurationError(f"sentinel URL's database {path[1]!r} is not a number")
         db = int(path[1]) if len(path) > 1 else 0
         timeouts = {k: v for k, v in options.items() if k in ("socket_timeout", "socket_connect_timeout")}
         sentinel = Sentinel(hosts, sentinel_kwargs={"password": query.get("sentinel_password"), **timeouts})
@@ -351,6 +350,30 @@ def _connection_query(query: Mapping[str, str], url: str) -> dict[str, Any]:
     return options
 
 
+def check_database(url: str) -> None:
+    """ConfigurationError unless ``url`` names its database by number, or not at all (0).
+    redis-py reads ``redis://host/abc`` as database 0 without a word; a Cluster has only
+    database 0."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    query = dict(parse_qsl(parts.query))
+    where = f"in the store URL {redacted(url)!r}"
+    if "db" in query and not query["db"].isdigit():
+        raise ConfigurationError(f"the Redis database ?db={query['db']!r} {where} is not a number (0, 1, ...)")
+    if scheme in ("redis", "rediss"):
+        db = unquote(parts.path).strip("/")
+        if db and not db.isdigit():
+            raise ConfigurationError(f"the Redis database /{db} {where} is not a number: redis://host:6379/0")
+    elif scheme.endswith("+cluster"):
+        db = unquote(parts.path).strip("/")
+        if db not in ("", "0"):
+            raise ConfigurationError(f"a Redis Cluster has only database 0, not /{db} {where}")
+    elif scheme.endswith("+sentinel"):
+        path = [p for p in parts.path.split("/") if p]
+        if len(path) > 1 and not path[1].isdigit():
+            raise ConfigurationError(f"the Redis database /{path[1]} {where} is not a number: .../mymaster/0")
+
+
 def _hosts(netloc: str, url: str) -> list[tuple[str, int]]:
     hosts = []
     for item in netloc.split(","):
@@ -398,6 +421,7 @@ class RedisBackend(Backend):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
+        check_database(url)  # now: the client connects on first use
         client_options = dict(options.pop("client_options", {}))
         if urlsplit(url).scheme.endswith("+sentinel") and "socket_timeout" not in client_options:
             wait_ms = options.get("replica_timeout_ms", DEFAULT_REPLICA_TIMEOUT_MS) if options.get("replicas") else 0
