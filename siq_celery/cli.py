@@ -27,7 +27,7 @@ from typing import Any
 import click
 
 from .backends import Backend, backend_from_url
-from .errors import CorruptStateError, QueueNotFoundError, SiqError, redacted
+from .errors import CorruptStateError, QueueNotFoundError, SiqError, StoreUnavailableError, redacted
 from .export import FORMATS, format_for, ledger_rows, parse_time, write_parked, write_rows
 from .intervals import format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
@@ -423,7 +423,10 @@ def export_command(
 
 @click.command("exporter", cls=SiqCommand)
 @click.argument("patterns", nargs=-1)
-@click.option("--port", default=9808, show_default=True, help="Port of the HTTP server serving /metrics.")
+@click.option(
+    "--port", default=9808, show_default=True, type=click.IntRange(1, 65535),
+    help="Port of the HTTP server serving /metrics.",
+)  # fmt: skip
 @click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @click.option(
     "--max-queues",
@@ -451,8 +454,16 @@ def exporter_command(
         raise click.BadParameter(f"must be at least 1, not {max_queues}", param_hint="--max-queues")
     if fair_top < 0:
         raise click.BadParameter(f"must be 0 or more, not {fair_top}", param_hint="--fair-top")
+    names: list[str] | None = None
     with one_line_errors():
-        names = store.backend.queues(patterns[0] if len(patterns) == 1 else "*")  # the store answers, or a clear error
+        try:
+            names = store.backend.queues(patterns[0] if len(patterns) == 1 else "*")
+        except StoreUnavailableError as exc:
+            if once:
+                raise
+            # Not up yet (a deploy starting everything at once): serve siq_up 0 until it
+            # answers, as when it goes away later. A wrong URL is still an error here.
+            click.echo(f"siq exporter: {redacted(exc)} (siq_up 0 until it answers)", err=True)
     collector = StoreCollector(store.backend, patterns or ("*",), max_queues, fair_top=fair_top)
     if once:
         click.echo(text(collector), nl=False)
@@ -461,7 +472,8 @@ def exporter_command(
         server = serve(collector, port, addr)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {addr}:{port}: {exc}") from None
-    click.echo(f"siq exporter: http://{addr}:{port}/metrics ({len(names)} queue(s) now; Ctrl-C stops)", err=True)
+    now = "store not answering" if names is None else f"{len(names)} queue(s) now"
+    click.echo(f"siq exporter: http://{addr}:{port}/metrics ({now}; Ctrl-C stops)", err=True)
     try:
         while True:
             time.sleep(3600)
@@ -535,6 +547,8 @@ def demo_command(ctx: click.Context) -> None:
 def audit_command(ctx: click.Context) -> None:
     """Audit ledgers with Spark (see `siq audit --help`; needs siq_celery[spark])."""
     try:
+        import pyspark.sql  # noqa: F401  (the audit imports it only once its session starts)
+
         from .spark.audit import main as audit_main
     except ImportError as exc:
         raise click.ClickException(f"siq audit needs PySpark: pip install 'siq_celery[spark]' ({exc})") from None

@@ -344,3 +344,33 @@ def test_celery_siq_set_limits_acts_on_the_apps_store(tmp_path: object) -> None:
     result = CliRunner().invoke(celery_siq, ["set-limits", "api", "--concurrency", "2"], obj=SimpleNamespace(app=app))
     assert result.exit_code == 0 and result.output == "api: limits concurrency 2 (override: concurrency 2)\n"
     assert IntervalQueue("api", url=store).status().state.concurrency == 2
+
+
+def test_audit_without_pyspark_says_what_to_install_in_one_line(tmp_path: object) -> None:
+    """PySpark missing (blocked here as an uninstalled module is): one line, exit 1."""
+    import subprocess
+    import sys
+
+    blocked = "import sys; sys.modules['pyspark'] = None; from siq_celery.cli import main; main()"
+    result = subprocess.run(
+        [sys.executable, "-c", blocked, "audit", f"{tmp_path}/ledger.jsonl", "--out", f"{tmp_path}/audit"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    print(result.stderr)
+    assert result.returncode == 1 and result.stdout == "", result.stdout
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: siq audit needs PySpark")
+    assert "pip install 'siq_celery[spark]'" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-1", "65536"])
+def test_an_exporter_port_out_of_range_is_a_one_line_usage_error(port: str, tmp_path: object) -> None:
+    result = separate_runner().invoke(
+        siq, ["--url", f"sqlite:///{tmp_path}/siq.db", "exporter", "--port", port, "--addr", "127.0.0.1"]
+    )
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "--port" in result.stderr and "65535" in result.stderr, result.stderr
+
+
+def test_a_redis_database_that_is_not_a_number_is_one_line(redis_url: str) -> None:
+    code, out = run(redis_url.rpartition("/")[0] + "/abc", "status")
+    assert code == 1 and out.count("\n") == 1 and "/abc" in out and "not a number" in out, out
