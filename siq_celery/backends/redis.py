@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -60,6 +61,7 @@ from .base import (
     check_top,
     log_unreadable_sources,
     match_names,
+    no_interval_yet,
 )
 
 try:
@@ -580,6 +582,8 @@ class RedisBackend(Backend):
         text = str(exc)
         if "SIQNOTFOUND" in text:
             return QueueNotFoundError(f"queue {queue!r} has no state in this store (key {key!r})")
+        if "SIQNOINTERVAL" in text:
+            return no_interval_yet(queue)
         if "SIQCORRUPT" in text:
             _, _, rest = text.partition("SIQCORRUPT ")
             field, _, value = rest.partition(" ")
@@ -940,8 +944,8 @@ class RedisBackend(Backend):
             ms, _, seq = entries[-1][0].decode().partition("-")
             first = f"{ms}-{int(seq) + 1}"
 
-    def pause(self, queue: str) -> QueueState:
-        return self._state(self._run("pause", queue, self.keys(queue).all, []))[0]
+    def pause(self, queue: str, epoch: str = "") -> QueueState:
+        return self._state(self._run("pause", queue, self.keys(queue).all, [epoch or secrets.token_hex(8)]))[0]
 
     def resume(self, queue: str, grace_us: int = 0) -> QueueState:
         args = [grace_us, self.idle_expiry_us(queue)]
