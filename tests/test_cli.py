@@ -73,7 +73,7 @@ def test_pause_resume_set_interval_and_reset_change_the_shared_state(url: str) -
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["pause", "nope"], "no state"),
+        (["resume", "nope"], "no state"),
         (["status", "nope"], "no state"),
         (["set-interval", "nope", "fast"], "cannot parse interval"),
         (["set-interval", "nope", "0ms"], "minimum"),
@@ -316,10 +316,14 @@ def test_set_limits_overrides_some_kinds_status_shows_where_limits_come_from_and
     [
         (["set-limits", "geo"], 2, "give --burst, --quota or --concurrency, or --clear"),
         (["set-limits", "geo", "--burst", "1", "--clear"], 2, "(not both)"),
-        (["set-limits", "geo", "--burst", "-1"], 1, "burst -1: a whole number of starts from 0 to 10000"),
-        (["set-limits", "geo", "--burst", "two"], 1, "burst 'two': a whole number"),
-        (["set-limits", "geo", "--quota", "fast"], 1, "quota 'fast': write it as 'N/period'"),
-        (["set-limits", "geo", "--concurrency", "0"], 1, "from 1 to 100000"),
+        # a bad value is a usage error (2), as set-interval's, backoff's and resume's are
+        (["set-limits", "geo", "--burst", "-1"], 2, "burst -1: a whole number of starts from 0 to 10000"),
+        (["set-limits", "geo", "--burst", "two"], 2, "burst 'two': a whole number"),
+        (["set-limits", "geo", "--quota", "fast"], 2, "quota 'fast': write it as 'N/period'"),
+        (["set-limits", "geo", "--concurrency", "0"], 2, "from 1 to 100000"),
+        (["set-interval", "geo", "fast"], 2, "cannot parse interval"),
+        (["backoff", "geo", "soon"], 2, "'30s'"),
+        (["resume", "geo", "--grace", "soon"], 2, "'30s'"),
         (["set-limits", "nope", "--burst", "1"], 1, "queue 'nope' has no state"),
     ],
 )
@@ -374,3 +378,34 @@ def test_an_exporter_port_out_of_range_is_a_one_line_usage_error(port: str, tmp_
 def test_a_redis_database_that_is_not_a_number_is_one_line(redis_url: str) -> None:
     code, out = run(redis_url.rpartition("/")[0] + "/abc", "status")
     assert code == 1 and out.count("\n") == 1 and "/abc" in out and "not a number" in out, out
+
+
+def test_pause_before_any_worker_creates_the_queue_paused_and_status_says_paused(url: str) -> None:
+    code, out = run(url, "pause", "deploy")
+    assert code == 0 and out == "paused deploy (no interval yet: the first worker's declaration sets it)\n", out
+    code, out = run(url, "status", "deploy")
+    _header, row = out.strip().splitlines()
+    assert code == 0 and row.split()[1] == "none" and row.endswith(" paused"), out
+    code, out = run(url, "resume", "deploy")
+    assert code == 1 and "no interval yet" in out and out.count("\n") == 1, out
+    IntervalQueue("deploy", url=url, interval="100ms").declare()  # the first worker starts
+    code, out = run(url, "status", "deploy")
+    row = out.strip().splitlines()[1]
+    assert row.split()[1] == "100ms" and row.split()[8] == "yes" and row.endswith(" paused"), out
+    assert run(url, "resume", "deploy", "--grace", "0") == (0, "resumed deploy\n")
+    assert not run(url, "status", "deploy")[1].strip().splitlines()[1].endswith(" paused")
+
+
+def test_siq_version_prints_the_package_version() -> None:
+    from types import SimpleNamespace
+
+    from celery import Celery
+
+    import siq_celery
+    from siq_celery.celery_cli import siq as celery_siq
+
+    result = CliRunner().invoke(siq, ["--version"])
+    assert (result.exit_code, result.output) == (0, f"siq {siq_celery.__version__}\n"), result.output
+    app = Celery("version", broker="memory://", set_as_current=False)
+    result = CliRunner().invoke(celery_siq, ["--version"], obj=SimpleNamespace(app=app))
+    assert (result.exit_code, result.output) == (0, f"siq {siq_celery.__version__}\n"), result.output
