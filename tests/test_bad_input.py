@@ -115,6 +115,23 @@ def test_claim_many_refuses_bad_counts_without_claiming(count: object) -> None:
     assert q.status().state.ticket == 0
 
 
+def test_a_sqlite_path_whose_folder_is_missing_hints_at_the_four_slashes_of_an_absolute_path(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sqlite:///tmp/x/siq.db`` is the relative path ``tmp/x/siq.db``: when its folder does
+    not exist, the error says how an absolute path is written."""
+    from siq_celery import StoreUnavailableError
+
+    monkeypatch.chdir(str(tmp_path))
+    q = IntervalQueue("q", url="sqlite:///var/siq-missing/siq.db", interval="1s")
+    with pytest.raises(StoreUnavailableError) as failed:
+        q.ensure()
+    message = str(failed.value)
+    print(message)
+    assert "sqlite:////var/siq-missing/siq.db" in message and "four slashes" in message
+    assert "\n" not in message
+
+
 def test_sqlite_url_with_a_host_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="sqlite:///"):
         backend_from_url("sqlite://host/path.db")
