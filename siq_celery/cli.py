@@ -425,10 +425,10 @@ def export_command(
             count = write_parked(store.backend, names, out)
         click.echo(f"exported {count:,} parked tasks of {len(names)} queue(s)", err=out == "-")
         return
+    since_s = _value(parse_time, since, hint="--since") if since else None
+    until_s = _value(parse_time, until, hint="--until") if until else None
     with one_line_errors():
         fmt = format_for(out, fmt)
-        since_s = parse_time(since) if since else None
-        until_s = parse_time(until) if until else None
         names = _names(store, queues)
         started = time.monotonic()
 
@@ -510,8 +510,8 @@ def top_command(store: StoreOptions, pattern: str, refresh: str, max_queues: int
     need_metrics_extra("siq top", "rich")
     from .top import run
 
+    every = _value(parse_duration, refresh, hint="--refresh") / 1e6
     with one_line_errors():
-        every = parse_duration(refresh) / 1e6
         store.backend.queues(pattern)  # the store answers, or a clear error before the screen changes
         run(store.backend, pattern, max(every, 0.1), max_queues)
 

@@ -324,6 +324,8 @@ def test_set_limits_overrides_some_kinds_status_shows_where_limits_come_from_and
         (["set-interval", "geo", "fast"], 2, "cannot parse interval"),
         (["backoff", "geo", "soon"], 2, "'30s'"),
         (["resume", "geo", "--grace", "soon"], 2, "'30s'"),
+        (["top", "geo", "--refresh", "soon"], 2, "'30s'"),
+        (["export", "geo", "--out", "-", "--since", "soon"], 2, "an ISO date/time"),
         (["set-limits", "nope", "--burst", "1"], 1, "queue 'nope' has no state"),
     ],
 )
