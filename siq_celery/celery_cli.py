@@ -11,12 +11,13 @@ from typing import Any
 import click
 
 from .app_state import siq_state
-from .cli import QUEUE_COMMANDS, SiqGroup, StoreOptions, one_line_errors
+from .cli import QUEUE_COMMANDS, SiqGroup, StoreOptions, one_line_errors, version_option
 from .declarations import describe, sync_app
 from .intervals import format_interval
 
 
 @click.group(name="siq", cls=SiqGroup)
+@version_option
 @click.pass_context
 def siq(ctx: click.Context) -> None:
     """Operate the app's interval queues (status, pause, resume, set-interval, set-limits, sync, reset)."""

@@ -22,19 +22,23 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
+from . import __version__
 from .backends import Backend, backend_from_url
-from .errors import CorruptStateError, QueueNotFoundError, SiqError, redacted
+from .errors import CorruptStateError, QueueNotFoundError, SiqError, StoreUnavailableError, redacted
 from .export import FORMATS, format_for, ledger_rows, parse_time, write_parked, write_rows
-from .intervals import format_interval, parse_duration, parse_interval
+from .intervals import MAX_BACKOFF_US, format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
 from .limits import NO_SPACING_US, format_limits, format_override, limits_override
+from .model import no_limit_known
 from .queue import RESUME_GRACE_S, IntervalQueue, new_epoch, who
 from .readings import has_limits, limits_text
 from .types import NO_LIMITS, FairBacklog, QueueStatus
+
+_T = TypeVar("_T")
 
 
 class StoreOptions:
@@ -125,7 +129,10 @@ def _last_start(st: QueueStatus) -> str:
 
 
 def _next_start(st: QueueStatus) -> str:
-    """'now' when a start could be authorized at once (an idle queue), else when."""
+    """'paused' while paused (no start is due); 'now' when a start could be authorized at
+    once (an idle queue), else when."""
+    if st.state.paused:
+        return "paused"
     return "now" if st.next_start_us <= st.now_us else _when(st.next_start_us, st.now_us)
 
 
@@ -207,10 +214,16 @@ def need_metrics_extra(command: str, module: str) -> None:
 
 
 def _interval(_ctx: click.Context, _param: click.Parameter | None, value: str) -> int:
+    return _value(parse_interval, value)
+
+
+def _value(parse: Callable[..., _T], *args: Any, hint: str | None = None) -> _T:
+    """``parse(*args)``, a value of the command line: one it refuses is a usage error
+    (exit 2, as click's own for a bad parameter), the same for every command."""
     try:
-        return parse_interval(value)
+        return parse(*args)
     except SiqError as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint=hint) from None
 
 
 @click.command("status", cls=SiqCommand)
@@ -274,10 +287,14 @@ def _status_dict(st: QueueStatus, backlog: FairBacklog | None) -> dict[str, obje
 @click.argument("queue")
 @click.pass_obj
 def pause_command(store: StoreOptions, queue: str) -> None:
-    """Stop every start of QUEUE, on every worker, until resume."""
+    """Stop every start of QUEUE, on every worker, until resume.
+
+    A queue no worker has created yet (pausing before a deploy) is created paused; the
+    first worker's declaration sets its interval, and it stays paused until resume."""
     with one_line_errors():
-        store.queue(queue).pause()
-    click.echo(f"paused {queue}")
+        state = store.queue(queue).pause()
+    waiting = no_limit_known(state)  # created here, or by an earlier pause: nothing declared yet
+    click.echo(f"paused {queue}" + " (no interval yet: the first worker's declaration sets it)" * waiting)
 
 
 @click.command("backoff", cls=SiqCommand, context_settings=NEGATIVE_VALUES)
@@ -287,6 +304,8 @@ def pause_command(store: StoreOptions, queue: str) -> None:
 def backoff_command(store: StoreOptions, queue: str, duration: str) -> None:
     """Hold every start of QUEUE, on every worker, for DURATION (30s, 2m): the service
     said "retry after". The line keeps its order; nothing starts closer than the interval."""
+    if _value(parse_duration, duration, hint="DURATION") > MAX_BACKOFF_US:
+        raise click.BadParameter(f"a back-off is at most a day, not {duration!r}", param_hint="DURATION")
     with one_line_errors():
         state = store.queue(queue).backoff(duration)
         now_us = store.backend.now_us()
@@ -300,8 +319,8 @@ def backoff_command(store: StoreOptions, queue: str, duration: str) -> None:
 def resume_command(store: StoreOptions, queue: str, grace: str | None) -> None:
     """Continue QUEUE in ticket order (the first start after a short grace, so that every
     task polling the paused queue is back in time to keep its place)."""
+    seconds = _value(parse_duration, grace, hint="--grace") / 1e6 if grace else store.resume_grace
     with one_line_errors():
-        seconds = parse_duration(grace) / 1e6 if grace else store.resume_grace
         store.queue(queue).resume(seconds)
     click.echo(f"resumed {queue}")
 
@@ -345,8 +364,8 @@ def set_limits_command(
     given = burst is not None or quota is not None or concurrency is not None
     if clear == given:
         raise click.UsageError("give --burst, --quota or --concurrency, or --clear (not both)")
+    override = _value(limits_override, burst, quota, concurrency)
     with one_line_errors():
-        override = limits_override(burst, quota, concurrency)
         state = store.backend.set_limits(queue, None if clear else override, who())
     if clear:
         click.echo(f"{queue}: limits override cleared, limits {format_limits(state.limits)}")
@@ -406,10 +425,10 @@ def export_command(
             count = write_parked(store.backend, names, out)
         click.echo(f"exported {count:,} parked tasks of {len(names)} queue(s)", err=out == "-")
         return
+    since_s = _value(parse_time, since, hint="--since") if since else None
+    until_s = _value(parse_time, until, hint="--until") if until else None
     with one_line_errors():
         fmt = format_for(out, fmt)
-        since_s = parse_time(since) if since else None
-        until_s = parse_time(until) if until else None
         names = _names(store, queues)
         started = time.monotonic()
 
@@ -423,7 +442,10 @@ def export_command(
 
 @click.command("exporter", cls=SiqCommand)
 @click.argument("patterns", nargs=-1)
-@click.option("--port", default=9808, show_default=True, help="Port of the HTTP server serving /metrics.")
+@click.option(
+    "--port", default=9808, show_default=True, type=click.IntRange(1, 65535),
+    help="Port of the HTTP server serving /metrics.",
+)  # fmt: skip
 @click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @click.option(
     "--max-queues",
@@ -451,8 +473,16 @@ def exporter_command(
         raise click.BadParameter(f"must be at least 1, not {max_queues}", param_hint="--max-queues")
     if fair_top < 0:
         raise click.BadParameter(f"must be 0 or more, not {fair_top}", param_hint="--fair-top")
+    names: list[str] | None = None
     with one_line_errors():
-        names = store.backend.queues(patterns[0] if len(patterns) == 1 else "*")  # the store answers, or a clear error
+        try:
+            names = store.backend.queues(patterns[0] if len(patterns) == 1 else "*")
+        except StoreUnavailableError as exc:
+            if once:
+                raise
+            # Not up yet (a deploy starting everything at once): serve siq_up 0 until it
+            # answers, as when it goes away later. A wrong URL is still an error here.
+            click.echo(f"siq exporter: {redacted(exc)} (siq_up 0 until it answers)", err=True)
     collector = StoreCollector(store.backend, patterns or ("*",), max_queues, fair_top=fair_top)
     if once:
         click.echo(text(collector), nl=False)
@@ -461,7 +491,8 @@ def exporter_command(
         server = serve(collector, port, addr)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {addr}:{port}: {exc}") from None
-    click.echo(f"siq exporter: http://{addr}:{port}/metrics ({len(names)} queue(s) now; Ctrl-C stops)", err=True)
+    now = "store not answering" if names is None else f"{len(names)} queue(s) now"
+    click.echo(f"siq exporter: http://{addr}:{port}/metrics ({now}; Ctrl-C stops)", err=True)
     try:
         while True:
             time.sleep(3600)
@@ -479,8 +510,8 @@ def top_command(store: StoreOptions, pattern: str, refresh: str, max_queues: int
     need_metrics_extra("siq top", "rich")
     from .top import run
 
+    every = _value(parse_duration, refresh, hint="--refresh") / 1e6
     with one_line_errors():
-        every = parse_duration(refresh) / 1e6
         store.backend.queues(pattern)  # the store answers, or a clear error before the screen changes
         run(store.backend, pattern, max(every, 0.1), max_queues)
 
@@ -499,7 +530,12 @@ QUEUE_COMMANDS = [
 ]  # fmt: skip
 
 
+#: ``--version`` of ``siq`` and ``celery -A app siq``.
+version_option = click.version_option(__version__, "--version", prog_name="siq", message="%(prog)s %(version)s")
+
+
 @click.group(cls=SiqGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@version_option
 @click.option("--url", envvar="SIQ_URL", help="State store URL (default: $SIQ_URL).")
 @click.option("--key-prefix", default=DEFAULT_KEY_PREFIX, show_default=True)
 @click.pass_context
@@ -535,6 +571,8 @@ def demo_command(ctx: click.Context) -> None:
 def audit_command(ctx: click.Context) -> None:
     """Audit ledgers with Spark (see `siq audit --help`; needs siq_celery[spark])."""
     try:
+        import pyspark.sql  # noqa: F401  (the audit imports it only once its session starts)
+
         from .spark.audit import main as audit_main
     except ImportError as exc:
         raise click.ClickException(f"siq audit needs PySpark: pip install 'siq_celery[spark]' ({exc})") from None

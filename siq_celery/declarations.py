@@ -35,7 +35,7 @@ from typing import Any
 from .app_state import siq_state
 from .errors import SiqError, StoreUnavailableError
 from .intervals import format_interval
-from .limits import format_limits, format_override
+from .limits import NO_SPACING_US, format_limits, format_override
 from .logs import Throttle
 from .lru import LRUCache
 from .model import strictest
@@ -106,6 +106,13 @@ def describe(queue: str, done: Declared, origin: str) -> str | None:
         limits = f" and limits {format_limits(done.limits)}" if done.limits != NO_LIMITS else ""
         interval = format_interval(done.interval_us)
         return f"queue {queue!r} created with interval {interval}{limits}, declared by {origin}"
+    if done.old_interval_us <= NO_SPACING_US and done.old_limits == NO_LIMITS and not done.old_declared_us:
+        # a queue paused before any worker (model.paused_new_state): this is its first interval
+        limits = f" and limits {format_limits(done.limits)}" if done.limits != NO_LIMITS else ""
+        return (
+            f"queue {queue!r}: interval {format_interval(done.interval_us)}{limits} declared by {origin}; paused "
+            f"before any worker, it stays paused until resume"
+        )
     parts = []
     if done.declaration_changed and done.old_declared_us:
         parts.append(f"declared interval {format_interval(done.old_declared_us)} -> "

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import NamedTuple, Protocol
 
+from .limits import NO_SPACING_US
 from .types import (
     NO_LIMITS,
     NO_OVERRIDE,
@@ -716,6 +717,22 @@ def backoff(state: QueueState, now_us: int, hold_us: int, keep_first: bool = Fal
 
 def pause(state: QueueState) -> None:
     state.paused = True
+
+
+def paused_new_state(now_us: int, epoch: str) -> QueueState:
+    """A queue paused before any worker declared it (an operator preparing a deploy): no
+    interval is known yet, so it has no spacing and no limits (:func:`no_limit_known`); the
+    first declaration sets them (:func:`declare` takes the first one as the declaration) and
+    the pause holds until resume."""
+    state = new_state(now_us, NO_SPACING_US, epoch)
+    state.paused = True
+    return state
+
+
+def no_limit_known(state: QueueState) -> bool:
+    """No spacing, no quota and no cap: a queue paused before any declaration, which must
+    not resume into running unlimited (a declaration or an operator's interval first)."""
+    return state.interval_us <= NO_SPACING_US and not state.quota and not state.concurrency
 
 
 def resume(state: QueueState, now_us: int, grace_us: int = 0) -> None:

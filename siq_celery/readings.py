@@ -5,6 +5,7 @@ what binds beyond the interval."""
 from __future__ import annotations
 
 from .intervals import format_interval
+from .limits import NO_SPACING_US
 from .types import US, QueueStatus
 
 
@@ -26,6 +27,21 @@ def drain_seconds(st: QueueStatus) -> float:
     head, n, i = st.next_start_us, s.backlog, s.interval_us
     spaced = max(s.anchor_us + n * i, max(s.last_start_us + i, head) + (n - 1 - s.burst) * i)
     return (max(head, spaced, st.window_last_us) - st.now_us) / US
+
+
+def binding_use(st: QueueStatus, rate: float | None) -> float | None:
+    """How much of the limit that binds is used, 1.0 for all of it: the largest of the
+    spacing's (``rate`` starts a second against 1/interval), the quota's (units started in
+    the window ending now) and the cap's (bodies in flight); None when none is known (no
+    rate measured yet, and neither a quota nor a cap)."""
+    s, uses = st.state, []
+    if rate is not None and s.interval_us > NO_SPACING_US:
+        uses.append(rate * s.interval_us / US)
+    if s.quota:
+        uses.append(st.window_used / s.quota)
+    if s.concurrency:
+        uses.append(st.in_flight / s.concurrency)
+    return max(uses, default=None)
 
 
 def has_limits(st: QueueStatus) -> bool:

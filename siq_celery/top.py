@@ -1,14 +1,16 @@
 """``siq top``: a live terminal view of interval queues, refreshed every second.
 
 It reads the store as the exporter does (:class:`siq_celery.metrics.StoreCollector`):
-for each queue the rate of the last few seconds against its limit (from the store's count
-of starts), what binds beyond the interval as ``siq status`` shows it (a ``limits`` column:
-the quota's use of its window, the burst, the bodies in flight against the cap; only when
-some queue has one), the backlog and the time to drain it, the lateness of recent starts (the
-ledger's, from the moment ``siq top`` first saw the queue: nothing older is read), and
-whether it is paused or held; below, for each queue with tasks waiting in fair lines, how
-many keys and tasks wait and the keys with the most waiting. ``q`` or Ctrl-C quits. Drawn
-with ``rich``; read-only, like the exporter.
+for each queue the rate of the last few seconds (from the store's count of starts) and the
+use of the limit that binds (the largest of the spacing's, the quota's and the cap's), what
+binds beyond the interval as ``siq status`` shows it (a ``limits`` column: the quota's use of
+its window, the burst, the bodies in flight against the cap; only when some queue has one),
+the backlog and the time to drain it, the lateness of recent starts (the ledger's, from the
+moment ``siq top`` first saw the queue: nothing older is read), and whether it is paused or
+held; below, for each queue with tasks waiting in fair lines, how many keys and tasks wait
+and the keys with the most waiting. In a narrow terminal the queue names stay whole and the
+least needed columns are left out (:class:`QueueTable`). ``q`` or Ctrl-C quits. Drawn with
+``rich``; read-only, like the exporter.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from .backends import Backend
 from .errors import SiqError
 from .limits import NO_SPACING_US
 from .metrics import Scrape, StoreCollector
-from .readings import drain_seconds, has_limits, held_until, limits_text
+from .readings import binding_use, drain_seconds, has_limits, held_until, limits_text
 from .types import QueueStatus
 
 #: The rate is measured over about this many seconds of readings.
@@ -94,38 +96,88 @@ class RecentLateness:
         return sorted(self._late.get(queue, ()))
 
 
-def table(collector: StoreCollector, rates: QueueRates, pattern: str, recent: RecentLateness | None = None) -> Any:
-    from rich.table import Table
+#: The columns of the table: name, justification.
+COLUMNS = (
+    ("queue", "left"), ("rate/s", "right"), ("limit/s", "right"), ("of limit", "right"), ("limits", "left"),
+    ("backlog", "right"), ("drain", "right"), ("late p50", "right"), ("late max", "right"), ("parked", "right"),
+    ("state", "left"),
+)  # fmt: skip
+#: In a terminal too narrow for every column, these go first, in this order (the queue
+#: name, the rate, the use of what binds, the backlog and the state stay; the limits wrap).
+DROPPED_FIRST = ("late max", "parked", "limit/s", "late p50", "drain")
 
+
+class QueueTable:
+    """The queues' table, drawn at the width of the terminal: each queue's name whole, and
+    the columns that do not fit left out, the least needed first (:data:`DROPPED_FIRST`)."""
+
+    def __init__(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        self.title, self.columns, self.rows = title, list(columns), [list(row) for row in rows]
+
+    def shown(self, width: int) -> list[str]:
+        """The columns that fit in ``width`` cells (the limits may wrap to fit)."""
+        from rich.text import Text
+
+        needed = {
+            name: max(len(name), *(Text.from_markup(row[i]).cell_len for row in self.rows))
+            for i, name in enumerate(self.columns)
+        }
+        if "limits" in needed:
+            needed["limits"] = min(needed["limits"], 16)  # wraps
+        shown = list(self.columns)
+        for name in DROPPED_FIRST:
+            if sum(needed[c] + 3 for c in shown) + 1 <= width:
+                break
+            shown.remove(name)
+        return shown
+
+    def grid(self, width: int) -> Any:
+        from rich.table import Table
+
+        shown = self.shown(width)
+        justify = dict(COLUMNS)
+        grid = Table(title=self.title, title_justify="left", expand=True)
+        longest = max((len(row[0]) for row in self.rows), default=0)
+        for name in shown:
+            if name == "queue":  # never cut: at most half the width
+                grid.add_column(name, no_wrap=True, min_width=min(longest, width // 2))
+            else:
+                grid.add_column(name, justify=justify[name], no_wrap=name != "limits")  # type: ignore[arg-type]
+        for row in self.rows:
+            grid.add_row(*(cell for name, cell in zip(self.columns, row, strict=True) if name in shown))
+        return grid
+
+    def __rich_console__(self, console: Any, options: Any) -> Iterator[Any]:
+        yield self.grid(options.max_width)
+
+
+def table(collector: StoreCollector, rates: QueueRates, pattern: str, recent: RecentLateness | None = None) -> Any:
     scrape = collector.scrape()
     now = time.monotonic()
     title = f"siq top  {pattern}  {time.strftime('%H:%M:%S')}  "
     title += f"{len(scrape.statuses)} queue(s)" if scrape.up else "[bold red]state store unreachable[/]"
     if scrape.left_out:
         title += f" ({scrape.left_out} more not shown)"
-    grid = Table(title=title, title_justify="left", expand=True)
     limited = any(has_limits(st) for st in scrape.statuses)  # a limits column only then, as siq status
-    for name, justify in (("queue", "left"), ("rate/s", "right"), ("limit/s", "right"), ("of limit", "right"),
-                          *([("limits", "left")] if limited else []), ("backlog", "right"), ("drain", "right"),
-                          ("late p50", "right"), ("late max", "right"), ("parked", "right"),
-                          ("state", "left")):  # fmt: skip
-        grid.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    columns = [name for name, _ in COLUMNS if limited or name != "limits"]
     recent = recent or RecentLateness()
     if scrape.up:
         rates.keep_only(st.queue for st in scrape.statuses)
         with contextlib.suppress(SiqError):  # the lateness is left as it was; the rest is shown
             recent.read(collector.backend, scrape.statuses)
+    rows = []
     for st in scrape.statuses:
         # a queue with a quota or a cap alone has no spacing of its own: no rate limit to show
         limit = 1e6 / st.state.interval_us if st.state.interval_us > NO_SPACING_US else None
         rate = rates.rate(st.queue, now, st.counts.starts)
+        use = binding_use(st, rate)  # of the limit that binds: spacing, quota or cap
         late = recent.of(st.queue)
         state = "paused" if st.state.paused else ("held" if held_until(st) else "running")
-        grid.add_row(
+        rows.append([
             st.queue,
             "-" if rate is None else f"{rate:.2f}",
             "-" if limit is None else f"{limit:.2f}",
-            "-" if rate is None or limit is None else f"{100 * rate / limit:.0f}%",
+            "-" if use is None else f"{100 * use:.0f}%",
             *([limits_text(st)] if limited else []),
             str(st.state.backlog),
             f"{drain_seconds(st):.1f}s",
@@ -133,7 +185,8 @@ def table(collector: StoreCollector, rates: QueueRates, pattern: str, recent: Re
             f"{late[-1] / 1000:.1f}ms" if late else "-",
             str(st.parked),
             f"[yellow]{state}[/]" if state != "running" else state,
-        )
+        ])  # fmt: skip
+    grid = QueueTable(title, columns, rows)
     fair = fair_table(scrape)
     if fair is None:
         return grid

@@ -115,6 +115,23 @@ def test_claim_many_refuses_bad_counts_without_claiming(count: object) -> None:
     assert q.status().state.ticket == 0
 
 
+def test_a_sqlite_path_whose_folder_is_missing_hints_at_the_four_slashes_of_an_absolute_path(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sqlite:///tmp/x/siq.db`` is the relative path ``tmp/x/siq.db``: when its folder does
+    not exist, the error says how an absolute path is written."""
+    from siq_celery import StoreUnavailableError
+
+    monkeypatch.chdir(str(tmp_path))
+    q = IntervalQueue("q", url="sqlite:///var/siq-missing/siq.db", interval="1s")
+    with pytest.raises(StoreUnavailableError) as failed:
+        q.ensure()
+    message = str(failed.value)
+    print(message)
+    assert "sqlite:////var/siq-missing/siq.db" in message and "four slashes" in message
+    assert "\n" not in message
+
+
 def test_sqlite_url_with_a_host_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="sqlite:///"):
         backend_from_url("sqlite://host/path.db")
@@ -126,6 +143,39 @@ def test_malformed_redis_urls_are_refused(url: str) -> None:
 
     with pytest.raises(ConfigurationError):
         redis_client_from_url(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/abc",
+        "rediss://127.0.0.1:6380/db1",
+        "redis://127.0.0.1:6379/0?db=abc",
+        "unix:///tmp/redis.sock?db=one",
+        "redis+cluster://127.0.0.1:7000/abc",
+        "redis+sentinel://127.0.0.1:26379/mymaster/abc",
+    ],
+)
+def test_a_redis_database_that_is_not_a_number_is_refused_not_read_as_0(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="database") as refused:
+        backend_from_url(url)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ConfigurationError, match="database"):
+        IntervalQueue("q", url=url, interval="1s")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:6379", "redis://127.0.0.1:6379/", "redis://127.0.0.1:6379/3", "redis://h/0?db=2",
+     "unix:///tmp/redis.sock?db=1", "redis+cluster://127.0.0.1:7000", "redis+cluster://127.0.0.1:7000/0"],
+)  # fmt: skip
+def test_a_redis_url_with_a_numbered_database_or_none_is_accepted(url: str) -> None:
+    backend_from_url(url)  # connects on first use
+
+
+def test_a_redis_cluster_url_naming_another_database_than_0_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="only database 0"):
+        backend_from_url("redis+cluster://127.0.0.1:7000/2")
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,7 @@ def test_pause_resume_set_interval_and_reset_change_the_shared_state(url: str) -
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["pause", "nope"], "no state"),
+        (["resume", "nope"], "no state"),
         (["status", "nope"], "no state"),
         (["set-interval", "nope", "fast"], "cannot parse interval"),
         (["set-interval", "nope", "0ms"], "minimum"),
@@ -316,10 +316,16 @@ def test_set_limits_overrides_some_kinds_status_shows_where_limits_come_from_and
     [
         (["set-limits", "geo"], 2, "give --burst, --quota or --concurrency, or --clear"),
         (["set-limits", "geo", "--burst", "1", "--clear"], 2, "(not both)"),
-        (["set-limits", "geo", "--burst", "-1"], 1, "burst -1: a whole number of starts from 0 to 10000"),
-        (["set-limits", "geo", "--burst", "two"], 1, "burst 'two': a whole number"),
-        (["set-limits", "geo", "--quota", "fast"], 1, "quota 'fast': write it as 'N/period'"),
-        (["set-limits", "geo", "--concurrency", "0"], 1, "from 1 to 100000"),
+        # a bad value is a usage error (2), as set-interval's, backoff's and resume's are
+        (["set-limits", "geo", "--burst", "-1"], 2, "burst -1: a whole number of starts from 0 to 10000"),
+        (["set-limits", "geo", "--burst", "two"], 2, "burst 'two': a whole number"),
+        (["set-limits", "geo", "--quota", "fast"], 2, "quota 'fast': write it as 'N/period'"),
+        (["set-limits", "geo", "--concurrency", "0"], 2, "from 1 to 100000"),
+        (["set-interval", "geo", "fast"], 2, "cannot parse interval"),
+        (["backoff", "geo", "soon"], 2, "'30s'"),
+        (["resume", "geo", "--grace", "soon"], 2, "'30s'"),
+        (["top", "geo", "--refresh", "soon"], 2, "'30s'"),
+        (["export", "geo", "--out", "-", "--since", "soon"], 2, "an ISO date/time"),
         (["set-limits", "nope", "--burst", "1"], 1, "queue 'nope' has no state"),
     ],
 )
@@ -344,3 +350,64 @@ def test_celery_siq_set_limits_acts_on_the_apps_store(tmp_path: object) -> None:
     result = CliRunner().invoke(celery_siq, ["set-limits", "api", "--concurrency", "2"], obj=SimpleNamespace(app=app))
     assert result.exit_code == 0 and result.output == "api: limits concurrency 2 (override: concurrency 2)\n"
     assert IntervalQueue("api", url=store).status().state.concurrency == 2
+
+
+def test_audit_without_pyspark_says_what_to_install_in_one_line(tmp_path: object) -> None:
+    """PySpark missing (blocked here as an uninstalled module is): one line, exit 1."""
+    import subprocess
+    import sys
+
+    blocked = "import sys; sys.modules['pyspark'] = None; from siq_celery.cli import main; main()"
+    result = subprocess.run(
+        [sys.executable, "-c", blocked, "audit", f"{tmp_path}/ledger.jsonl", "--out", f"{tmp_path}/audit"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    print(result.stderr)
+    assert result.returncode == 1 and result.stdout == "", result.stdout
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: siq audit needs PySpark")
+    assert "pip install 'siq_celery[spark]'" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-1", "65536"])
+def test_an_exporter_port_out_of_range_is_a_one_line_usage_error(port: str, tmp_path: object) -> None:
+    result = separate_runner().invoke(
+        siq, ["--url", f"sqlite:///{tmp_path}/siq.db", "exporter", "--port", port, "--addr", "127.0.0.1"]
+    )
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "--port" in result.stderr and "65535" in result.stderr, result.stderr
+
+
+def test_a_redis_database_that_is_not_a_number_is_one_line(redis_url: str) -> None:
+    code, out = run(redis_url.rpartition("/")[0] + "/abc", "status")
+    assert code == 1 and out.count("\n") == 1 and "/abc" in out and "not a number" in out, out
+
+
+def test_pause_before_any_worker_creates_the_queue_paused_and_status_says_paused(url: str) -> None:
+    code, out = run(url, "pause", "deploy")
+    assert code == 0 and out == "paused deploy (no interval yet: the first worker's declaration sets it)\n", out
+    code, out = run(url, "status", "deploy")
+    _header, row = out.strip().splitlines()
+    assert code == 0 and row.split()[1] == "none" and row.endswith(" paused"), out
+    code, out = run(url, "resume", "deploy")
+    assert code == 1 and "no interval yet" in out and out.count("\n") == 1, out
+    IntervalQueue("deploy", url=url, interval="100ms").declare()  # the first worker starts
+    code, out = run(url, "status", "deploy")
+    row = out.strip().splitlines()[1]
+    assert row.split()[1] == "100ms" and row.split()[8] == "yes" and row.endswith(" paused"), out
+    assert run(url, "resume", "deploy", "--grace", "0") == (0, "resumed deploy\n")
+    assert not run(url, "status", "deploy")[1].strip().splitlines()[1].endswith(" paused")
+
+
+def test_siq_version_prints_the_package_version() -> None:
+    from types import SimpleNamespace
+
+    from celery import Celery
+
+    import siq_celery
+    from siq_celery.celery_cli import siq as celery_siq
+
+    result = CliRunner().invoke(siq, ["--version"])
+    assert (result.exit_code, result.output) == (0, f"siq {siq_celery.__version__}\n"), result.output
+    app = Celery("version", broker="memory://", set_as_current=False)
+    result = CliRunner().invoke(celery_siq, ["--version"], obj=SimpleNamespace(app=app))
+    assert (result.exit_code, result.output) == (0, f"siq {siq_celery.__version__}\n"), result.output

@@ -9,6 +9,7 @@ import os
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -448,3 +449,15 @@ def test_a_deploy_that_changes_per_key_limits_logs_each_change_once_not_once_per
     assert len(warnings) == 2, warnings
     assert "queue 'shop:0': declared limits concurrency 5 -> concurrency 3" in warnings[0]
     assert "queue 'shop:2': declared limits concurrency 4 -> concurrency 3" in warnings[1]
+
+
+def test_the_first_declaration_of_a_queue_paused_before_any_worker_says_so() -> None:
+    from siq_celery.backends import backend_from_url
+
+    backend = backend_from_url(f"memory://paused-first-{uuid.uuid4().hex}")
+    IntervalQueue("api", backend=backend).pause()
+    done = IntervalQueue("api", backend=backend, interval="100ms", concurrency=2).declare()
+    assert describe("api", done, "w1") == (
+        "queue 'api': interval 100ms and limits concurrency 2 declared by w1; paused before any worker, it stays "
+        "paused until resume"
+    )

@@ -98,3 +98,20 @@ def test_the_code_of_each_page_runs(redis_url: str, page: str) -> None:
 
 def test_the_pages_with_code_are_found() -> None:
     assert {"tasks.md", "limits.md", "queue.md", "pipeline.md"} <= set(PAGES), PAGES
+
+
+def test_the_api_reference_lists_every_option_of_interval_task() -> None:
+    """Each option of IntervalTask documented in its class (a ``#:`` comment) is in the API
+    reference's ``:members:`` of it (autodoc shows only those listed)."""
+    from sphinx.pycode import ModuleAnalyzer
+
+    documented = {
+        name for cls, name in ModuleAnalyzer.for_module("siq_celery.task").find_attr_docs()
+        if cls == "IntervalTask" and name.islower()
+    }  # fmt: skip
+    api = (ROOT / "docs" / "api.rst").read_text()
+    members = re.search(r"autoclass:: siq_celery\.IntervalTask\n\s+:members: (.*?)\n\s+:show", api, re.S)
+    assert members is not None
+    listed = {name.strip() for name in members.group(1).split(",")}
+    assert {"interval", "fair_key", "fair_weight"} <= documented
+    assert documented - listed == set()

@@ -117,7 +117,7 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(store_url: str, tmp_path
     code, _, err = export(store_url, "--out", "-", "--format", "parquet")
     assert code == 1 and "only JSON Lines can be written to stdout" in err
     code, _, err = export(store_url, "--out", str(tmp_path / "x.jsonl"), "--since", "last tuesday")
-    assert code == 1 and "expected an ISO date/time" in err
+    assert code == 2 and "expected an ISO date/time" in err  # a bad value: a usage error
     code, _, err = export(store_url, "--out", str(tmp_path / "missing" / "x.jsonl"))
     assert code == 1 and "does not exist" in err
     code, _, err = export(store_url, "--out", str(tmp_path / "x.jsonl"), "--format", "csv")

@@ -268,11 +268,16 @@ class Backend(ABC):
         first by finish (a row comes when its finish is read), streamed."""
 
     @abstractmethod
-    def pause(self, queue: str) -> QueueState: ...
+    def pause(self, queue: str, epoch: str = "") -> QueueState:
+        """Stop every start of the queue until resume. A queue with no state yet is created
+        paused, in ``epoch`` (empty: a new one), with no interval known until the first
+        declaration (:func:`siq_celery.model.paused_new_state`)."""
 
     @abstractmethod
     def resume(self, queue: str, grace_us: int = 0) -> QueueState:
-        """Unpause; the line continues ``grace_us`` from now (see :func:`siq_celery.model.resume`)."""
+        """Unpause; the line continues ``grace_us`` from now (see :func:`siq_celery.model.resume`).
+        ConfigurationError for a queue paused before any declaration that still has no
+        limit known (:func:`no_interval_yet`)."""
 
     @abstractmethod
     def set_interval(self, queue: str, interval_us: int | None, origin: str = "") -> QueueState:
@@ -768,15 +773,21 @@ class ModelBackend(Backend):
             raise QueueNotFoundError(f"queue {queue!r} has no state in this store")
         return tx.state
 
-    def pause(self, queue: str) -> QueueState:
+    def pause(self, queue: str, epoch: str = "") -> QueueState:
         with self.transaction(queue) as tx:
-            model.pause(self._existing(tx, queue))
-            return _copy(self._existing(tx, queue))
+            if tx.state is None:  # before any worker: created paused, no interval known yet
+                tx.window().trim(1 << 62)
+                tx.state = model.paused_new_state(tx.now_us, epoch or secrets.token_hex(8))
+            model.pause(tx.state)
+            return _copy(tx.state)
 
     def resume(self, queue: str, grace_us: int = 0) -> QueueState:
         with self._following_one(queue) as tx:
-            model.resume(self._existing(tx, queue), tx.now_us, grace_us)
-            return _copy(self._existing(tx, queue))
+            state = self._existing(tx, queue)
+            if state.paused and model.no_limit_known(state):
+                raise no_interval_yet(queue)
+            model.resume(state, tx.now_us, grace_us)
+            return _copy(state)
 
     def set_interval(self, queue: str, interval_us: int | None, origin: str = "") -> QueueState:
         with self.transaction(queue) as tx:
@@ -927,6 +938,14 @@ def _count_start(tx: Transaction, decision: Decision, record: StartRecord | None
     deferrals = record.deferrals if record is not None else 0
     added = model.start_counts(last, decision.now_us, decision.slot_us, decision.interval_us, deferrals)
     tx.count_start(added, decision.now_us)
+
+
+def no_interval_yet(queue: str) -> ConfigurationError:
+    """The error of resuming a queue paused before any declaration, with no limit known."""
+    return ConfigurationError(
+        f"queue {queue!r} was paused before any worker declared it and has no interval yet: start a worker "
+        f"(or run 'celery -A app siq sync'), or set one with 'siq set-interval {queue} 250ms', then resume"
+    )
 
 
 def _new_state(tx: Transaction, interval_us: int, epoch: str, limits: Limits) -> QueueState:

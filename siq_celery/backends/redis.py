@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -61,6 +62,7 @@ from .base import (
     check_top,
     log_unreadable_sources,
     match_names,
+    no_interval_yet,
 )
 
 try:
@@ -197,6 +199,7 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
     """A redis-py client (plain, Cluster or Sentinel master) for ``url``. Query options
     of the URL (``?socket_timeout=10``, ``?ssl_ca_certs=/path/ca.pem``) win over
     ``options``, which win over :func:`client_defaults`."""
+    check_database(url)
     parts = urlsplit(url)
     scheme = parts.scheme
     options = {**client_defaults(), **options}
@@ -228,8 +231,6 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
         path = [p for p in parts.path.split("/") if p]
         if not path:
             raise ConfigurationError(f"sentinel URL {redacted(url)!r} needs the service name: .../mymaster[/db]")
-        if len(path) > 1 and not path[1].isdigit():
-            raise ConfigurationError(f"sentinel URL's database {path[1]!r} is not a number")
         db = int(path[1]) if len(path) > 1 else 0
         timeouts = {k: v for k, v in options.items() if k in ("socket_timeout", "socket_connect_timeout")}
         sentinel = Sentinel(hosts, sentinel_kwargs={"password": query.get("sentinel_password"), **timeouts})
@@ -352,6 +353,30 @@ def _connection_query(query: Mapping[str, str], url: str) -> dict[str, Any]:
     return options
 
 
+def check_database(url: str) -> None:
+    """ConfigurationError unless ``url`` names its database by number, or not at all (0).
+    redis-py reads ``redis://host/abc`` as database 0 without a word; a Cluster has only
+    database 0."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    query = dict(parse_qsl(parts.query))
+    where = f"in the store URL {redacted(url)!r}"
+    if "db" in query and not query["db"].isdigit():
+        raise ConfigurationError(f"the Redis database ?db={query['db']!r} {where} is not a number (0, 1, ...)")
+    if scheme in ("redis", "rediss"):
+        db = unquote(parts.path).strip("/")
+        if db and not db.isdigit():
+            raise ConfigurationError(f"the Redis database /{db} {where} is not a number: redis://host:6379/0")
+    elif scheme.endswith("+cluster"):
+        db = unquote(parts.path).strip("/")
+        if db not in ("", "0"):
+            raise ConfigurationError(f"a Redis Cluster has only database 0, not /{db} {where}")
+    elif scheme.endswith("+sentinel"):
+        path = [p for p in parts.path.split("/") if p]
+        if len(path) > 1 and not path[1].isdigit():
+            raise ConfigurationError(f"the Redis database /{path[1]} {where} is not a number: .../mymaster/0")
+
+
 def _hosts(netloc: str, url: str) -> list[tuple[str, int]]:
     hosts = []
     for item in netloc.split(","):
@@ -399,6 +424,7 @@ class RedisBackend(Backend):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
+        check_database(url)  # now: the client connects on first use
         client_options = dict(options.pop("client_options", {}))
         if urlsplit(url).scheme.endswith("+cluster") and options.get("replicas"):
             # A cluster node's WAIT covers only the keys of that node, and a failover within the
@@ -565,6 +591,8 @@ class RedisBackend(Backend):
         text = str(exc)
         if "SIQNOTFOUND" in text:
             return QueueNotFoundError(f"queue {queue!r} has no state in this store (key {key!r})")
+        if "SIQNOINTERVAL" in text:
+            return no_interval_yet(queue)
         if "SIQCORRUPT" in text:
             _, _, rest = text.partition("SIQCORRUPT ")
             field, _, value = rest.partition(" ")
@@ -925,8 +953,8 @@ class RedisBackend(Backend):
             ms, _, seq = entries[-1][0].decode().partition("-")
             first = f"{ms}-{int(seq) + 1}"
 
-    def pause(self, queue: str) -> QueueState:
-        return self._state(self._run("pause", queue, self.keys(queue).all, []))[0]
+    def pause(self, queue: str, epoch: str = "") -> QueueState:
+        return self._state(self._run("pause", queue, self.keys(queue).all, [epoch or secrets.token_hex(8)]))[0]
 
     def resume(self, queue: str, grace_us: int = 0) -> QueueState:
         args = [grace_us, self.idle_expiry_us(queue)]

@@ -695,8 +695,22 @@ def _unavailable_on_lock(path: str, queue: str) -> Iterator[None]:
         yield
     except sqlite3.OperationalError as exc:
         if any(word in str(exc).lower() for word in _UNAVAILABLE):
-            raise StoreUnavailableError(f"queue {queue!r}: SQLite store {path!r} unavailable: {exc}") from exc
+            raise StoreUnavailableError(
+                f"queue {queue!r}: SQLite store {path!r} unavailable: {exc}{_absolute_hint(path)}"
+            ) from exc
         raise
+
+
+def _absolute_hint(path: str) -> str:
+    """What to write for an absolute path, when ``path`` is relative and its folder does
+    not exist: ``sqlite:///var/siq.db`` is ``var/siq.db``, under the working directory."""
+    folder = os.path.dirname(path)
+    if os.path.isabs(path) or not folder or os.path.isdir(folder):
+        return ""
+    return (
+        f" (folder {folder!r} does not exist under {os.getcwd()!r}: the path of sqlite:///{path} is relative; an "
+        f"absolute path takes four slashes: sqlite:////{path})"
+    )
 
 
 class SqliteBackend(ModelBackend):

@@ -74,9 +74,12 @@ def _print_report(report: dict[str, Any], out: str) -> None:
             limits += f", {q['window_violations']} window violations (at most {q['max_window_units']:,} units)"
         if q.get("max_in_flight") is not None:
             limits += f", {q['concurrency_violations']} over the concurrency cap (at most {q['max_in_flight']} at once)"
+        # a queue with one start (a per-key queue's often) has no gap and no rate
+        rate = "-" if q["rate_pct"] is None else f"{q['rate_pct']}%"
+        gap = "-" if q["min_gap_ms"] is None else f"{q['min_gap_ms']:.2f} ms"
         print(
-            f"{q['queue']}: {q['starts']:,} starts, {q['rate_pct']}% of the rate, {q['violations']} violations, "
-            f"min gap {q['min_gap_ms']:.2f} ms, {q['inversions']} inversions, {q['duplicate_starts']} duplicate "
+            f"{q['queue']}: {q['starts']:,} starts, {rate} of the rate, {q['violations']} violations, "
+            f"min gap {gap}, {q['inversions']} inversions, {q['duplicate_starts']} duplicate "
             f"starts, {q['missing_tickets']} tickets never started{limits}"
         )  # fmt: skip
     print(f"report: {out}/report.html ({report['rows']:,} rows in {report['seconds']} s, "

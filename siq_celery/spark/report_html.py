@@ -23,6 +23,8 @@ _LIMIT_COLUMNS = (
 
 
 def _fmt(value: Any) -> str:
+    if value is None:  # e.g. the gap of a queue with one start
+        return "-"
     if isinstance(value, float):
         return f"{value:,.3f}".rstrip("0").rstrip(".")
     if isinstance(value, int):

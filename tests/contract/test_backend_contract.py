@@ -346,7 +346,7 @@ def test_ensure_creates_checks_and_never_overrides_the_stored_interval(store: St
 
 def test_operations_on_a_missing_queue_say_so(store: Store) -> None:
     q = store.queue("missing", interval=None)
-    for op in (q.pause, q.resume, q.status, q.claim, q.reset):
+    for op in (q.resume, q.status, q.claim, q.reset):  # a pause creates it paused (test_declarations_contract)
         with pytest.raises(QueueNotFoundError, match="missing"):
             op()
     with pytest.raises(QueueNotFoundError):

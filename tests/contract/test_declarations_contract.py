@@ -14,6 +14,7 @@ import pytest
 from siq_celery import IntervalQueue, Verdict
 from siq_celery.backends.redis import redis_client_from_url
 from siq_celery.combined import CombinedQueue
+from siq_celery.types import Limits
 from tests.conftest import Store
 
 TTL = 30.0
@@ -211,3 +212,46 @@ def test_an_unreadable_override_is_dropped_with_a_warning_naming_the_queue(
     assert done.interval_us == 100 * MS  # the override is gone: the declarations hold
     assert "queue 'q': the interval sources in " in caplog.text
     assert where in caplog.text and "`siq set-interval q INTERVAL`" in caplog.text, caplog.text
+
+
+def test_a_queue_paused_before_any_worker_is_created_paused_and_the_first_declaration_keeps_it_so(
+    store: Store,
+) -> None:
+    """Pausing first is how an operator prepares a deploy: the queue is created paused with
+    no interval known yet; it cannot resume into no limit at all; the first worker's
+    declaration sets the interval and the pause holds until the operator resumes."""
+    from siq_celery import ConfigurationError
+    from siq_celery.limits import NO_SPACING_US
+
+    operator = store.queue("deploy", interval=None)
+    assert operator.pause().paused
+    again = operator.pause()  # a second pause changes nothing
+    status = operator.status()
+    assert status.state.paused and status.state.epoch == again.epoch
+    assert (status.state.interval_us, status.state.limits, status.sources.declared_us) == (
+        NO_SPACING_US, Limits(0, 0, 0, 0), 0
+    )  # fmt: skip
+    with pytest.raises(ConfigurationError, match="no interval"):
+        operator.resume(grace=0)
+    assert operator.status().state.paused
+    worker = IntervalQueue("deploy", interval="100ms", concurrency=2, backend=store.backend())
+    done = worker.declare(node="w1@a", ttl=TTL)
+    assert not done.created and (done.declared_us, done.interval_us) == (100 * MS, 100 * MS)
+    state = worker.status().state
+    assert state.paused and state.interval_us == 100 * MS and state.concurrency == 2
+    t1, t2 = worker.claim_many(2)
+    at(store, store.clock.now_us + 1_000 * MS)
+    assert worker.start(t1).verdict is Verdict.PAUSED
+    operator.resume(grace=0)
+    assert worker.start(t1).authorized
+    d = worker.start(t2)
+    assert d.verdict is Verdict.WAIT and d.wait_us == 100 * MS
+    assert store.backend().queues() == ["deploy"]
+
+
+def test_a_queue_paused_before_any_worker_may_resume_once_an_operator_set_its_interval(store: Store) -> None:
+    operator = store.queue("deploy", interval=None)
+    operator.pause()
+    operator.set_interval("250ms")
+    state = operator.resume(grace=0)
+    assert not state.paused and state.interval_us == 250 * MS

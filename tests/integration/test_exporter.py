@@ -133,9 +133,30 @@ def test_a_store_that_goes_away_reads_as_down_not_as_a_crash(tmp_path: Path) -> 
     assert "cannot reach" in err
 
 
-def test_an_unreachable_store_is_a_clear_error_at_start() -> None:
+def test_an_exporter_started_before_its_store_serves_down_and_recovers() -> None:
+    """A store that is not up yet (a deploy starting everything at once) is one line on
+    stderr and ``siq_up 0``, as when it dies later; once it answers, its queues appear."""
+    server = EmbeddedRedis()
+    port = free_port()
+    exporter = start_exporter(server.url, port, "--max-queues", "5")
+    try:
+        down = scrape(port)
+        assert sample(down, "siq_up") == 0 and exporter.poll() is None
+        server.start()
+        backend_from_url(server.url).ensure("api", 100_000, "e1")
+        up = scrape(port)
+        assert sample(up, "siq_up") == 1 and sample(up, "siq_queue_paused", queue="api") == 0
+    finally:
+        exporter.terminate()
+        _, err = exporter.communicate(timeout=10)
+        server.stop()
+    print(err)
+    assert "cannot reach" in err and "Traceback" not in err
+
+
+def test_an_exporter_once_on_an_unreachable_store_is_a_clear_error() -> None:
     result = subprocess.run(
-        [SIQ, "--url", f"redis://127.0.0.1:{free_port()}/0", "exporter", "--port", str(free_port())],
+        [SIQ, "--url", f"redis://127.0.0.1:{free_port()}/0", "exporter", "--once"],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 1

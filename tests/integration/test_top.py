@@ -111,3 +111,19 @@ def test_top_shows_what_binds_beyond_the_interval() -> None:
         with watch_top(server.url, lambda rows: "api" in rows and "cap" in rows, width=160) as rows:
             assert rows["api"][2] == "100.00" and rows["api"][4] == "2/5 in 1m, burst 2, in flight 2/3"
             assert rows["cap"][2] == "-" and rows["cap"][4] == "in flight 1/2"
+
+
+def test_top_in_80_columns_keeps_queue_names_whole() -> None:
+    """A terminal of 80 columns: every queue's name whole, the state kept, the columns that
+    do not fit left out (late max first)."""
+    with EmbeddedRedis() as server:
+        backend = backend_from_url(server.url)
+        names = ("shop:eu-west:orders", "{tenant-0042}search")
+        for name in names:
+            IntervalQueue(name, interval="200ms", backend=backend).ensure(reset=True)
+        IntervalQueue("api", interval="10ms", quota="40/20s", burst=2, concurrency=3, backend=backend).ensure(
+            reset=True
+        )
+        with watch_top(server.url, lambda rows: all(n in rows for n in names), width=80) as rows:
+            assert all(rows[n][-1] == "running" and len(rows[n]) < 10 for n in names), rows  # some columns left out
+            assert not any("…" in cell for cells in rows.values() for cell in cells), rows

@@ -172,3 +172,23 @@ def write_jsonl(rows: list[LedgerRow], path: Path) -> None:
     with open(path, "w") as f:
         for row in rows:
             f.write(json.dumps(row.as_dict()) + "\n")
+
+
+def test_a_queue_with_one_start_is_summed_up_without_a_gap_or_a_rate(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A queue with a single start (a per-key queue's is common) has no gap and no rate: the
+    printed summary says '-' for them instead of failing after the tables are written."""
+    from siq_celery.spark.audit_cli import _print_report
+
+    rows = ledger_rows(3)
+    rows[2].queue = "api:one"
+    write_jsonl(rows, tmp_path / "ledger.jsonl")
+    report = run_audit(spark, [str(tmp_path / "ledger.jsonl")], str(tmp_path / "audit"), log=lambda _: None)
+    _print_report(report, str(tmp_path / "audit"))
+    out = capsys.readouterr().out
+    print(out)
+    [line] = [line for line in out.splitlines() if line.startswith("api:one:")]
+    assert line.startswith("api:one: 1 starts, - of the rate, 0 violations, min gap -, 0 inversions")
+    assert "api: 2 starts, 100.0% of the rate" in out and "report: " in out
+    assert "<td>-</td>" in (tmp_path / "audit" / "report.html").read_text()

@@ -5,13 +5,15 @@
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  grace in microseconds (>= 0)
 -- ARGV[3]  idle expiry in microseconds (0: never; see siq_touch): counted again from here
--- Returns the state as siq_reply; error SIQNOTFOUND if the queue has no state.
+-- Returns the state as siq_reply; error SIQNOTFOUND if the queue has no state, SIQNOINTERVAL
+-- if it was paused before any declaration and has no limit known yet (model.py: no_limit_known).
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then return redis.error_reply('SIQNOTFOUND') end
 if s.paused == 1 then  -- resuming a running queue changes nothing
   siq_follow_expiry(KEYS[7], s, now)
+  if s.interval_us <= 1 and s.quota == 0 and s.concurrency == 0 then return redis.error_reply('SIQNOINTERVAL') end
   s.paused = 0
   s.anchor_us = math.max(s.anchor_us, now + tonumber(ARGV[2]) - s.interval_us)
   siq_save(KEYS[1], s)
