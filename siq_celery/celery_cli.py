@@ -1,7 +1,8 @@
 """``celery -A app siq ...``: the ``siq`` commands on the app's own state store.
 
-Registered through the ``celery.commands`` entry point, so it appears once siq_celery is
-installed. The store is the one the app's tasks use (``siq_url``, or the Redis broker).
+Registered through the ``celery.commands`` entry point (``siq``, given by ``__getattr__``
+below), so it appears once siq_celery is installed. The store is the one the app's tasks use
+(``siq_url``, or the Redis broker).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 import click
 
 from .app_state import siq_state
+from .broker_transit import guard_transit
 from .cli import QUEUE_COMMANDS, SiqGroup, StoreOptions, one_line_errors, version_option
 from .declarations import describe, sync_app
 from .intervals import format_interval
@@ -19,7 +21,7 @@ from .intervals import format_interval
 @click.group(name="siq", cls=SiqGroup)
 @version_option
 @click.pass_context
-def siq(ctx: click.Context) -> None:
+def _siq(ctx: click.Context) -> None:
     """Operate the app's interval queues (status, pause, resume, set-interval, set-limits, sync, reset)."""
     app = ctx.obj.app
     ctx.meta["siq_app"] = app
@@ -35,10 +37,10 @@ def siq(ctx: click.Context) -> None:
 
 
 for _command in QUEUE_COMMANDS:
-    siq.add_command(_command)
+    _siq.add_command(_command)
 
 
-@siq.command("sync")
+@_siq.command("sync")
 @click.pass_context
 def sync_command(ctx: click.Context) -> None:
     """Make the app's code the declaration of its queues, as a worker start does (for
@@ -52,3 +54,16 @@ def sync_command(ctx: click.Context) -> None:
     for name, done in results:
         line = describe(name, done, "siq sync")
         click.echo(line or f"queue {name!r}: interval {format_interval(done.interval_us)} as declared")
+
+
+def __getattr__(name: str) -> Any:
+    """``siq``: the command group as the ``celery`` command loads it (its
+    ``celery.commands`` entry point), at the start of every ``celery`` command. Loading it
+    puts the transit guard on kombu's Redis transport (broker_transit.py), so that
+    ``celery -A app purge``, which binds no task, drops the transit records of what it
+    purged and a worker's sweep does not put it back. Importing this module installs
+    nothing (the guard changes only messages of interval tasks)."""
+    if name == "siq":
+        guard_transit()
+        return _siq
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -157,3 +157,26 @@ def test_the_pytest_plugin_leaves_kombu_untouched(plugin: str, tmp_path: Path) -
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_the_celery_command_guards_the_transport_for_a_purge() -> None:
+    """``celery -A app purge`` binds no task: loading the ``siq`` command (what every
+    ``celery`` command does through its ``celery.commands`` entry point) puts the transit
+    guard in place, so a purge drops its records, with no signal receiver connected."""
+    result = run(
+        """
+        from importlib.metadata import entry_points
+        before = snapshot()
+        import siq_celery.celery_cli
+        imported = snapshot()
+        (command,) = [ep for ep in entry_points(group="celery.commands") if ep.name == "siq"]
+        group = command.load()
+        print(json.dumps({"before": before, "imported": imported, "loaded": snapshot(), "name": group.name}))
+        """
+    )
+    assert result["name"] == "siq"
+    assert changes(result["before"], result["imported"]) == []  # type: ignore[arg-type]
+    found = changes(result["imported"], result["loaded"])  # type: ignore[arg-type]
+    print(f"\nafter loading the celery command: {found}")
+    assert any(line.startswith("kombu Channel._purge") for line in found)
+    assert not any(line.startswith("celery.signals") for line in found)
