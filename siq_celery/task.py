@@ -35,7 +35,7 @@ from .messages import DEFERRALS, KEEP_TICKET
 from .model import MAX_FAIR_WEIGHT
 from .publish import publish, publish_many, put_ticket_in_headers
 from .queue import IntervalQueue, validate_cost
-from .retry_after import BackoffSource, hold_from
+from .retry_after import BackoffSource, backoff_hold
 from .task_api import check_interval_options
 from .worker_hooks import connect_worker_hooks
 
@@ -265,10 +265,19 @@ class IntervalTask(Task):  # type: ignore[misc]
 
         ``seconds`` may be the service's response itself (requests, httpx, aiohttp,
         urllib's HTTPError) or its headers: the hold is then read from Retry-After,
-        RateLimit-Reset or X-RateLimit-Reset (retry_after.py says how), or is ``default``
-        when it has none of them. A header that cannot be read, or asks for more than a
-        day, raises ConfigurationError before anything is held."""
-        back_off(self, hold_from(seconds, default=default))
+        RateLimit-Reset or X-RateLimit-Reset (retry_after.py says how). A response that
+        has none of them, or one that cannot be read or asks for more than a day, does
+        not fail the task: the hold is ``default`` if given, else ``siq_backoff_default``
+        (60 s), with one warning naming the header and its value (none for a ``default``
+        standing in for absent headers, as asked)."""
+        fallback = siq_state(self.app).settings.backoff_default
+        hold, unread = backoff_hold(seconds, default=default, fallback=fallback)
+        if unread is not None:
+            logger.warning(
+                "%s[%s]: %s; held for %ss instead (%s)", self.name, self.request.id, unread, hold,
+                "default=" if default is not None else "siq_backoff_default",
+            )  # fmt: skip
+        back_off(self, hold)
 
     # -- producer (publish.py) -------------------------------------------------------
 

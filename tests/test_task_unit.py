@@ -38,7 +38,14 @@ def test_another_broker_without_siq_url_says_what_to_set() -> None:
 
 
 @pytest.mark.parametrize(
-    ("key", "value"), [("siq_max_sleep", "soon"), ("siq_paused_poll", 0), ("siq_countdown_margin", -1)]
+    ("key", "value"),
+    [
+        ("siq_max_sleep", "soon"),
+        ("siq_paused_poll", 0),
+        ("siq_countdown_margin", -1),
+        ("siq_backoff_default", -1),
+        ("siq_backoff_default", 86_401),  # a back-off holds at most a day
+    ],
 )
 def test_bad_settings_are_named(key: str, value: object) -> None:
     with pytest.raises(ConfigurationError, match=key):

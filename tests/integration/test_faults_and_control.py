@@ -3,13 +3,16 @@ clock, and deferrals of a task that may not retry (worker kills: tests/faults)."
 
 from __future__ import annotations
 
-import datetime
+import json
+import os
+import subprocess
+import sys
 import time
 from collections import Counter
 
 import pytest
 
-from tests.integration.conftest import CeleryRun, gaps_ms, inversions
+from tests.integration.conftest import ROOT, CeleryRun, gaps_ms, inversions
 from tests.timing import HOST_CLOCK_RERUNS, host_clock, host_gaps_at_least
 
 # Real processes timed on the host clock of a 2-core shared machine: a rare scheduling
@@ -89,20 +92,68 @@ def test_set_interval_from_the_cli_applies_from_the_next_start(celery_run: Celer
     host_gaps_at_least(gaps_ms(starts), 45.0)
 
 
+#: The producer of the test below: a process whose wall clock reads 5 s ahead, every way
+#: Python reads it (``time.time``, ``time_ns``, ``datetime.now``, ``utcnow`` and ``today``,
+#: so Celery's ``app.now`` too, which turns a countdown into an ETA), shifted before
+#: anything is imported; it publishes 100 tasks.
+SKEWED_PRODUCER = """
+import datetime, json, time
+real_time, real_time_ns = time.time, time.time_ns
+time.time = lambda: real_time() + 5.0
+time.time_ns = lambda: real_time_ns() + 5_000_000_000
+
+class Ahead(datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return cls.fromtimestamp(time.time(), tz)
+
+    @classmethod
+    def utcnow(cls):
+        return cls.now(datetime.UTC).replace(tzinfo=None)
+
+    @classmethod
+    def today(cls):
+        return cls.now()
+
+datetime.datetime = Ahead
+from tests.apps.geo import app
+
+real_now = Ahead.fromtimestamp(real_time(), datetime.UTC)
+seen = {"began": real_time(), "time_ahead": time.time() - real_time(),
+        "datetime_ahead": (datetime.datetime.now(datetime.UTC) - real_now).total_seconds(),
+        "app_now_ahead": (app.now() - real_now).total_seconds()}
+for n in range(100):
+    app.tasks["geo.record"].apply_async((n,))
+seen["ended"] = real_time()
+print(json.dumps(seen))
+"""
+
+
 @HOST_CLOCK_RERUNS
 def test_producer_clock_five_seconds_ahead_changes_nothing_in_the_spacing(celery_run: CeleryRun) -> None:
+    """ETAs come from the store's clock: a producer whose host clock is 5 s ahead gets its
+    tasks started on time. (An ETA read on the producer's clock, its own or Celery's from a
+    countdown, would hold every task 5 s past its slot.)"""
     celery_run.env.update(SIQ_TEST_INTERVAL="50ms")  # 50 ms, as above; rates at 20 ms are bench/'s
     celery_run.start_workers(2, 2, "prefork")
-    app = celery_run.app
-    real_now = app.now
-    app.now = lambda: real_now() + datetime.timedelta(seconds=5)  # the producer's time source
-    publish(celery_run, 100)
+    producer = subprocess.run(
+        [sys.executable, "-c", SKEWED_PRODUCER], env={**os.environ, **celery_run.env}, cwd=ROOT,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert producer.returncode == 0, producer.stderr
+    seen = json.loads(producer.stdout.splitlines()[-1])
+    for clock in ("time_ahead", "datetime_ahead", "app_now_ahead"):
+        assert seen[clock] == pytest.approx(5, abs=0.1), seen
     starts = celery_run.wait_for_count(100, timeout=60)
     times = sorted(s["t"] for s in starts)
-    print(f"smallest gap {min(gaps_ms(starts)):.2f} ms, span {times[-1] - times[0]:.3f} s")
-    host_gaps_at_least(gaps_ms(starts), 45.0)
+    hole = max(gaps_ms(starts))
+    print(f"published in {seen['ended'] - seen['began']:.3f} s; first start {times[0] - seen['began']:.3f} s after "
+          f"the first publish, largest gap {hole:.1f} ms, span {times[-1] - times[0]:.3f} s")  # fmt: skip
     # Bodies timed on the host clock: a head delivered late is overtaken (by design), and a
-    # busy host stretches the span; both are the host's timing, rerun as such.
+    # busy host stretches the span; both are the host's timing, rerun as such. (A task held
+    # by a producer's clock leaves a hole of 5 s, whatever the host's load.)
+    host_clock(hole < 2500, f"a hole of {hole:.0f} ms between starts: tasks held past their slots")
+    host_gaps_at_least(gaps_ms(starts), 45.0)
     host_clock(inversions(starts) == 0, f"{inversions(starts)} inversion(s): a head delivered late was overtaken")
     span = times[-1] - times[0]
     host_clock(span <= 1.05 * 99 * 0.050, f"100 starts at 50 ms took {span:.3f} s on the host clock (> 5.198 s)")
