@@ -47,6 +47,7 @@ from .messages import (
     ticket_headers,
 )
 from .parking import park, parked_message, release_fair, release_now_and_then
+from .publish import REJOIN_AFTER_S
 from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue
 from .task_api import IntervalTaskLike
 from .types import Decision, FairTask, QueueState, Ticket, Verdict
@@ -127,10 +128,14 @@ def join_fair_line(task: IntervalTaskLike, queue: IntervalQueue, task_id: str, c
     signature = task.signature_from_request(request, request.args, request.kwargs, headers=request.headers or {})
     message = parked_message(task.name, request.args, request.kwargs, dict(signature.options))
     try:
-        queue.fair_park(key, weight, [FairTask(task_id, message, cost)])
+        still_parked = queue.fair_park(key, weight, [FairTask(task_id, message, cost)])
     except (StoreUnavailableError, CorruptStateError) as exc:
         logger.warning("%s[%s]: could not join the line of %r: %s; claiming a ticket", task.name, task_id, key, exc)
         return
+    if still_parked:  # its last run's releaser has not yet forgotten it, and would drop it
+        logger.debug("%s[%s]: still parked from its last run; joins in %.1fs", task.name, task_id, REJOIN_AFTER_S)
+        signature.apply_async(countdown=REJOIN_AFTER_S)  # no ticket: it comes back here
+        raise Ignore()
     logger.debug("%s[%s]: joined the fair line of %r in %r", task.name, task_id, key, queue.name)
     release_fair(task.app, queue, task.name)
     raise Ignore()

@@ -42,6 +42,10 @@ Send = Callable[..., Any]
 #: worker claims one, and waits, logging why, until the store answers or is repaired.
 NO_TICKET_ERRORS = (StoreUnavailableError, CorruptStateError)
 
+#: A fair task still parked under its id (its last run's releaser has not yet forgotten it)
+#: is sent again this many seconds later, with no ticket, and joins its line from the worker.
+REJOIN_AFTER_S = 1.0
+
 #: The headers a publish writes: a caller's old ones (a retry's) never go out again.
 OUR_HEADERS = frozenset((*HEADER_NAMES, DEFERRALS, *FAIR_HEADERS))
 
@@ -107,10 +111,12 @@ def publish_fair(
     extra = {"link": link, "link_error": link_error, "shadow": shadow, **later_options(task, options)}
     message = parked_message(task.name, args, kwargs, {**extra, **options, "task_id": task_id})
     try:
-        queue.fair_park(key, weight, [FairTask(task_id, message, cost)])
+        still_parked = queue.fair_park(key, weight, [FairTask(task_id, message, cost)])
     except NO_TICKET_ERRORS as exc:
         warn_no_ticket(task.name, exc)  # nothing is lost: it runs, outside the fair order
         return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+    if still_parked:  # a retry of a run its releaser has not yet forgotten: it joins a moment later
+        return send(args, kwargs, task_id, producer, link, link_error, shadow, **options, countdown=REJOIN_AFTER_S)
     expect_result(task, producer, task_id, options)
     release_fair(task.app, queue, task.name)
     return task.AsyncResult(task_id)

@@ -5,6 +5,7 @@ the pinned clock. The stores' part is tests/contract/test_fair_contract.py's."""
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -193,3 +194,29 @@ def test_each_start_records_its_key_tag_and_weight(celery_app: Any, siq_store: S
     for key, weight in (("gold", 2), ("B", 1)):
         tags = [r.fair_tag for r in rows if r.fair_key == key]
         assert all(b - a >= FAIR_SCALE // weight or b == 0 for a, b in itertools.pairwise(tags)), (key, tags)
+
+
+def test_a_call_still_parked_from_its_last_run_joins_once_its_releaser_forgot_it(
+    celery_app: Any, siq_store: SiqStore, celery_worker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A call that comes back under its id (a retry) while its last run is still parked
+    (published, its releaser not yet done: its unpark by id would drop the new entry) does
+    not join then: the worker sends it again a moment later, and it joins and runs once."""
+    from siq_celery.types import ParkedTask
+
+    call = celery_app.tasks["fair.call"]
+    queue = siq_store.queue("api")
+    queue.ensure(1.0)
+    epoch = siq_store.status("api").state.epoch
+    assert siq_store.backend.park("api", epoch, [ParkedTask(1, "again", "{}")])  # its last run, being released
+    caplog.set_level(logging.DEBUG, logger="siq_celery")
+    result = call.apply_async(("A", 7), task_id="again", countdown=0)
+    deadline = time.monotonic() + 10
+    while "still parked from its last run" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)  # the worker finds it parked: sent again, a second later
+    assert "still parked from its last run" in caplog.text
+    assert siq_store.backend.fair_backlog("api").tasks_waiting == 0 and not siq_store.starts("api")
+    siq_store.backend.unpark("api", ["again"])  # the releaser forgets its last run
+    assert result.get(timeout=30) == "A7"
+    [row] = siq_store.starts("api")
+    assert (row.task_id, row.fair_key) == ("again", "A")
