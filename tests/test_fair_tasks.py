@@ -220,3 +220,15 @@ def test_a_call_still_parked_from_its_last_run_joins_once_its_releaser_forgot_it
     assert result.get(timeout=30) == "A7"
     [row] = siq_store.starts("api")
     assert (row.task_id, row.fair_key) == ("again", "A")
+
+
+def test_apply_many_with_a_countdown_puts_each_call_in_its_line_at_its_time(
+    celery_app: Any, siq_store: SiqStore, celery_worker: Any
+) -> None:
+    """``apply_many`` with a countdown of its own, as ``apply_async``: no tickets at the
+    publish; each call joins its key's line when it reaches the worker."""
+    call = celery_app.tasks["fair.call"]
+    results = call.apply_many([("A", n) for n in range(3)], countdown=0)
+    assert [r.get(timeout=30) for r in results] == ["A0", "A1", "A2"]
+    rows = sorted(siq_store.starts("api"), key=lambda row: row.ticket)
+    assert [(row.ticket, row.fair_key) for row in rows] == [(1, "A"), (2, "A"), (3, "A")]  # handed out by the line
