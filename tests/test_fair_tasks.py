@@ -131,7 +131,7 @@ def any_store(celery_app: Any, store: Store) -> Iterator[SiqStore]:
 
 
 def test_one_keys_own_eta_calls_leave_the_other_keys_their_share(any_store: SiqStore, celery_app: Any) -> None:
-    """200 calls of key A with their own countdown (as its retries are published) beside 20
+    """100 calls of key A with their own countdown (as its retries are published) beside 20
     of key B: A's take no tickets at their publish (there they filled the lookahead, and B
     waited for all of A's); each joins A's line when it reaches the worker, so B's first
     start is within the lookahead and its 20 alternate with A's."""
@@ -140,7 +140,7 @@ def test_one_keys_own_eta_calls_leave_the_other_keys_their_share(any_store: SiqS
     call = celery_app.tasks["fair.call"]
     ahead = fair_lookahead(US)
     with start_worker(celery_app, perform_ping_check=False, shutdown_timeout=30):
-        results = [call.apply_async(("A", n), countdown=0) for n in range(200)]
+        results = [call.apply_async(("A", n), countdown=0) for n in range(100)]
         status = any_store.status("api")
         handed = status.state.ticket if status is not None else 0
         current = status.state.current if status is not None else 0
@@ -148,7 +148,7 @@ def test_one_keys_own_eta_calls_leave_the_other_keys_their_share(any_store: SiqS
         results += [call.delay("B", n) for n in range(20)]
         done = {r.id: r.get(timeout=60) for r in results}
     tickets = {done[row.task_id]: row.ticket for row in any_store.starts("api")}
-    assert sorted(tickets) == sorted([f"A{n}" for n in range(200)] + [f"B{n}" for n in range(20)])
+    assert sorted(tickets) == sorted([f"A{n}" for n in range(100)] + [f"B{n}" for n in range(20)])
     assert tickets["B0"] <= handed + 2, (handed, tickets["B0"])  # the next ticket, or the one after on a tie
     assert tickets["B19"] <= handed + 60, (handed, tickets["B19"])
     assert [tickets[f"B{n}"] for n in range(20)] == sorted(tickets[f"B{n}"] for n in range(20))
