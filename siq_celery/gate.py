@@ -47,9 +47,10 @@ from .messages import (
     ticket_headers,
 )
 from .parking import park, parked_message, release_fair, release_now_and_then
+from .publish import REJOIN_AFTER_S
 from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue
 from .task_api import IntervalTaskLike
-from .types import Decision, QueueState, Ticket, Verdict
+from .types import Decision, FairTask, QueueState, Ticket, Verdict
 from .worker_hooks import WORKER
 
 logger = logging.getLogger("siq_celery")
@@ -68,9 +69,13 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
     if state.per_key_declarations is not None and task.siq_per_key:
         state.per_key_declarations.on_use(queue, request.hostname or "", task.name)
     ticket, problem = ticket_from_headers(request.headers, queue.name)
-    if problem:
-        logger.warning("%s[%s]: %s; claiming a fresh ticket", task.name, task_id, problem)
     eager = bool(request.is_eager)
+    joins = ticket is None and task.siq_fair and not eager
+    if problem:
+        then = "joining its fair line" if joins else "claiming a fresh ticket"
+        logger.warning("%s[%s]: %s; %s", task.name, task_id, problem, then)
+    if joins:
+        join_fair_line(task, queue, task_id, cost)  # ends the delivery, unless the store is out
     settings = siq_state(task.app).settings
     fair_key, fair_tag, fair_weight = fair_from_headers(request.headers)  # given at release (parking.py)
     record = StartRecord(
@@ -109,6 +114,31 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
         error = LostDeliveriesError.of(f"{task.name}[{task_id}]", line.max_lost_deliveries)
         logger.error("%s", error)
         raise error from None
+
+
+def join_fair_line(task: IntervalTaskLike, queue: IntervalQueue, task_id: str, cost: int) -> None:
+    """A fair task that reached a worker without a ticket (a call with its own ETA or
+    countdown, a retry's, now due; one published while the store was out) joins its key's
+    line like a fresh publish, and a release hands it a ticket in fair order: a ticket
+    claimed here would be out of fair order, and a key's retries would fill the lookahead.
+    Ends the delivery (``Ignore``); if the store does not answer, returns: the task claims
+    a ticket of its own, outside the fair order, as at a publish the store did not answer."""
+    request = task.request
+    key, weight = task.siq_fair_share(request.args, request.kwargs)
+    signature = task.signature_from_request(request, request.args, request.kwargs, headers=request.headers or {})
+    message = parked_message(task.name, request.args, request.kwargs, dict(signature.options))
+    try:
+        still_parked = queue.fair_park(key, weight, [FairTask(task_id, message, cost)])
+    except (StoreUnavailableError, CorruptStateError) as exc:
+        logger.warning("%s[%s]: could not join the line of %r: %s; claiming a ticket", task.name, task_id, key, exc)
+        return
+    if still_parked:  # its last run's releaser has not yet forgotten it, and would drop it
+        logger.debug("%s[%s]: still parked from its last run; joins in %.1fs", task.name, task_id, REJOIN_AFTER_S)
+        signature.apply_async(countdown=REJOIN_AFTER_S)  # no ticket: it comes back here
+        raise Ignore()
+    logger.debug("%s[%s]: joined the fair line of %r in %r", task.name, task_id, key, queue.name)
+    release_fair(task.app, queue, task.name)
+    raise Ignore()
 
 
 def _names(line: IntervalQueue | CombinedQueue) -> list[str]:

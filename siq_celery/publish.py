@@ -41,6 +41,10 @@ Send = Callable[..., Any]
 #: worker claims one, and waits, logging why, until the store answers or is repaired.
 NO_TICKET_ERRORS = (StoreUnavailableError, CorruptStateError)
 
+#: A fair task still parked under its id (its last run's releaser has not yet forgotten it)
+#: is sent again this many seconds later, with no ticket, and joins its line from the worker.
+REJOIN_AFTER_S = 1.0
+
 #: The headers a publish writes: a caller's old ones (a retry's) never go out again.
 OUR_HEADERS = frozenset((*HEADER_NAMES, DEFERRALS, *FAIR_HEADERS))
 
@@ -64,6 +68,9 @@ def publish(
     task_id = task_id or uuid()
     if task.siq_fair and not has_own_eta(options):
         return publish_fair(task, queue, cost, args, kwargs, task_id, options, link, link_error, shadow, send, producer)
+    if task.siq_fair:  # its own time: held by the broker until then, then it joins its line
+        task.siq_fair_share(args, kwargs)  # a bad key fails here, with nothing sent
+        return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
     # Protocol 1 keeps the ETA in the body, and a queue with a long backlog may need
     # parking: both claim first. Otherwise the claim's round trip overlaps Celery
     # building the message, and the ticket is read back in before_task_publish
@@ -103,10 +110,12 @@ def publish_fair(
     extra = {"link": link, "link_error": link_error, "shadow": shadow, **later_options(task, options)}
     message = parked_message(task.name, args, kwargs, {**extra, **options, "task_id": task_id})
     try:
-        queue.fair_park(key, weight, [FairTask(task_id, message, cost)])
+        still_parked = queue.fair_park(key, weight, [FairTask(task_id, message, cost)])
     except NO_TICKET_ERRORS as exc:
         warn_no_ticket(task.name, exc)  # nothing is lost: it runs, outside the fair order
         return send(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+    if still_parked:  # a retry of a run its releaser has not yet forgotten: it joins a moment later
+        return send(args, kwargs, task_id, producer, link, link_error, shadow, **options, countdown=REJOIN_AFTER_S)
     expect_result(task, producer, task_id, options)
     release_fair(task.app, queue, task.name)
     return task.AsyncResult(task_id)
@@ -114,8 +123,9 @@ def publish_fair(
 
 def has_own_eta(options: Mapping[str, Any]) -> bool:
     """A call with its own ETA or countdown (a retry's, a caller's): a fair task so called
-    takes a ticket at once, outside the fair order, and keeps its time (the fair lines
-    hand out the next slots, not a time)."""
+    is published without a ticket and keeps its time (the fair lines hand out the next
+    slots, not a time); when it reaches a worker at that time it joins its key's line
+    (gate.join_fair_line), so it takes no ticket out of fair order."""
     return options.get("eta") is not None or options.get("countdown") is not None
 
 
@@ -207,6 +217,17 @@ def publish_many(
         if task.app.conf.task_always_eager:  # run here, as apply_many of any task does
             return [send(args, kwargs, None, producer_given, **options) for _, _, args, kwargs in routed]
         return publish_many_fair(task, send, routed, chunk_size, options, progress)
+    if task.siq_fair:  # their own time: held by the broker, then each joins its line (as publish)
+        for _, _, args, kwargs in routed:
+            task.siq_fair_share(args, kwargs)  # bad keys fail before anything is sent
+        with task.app.producer_or_acquire(producer_given) as producer:
+            sent = []
+            for _, _, args, kwargs in routed:
+                task_id = uuid()
+                send(args, kwargs, task_id, producer, **options)
+                sent.append(task.AsyncResult(task_id))
+                progress.published += 1
+        return sent
     settings = siq_state(task.app).settings
     by_queue: dict[str, list[int]] = {}
     for i, (queue, *_) in enumerate(routed):

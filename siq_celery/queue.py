@@ -326,13 +326,16 @@ class IntervalQueue:
         self.last_delay = ticket.delay
         return ticket
 
-    def fair_park(self, key: str, weight: int, tasks: Sequence[FairTask]) -> None:
+    def fair_park(self, key: str, weight: int, tasks: Sequence[FairTask]) -> list[str]:
         """``tasks`` of fairness key ``key`` wait in its line in the store, without a
         ticket, until a release hands them one in fair order (one round trip; see
-        :meth:`Backend.fair_park`)."""
+        :meth:`Backend.fair_park`); the ids of those still parked under a ticket, which did
+        not join: send them again later."""
         for task in tasks:
             self.checked_cost(task.cost)
-        self.backend.fair_park(self.name, key, weight, tasks, self.interval_us or 0, new_epoch(), limits=self.limits)
+        return self.backend.fair_park(
+            self.name, key, weight, tasks, self.interval_us or 0, new_epoch(), limits=self.limits
+        )
 
     def ticket_of(self, r: ClaimResult, number: int, cost: int = 1) -> Ticket:
         """Ticket ``number`` of a claim's reply, with its estimate (``cost``: as it starts)."""

@@ -150,3 +150,36 @@ def test_a_share_needs_a_cost_and_a_weight() -> None:
         with pytest.raises(ValueError, match="fair share of 'A'"):
             fair_push(lines, "A", "A0", cost, weight)
     assert fair_next(lines) is None, "nothing half-written"
+
+
+def test_one_keys_retries_joining_over_time_leave_another_key_its_share() -> None:
+    """The rule the retries of a fair task follow (docs/design.md, "Fair shares"): each one
+    joins its key's line when it is due, and every ticket of the queue is handed out by
+    the lines (model.fair_promote), so the lookahead bounds what is handed out ahead and a
+    key beside another's 200 retries is served within it. Here A's retries come due two a
+    slot while B's 20 wait, starting one a slot at 20 ms."""
+    interval = 20_000
+    state = model.new_state(0, interval, "e")
+    lines = DictFairLines()
+    ahead = model.fair_lookahead(interval)
+    due = iter(f"A{n}" for n in range(200))
+    handed: dict[int, str] = {}
+    for n in range(20):
+        fair_push(lines, "B", f"B{n}", 1, 1)
+    started: list[str] = []
+    now = 0
+    while len(started) < 220:
+        for task_id in itertools.islice(due, 2):  # the retries that came due: each joins A's line
+            fair_push(lines, "A", task_id, 1, 1)
+        handed.update((ticket, turn.task_id) for ticket, turn in model.fair_promote(state, lines, now))
+        assert state.ticket - state.current <= ahead, "the lookahead bounds the tickets ahead of the starts"
+        ticket = state.current + 1
+        decision = model.start(state, ticket, "e", now)
+        if not decision.authorized:  # its slot: then it starts
+            now += decision.wait_us
+            decision = model.start(state, ticket, "e", now)
+        assert decision.authorized, decision
+        started.append(handed.pop(ticket))
+    b = [i + 1 for i, t in enumerate(started) if t.startswith("B")]
+    assert b[0] <= ahead and b[-1] <= 60, b
+    assert [t for t in started if t.startswith("A")] == [f"A{n}" for n in range(200)]

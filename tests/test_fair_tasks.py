@@ -5,17 +5,20 @@ the pinned clock. The stores' part is tests/contract/test_fair_contract.py's."""
 from __future__ import annotations
 
 import itertools
+import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from siq_celery import IntervalTask
 from siq_celery.errors import ConfigurationError
-from siq_celery.model import FAIR_SCALE
+from siq_celery.model import FAIR_SCALE, fair_lookahead
 from siq_celery.parking import release_fair
-from siq_celery.pytest_plugin import SiqStore
+from siq_celery.pytest_plugin import SiqStore, wired
 from siq_celery.testing import PinnedClock
+from tests.conftest import Store
 
 US = 1_000_000
 
@@ -103,19 +106,52 @@ def test_a_bad_key_fails_at_the_publish_with_nothing_written(celery_app: Any, si
     assert siq_store.backend.status("api") is None
 
 
-def test_a_call_with_its_own_countdown_keeps_its_time_outside_the_fair_order(
+def test_a_call_with_its_own_countdown_keeps_its_time_and_joins_its_line(
     celery_app: Any, siq_store: SiqStore, siq_clock: PinnedClock, celery_worker: Any
 ) -> None:
     """A countdown (a caller's, a retry's) is a time, which the fair lines do not hand out:
-    such a call takes a ticket at once and starts no earlier than its countdown."""
+    such a call waits in the broker with no ticket until then, then joins its key's line
+    and starts in fair order."""
     call = celery_app.tasks["fair.call"]
     sent = time.monotonic()
     late = call.apply_async(("A", 99), countdown=1)
-    assert siq_store.backend.fair_backlog("api").tasks_waiting == 0  # not in a line
+    status = siq_store.status("api")  # (the worker made the queue, announcing its interval)
+    assert status is None or (status.state.ticket, status.fair_tasks) == (0, 0)  # no ticket, not in a line yet
     assert late.get(timeout=30) == "A99"
     assert time.monotonic() - sent >= 1.0  # Celery held it to its ETA (the host's clock)
     [row] = siq_store.starts("api")
-    assert (row.ticket, row.fair_key, row.fair_tag) == (1, "", -1)  # claimed at publish, no fair turn
+    assert (row.ticket, row.fair_key, row.fair_tag) == (1, "A", 0)  # handed its ticket in fair order
+
+
+@pytest.fixture
+def any_store(celery_app: Any, store: Store) -> Iterator[SiqStore]:
+    """``celery_app`` on each store of the contract suite, on its pinned clock."""
+    with wired(celery_app, store.url, store.clock) as wired_store:
+        yield wired_store
+
+
+def test_one_keys_own_eta_calls_leave_the_other_keys_their_share(any_store: SiqStore, celery_app: Any) -> None:
+    """100 calls of key A with their own countdown (as its retries are published) beside 20
+    of key B: A's take no tickets at their publish (there they filled the lookahead, and B
+    waited for all of A's); each joins A's line when it reaches the worker, so B's first
+    start is within the lookahead and its 20 alternate with A's."""
+    from celery.contrib.testing.worker import start_worker
+
+    call = celery_app.tasks["fair.call"]
+    ahead = fair_lookahead(US)
+    with start_worker(celery_app, perform_ping_check=False, shutdown_timeout=30):
+        results = [call.apply_async(("A", n), countdown=0) for n in range(100)]
+        status = any_store.status("api")
+        handed = status.state.ticket if status is not None else 0
+        current = status.state.current if status is not None else 0
+        assert handed - current <= ahead, f"{handed - current} tickets handed out ahead of the starts, not {ahead}"
+        results += [call.delay("B", n) for n in range(20)]
+        done = {r.id: r.get(timeout=60) for r in results}
+    tickets = {done[row.task_id]: row.ticket for row in any_store.starts("api")}
+    assert sorted(tickets) == sorted([f"A{n}" for n in range(100)] + [f"B{n}" for n in range(20)])
+    assert tickets["B0"] <= handed + 2, (handed, tickets["B0"])  # the next ticket, or the one after on a tie
+    assert tickets["B19"] <= handed + 60, (handed, tickets["B19"])
+    assert [tickets[f"B{n}"] for n in range(20)] == sorted(tickets[f"B{n}"] for n in range(20))
 
 
 @pytest.mark.celery(task_always_eager=True)
@@ -158,3 +194,41 @@ def test_each_start_records_its_key_tag_and_weight(celery_app: Any, siq_store: S
     for key, weight in (("gold", 2), ("B", 1)):
         tags = [r.fair_tag for r in rows if r.fair_key == key]
         assert all(b - a >= FAIR_SCALE // weight or b == 0 for a, b in itertools.pairwise(tags)), (key, tags)
+
+
+def test_a_call_still_parked_from_its_last_run_joins_once_its_releaser_forgot_it(
+    celery_app: Any, siq_store: SiqStore, celery_worker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A call that comes back under its id (a retry) while its last run is still parked
+    (published, its releaser not yet done: its unpark by id would drop the new entry) does
+    not join then: the worker sends it again a moment later, and it joins and runs once."""
+    from siq_celery.types import ParkedTask
+
+    call = celery_app.tasks["fair.call"]
+    queue = siq_store.queue("api")
+    queue.ensure(1.0)
+    epoch = siq_store.status("api").state.epoch
+    assert siq_store.backend.park("api", epoch, [ParkedTask(1, "again", "{}")])  # its last run, being released
+    caplog.set_level(logging.DEBUG, logger="siq_celery")
+    result = call.apply_async(("A", 7), task_id="again", countdown=0)
+    deadline = time.monotonic() + 10
+    while "still parked from its last run" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)  # the worker finds it parked: sent again, a second later
+    assert "still parked from its last run" in caplog.text
+    assert siq_store.backend.fair_backlog("api").tasks_waiting == 0 and not siq_store.starts("api")
+    siq_store.backend.unpark("api", ["again"])  # the releaser forgets its last run
+    assert result.get(timeout=30) == "A7"
+    [row] = siq_store.starts("api")
+    assert (row.task_id, row.fair_key) == ("again", "A")
+
+
+def test_apply_many_with_a_countdown_puts_each_call_in_its_line_at_its_time(
+    celery_app: Any, siq_store: SiqStore, celery_worker: Any
+) -> None:
+    """``apply_many`` with a countdown of its own, as ``apply_async``: no tickets at the
+    publish; each call joins its key's line when it reaches the worker."""
+    call = celery_app.tasks["fair.call"]
+    results = call.apply_many([("A", n) for n in range(3)], countdown=0)
+    assert [r.get(timeout=30) for r in results] == ["A0", "A1", "A2"]
+    rows = sorted(siq_store.starts("api"), key=lambda row: row.ticket)
+    assert [(row.ticket, row.fair_key) for row in rows] == [(1, "A"), (2, "A"), (3, "A")]  # handed out by the line

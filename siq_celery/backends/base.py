@@ -347,12 +347,15 @@ class Backend(ABC):
     def fair_park(
         self, queue: str, key: str, weight: int, tasks: Sequence[FairTask], interval_us: int, epoch: str,
         *, limits: Limits = NO_LIMITS,
-    ) -> None:  # fmt: skip
+    ) -> list[str]:  # fmt: skip
         """``tasks`` of fairness key ``key`` (its weight from now on) wait in the key's line
         of ``queue``, with no ticket (:func:`siq_celery.model.fair_push`); the state is
         created if missing, as a claim creates it. A release hands them tickets in fair
         order (:func:`siq_celery.model.fair_promote`) and then releases them as parked
-        tasks. ValueError, with nothing written, for a cost below 1 or a weight outside
+        tasks. A task already waiting in a line waits once. A task still parked under its
+        id (a retry whose last run's releaser has not yet forgotten it: its unpark by id
+        would drop it) does not join: its id is returned, for the caller to send it again
+        later. ValueError, with nothing written, for a cost below 1 or a weight outside
         1..MAX_FAIR_WEIGHT."""
 
     @abstractmethod
@@ -531,6 +534,10 @@ class Transaction(ABC):
 
     @abstractmethod
     def parked_count(self) -> int: ...
+
+    @abstractmethod
+    def is_parked(self, task_id: str) -> bool:
+        """Whether ``task_id`` is parked under a ticket (leased to a releaser or not)."""
 
     @abstractmethod
     def fair_lines(self) -> model.FairLines:
@@ -899,15 +906,19 @@ class ModelBackend(Backend):
     def fair_park(
         self, queue: str, key: str, weight: int, tasks: Sequence[FairTask], interval_us: int, epoch: str,
         *, limits: Limits = NO_LIMITS,
-    ) -> None:  # fmt: skip
+    ) -> list[str]:  # fmt: skip
         model.fair_check(key, weight, [t.cost for t in tasks])  # before anything is written
+        still_parked: list[str] = []
         with self._following_one(queue) as tx:
             self._created(tx, queue, interval_us, epoch, limits)
             lines, messages = tx.fair_lines(), tx.fair_messages()
             for task in tasks:
-                if messages.get(task.task_id) is None:  # a publish sent again waits once
+                if tx.is_parked(task.task_id):  # its last run's releaser may be about to unpark it
+                    still_parked.append(task.task_id)
+                elif messages.get(task.task_id) is None:  # a publish sent again waits once
                     model.fair_push(lines, key, task.task_id, task.cost, weight)
                     messages.keep(task.task_id, task.message)
+        return still_parked
 
     def fair_backlog(self, queue: str, top: int = 10) -> FairBacklog:
         check_top(top)

@@ -164,6 +164,9 @@ class _MemoryTransaction(Transaction):
         for task_id in task_ids:
             parked.pop(task_id, None)
 
+    def is_parked(self, task_id: str) -> bool:
+        return task_id in self._parked()
+
     def parked_count(self) -> int:  # the tasks waiting in fair lines are parked without a ticket
         return len(self._store.parked.get(self._queue, {})) + len(self._store.fair_messages.get(self._queue, {}))
 

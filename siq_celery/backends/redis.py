@@ -1052,13 +1052,14 @@ class RedisBackend(Backend):
     def fair_park(
         self, queue: str, key: str, weight: int, tasks: Sequence[FairTask], interval_us: int, epoch: str,
         *, limits: Limits = NO_LIMITS,
-    ) -> None:  # fmt: skip
+    ) -> list[str]:  # fmt: skip
         fair_check(key, weight, [t.cost for t in tasks])  # before anything is written
         k = self.keys(queue)
         args: list[Any] = [interval_us, epoch, self.idle_expiry_us(queue), *_limit_args(limits), key, weight]
         for t in tasks:
             args += [t.task_id, t.cost, t.message]
-        self._run("fair_park", queue, [*k.all, *k.fair_keys[1:]], args)
+        reply = self._run("fair_park", queue, [*k.all, *k.fair_keys[1:]], args)
+        return [_text(task_id) for task_id in reply[1:]]
 
     def fair_backlog(self, queue: str, top: int = 10) -> FairBacklog:
         check_top(top)

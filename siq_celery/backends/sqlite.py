@@ -355,6 +355,12 @@ class _SqliteTransaction(Transaction):
             "DELETE FROM siq_parked WHERE prefix=? AND queue=? AND task_id=?", [(*self._key, t) for t in task_ids]
         )
 
+    def is_parked(self, task_id: str) -> bool:
+        row = self._c.execute(
+            "SELECT 1 FROM siq_parked WHERE prefix=? AND queue=? AND task_id=?", (*self._key, task_id)
+        ).fetchone()
+        return row is not None
+
     def parked_count(self) -> int:  # the tasks waiting in fair lines are parked without a ticket
         (n,) = self._c.execute(
             "SELECT (SELECT COUNT(*) FROM siq_parked WHERE prefix=? AND queue=?) "

@@ -283,6 +283,23 @@ def test_sqlite_lines_follow_the_reference(store: Store) -> None:
     assert sqlite_rows(store) == {"siq_fair_vtime": 0, "siq_fair_keys": 0, "siq_fair_tasks": 0}
 
 
+def test_a_task_still_parked_under_its_id_does_not_join_a_line(store: Store) -> None:
+    """A task that comes back under its id (a retry, a call with its own ETA reaching a
+    worker) while the releaser of its last run has not yet forgotten that run: a release
+    would park it under that id, and the releaser's unpark by id would drop it. It does not
+    join, and the caller is told (it sends it again later); once forgotten, it joins."""
+    backend = store.backend()
+    park(backend, "A", 0, 0)
+    [(released, _)] = backend.release("q", H).tasks  # published, not yet forgotten
+    refused = backend.fair_park("q", "A", 1, tasks("A", 0, 0), I, "e1")
+    backend.release("q", H)  # another worker's release meanwhile
+    backend.unpark("q", [released.task_id])  # the first releaser forgets what it published
+    kept = backend.fair_backlog("q").tasks_waiting + len(backend.parked_tasks("q"))
+    assert (refused, kept) == (["A0"], 0), f"refused {refused}, {kept} kept: lost unless the caller was told"
+    assert backend.fair_park("q", "A", 1, tasks("A", 0, 0), I, "e1") == []
+    assert [p.task_id for p, _ in backend.release("q", H).tasks] == ["A0"]
+
+
 def test_tickets_that_never_start_do_not_hold_the_lookahead(store: Store) -> None:
     """A ticket handed out whose task never starts (revoked, expired, lost, a duplicate)
     keeps its place in the lookahead only until the newest ticket's slot is more than the

@@ -121,3 +121,32 @@ def test_a_node_killed_mid_run_loses_nothing_and_keeps_the_shares(celery_run: Ce
     for tenant, expected in ((0, 150), (1, 75), (2, 75)):
         assert abs(shares[tenant] - expected) <= 0.05 * expected, shares
     assert_spacing(starts, 50_000)
+
+
+def test_one_tenants_retries_leave_another_its_share(celery_run: CeleryRun) -> None:
+    """200 calls of A with their own countdown (a retry is published so: Celery's retry is
+    apply_async with a countdown) beside 20 of B, at 20 ms: A's are published with no ticket
+    and join A's line when they reach a worker (a ticket each at publish filled the
+    lookahead, and B waited for all 200), so B's first starts within the lookahead and its
+    20 within 60 slots."""
+    from siq_celery.backends import backend_from_url
+    from siq_celery.model import fair_lookahead
+
+    celery_run.env.update(SIQ_TEST_INTERVAL="20ms", SIQ_TEST_TENANTS="A,B")
+    celery_run.start_workers(1, 4, "prefork")
+    fair = celery_run.app.tasks["geo.fair"]
+    for n in range(200):
+        fair.apply_async((n,), countdown=0)
+    status = backend_from_url(celery_run.env["SIQ_TEST_STORE"]).status("geo")
+    started = status.state.current if status is not None else 0
+    for n in range(20):
+        fair.delay(TENANT + n)
+    starts = celery_run.wait_for(lambda s: len(s) >= 220, 120, "all 220 tasks")
+    b = sorted(r["ticket"] - started for r in starts if r["n"] >= TENANT)
+    ahead = fair_lookahead(20_000)
+    print(f"\n{started} tickets started when B published; B's in the slots after: {b} (lookahead {ahead})")
+    # after the tickets handed out when it came (at most the lookahead), and A's head on a tie
+    assert b[0] <= ahead + 2, "B's first starts within the lookahead"
+    assert b[-1] <= 60, "B's 20 start within 60 slots"
+    assert sorted(r["n"] for r in starts) == [*range(200), *range(TENANT, TENANT + 20)], "each runs once"
+    assert_spacing(starts, 20_000)

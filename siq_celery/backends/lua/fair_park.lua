@@ -15,8 +15,10 @@
 -- ARGV[9]  the fairness key
 -- ARGV[10]  its weight, 1..MAX_FAIR_WEIGHT (from now on)
 -- ARGV[11..]  triples: task id, cost (>= 1), message (JSON); a task id already waiting is
---             skipped (a publish sent again waits once)
--- Returns the number of tasks that joined the line.
+--             skipped (a publish sent again waits once), and so is one still parked under
+--             a ticket (KEYS[5]: a retry whose last run's releaser has not yet unparked it,
+--             which would drop it): its id is returned, for the caller to send it later
+-- Returns {the number of tasks that joined the line, the ids still parked...}.
 -- Errors (nothing written): SIQNOTFOUND (no state and ARGV[2] = 0), SIQCORRUPT <field>
 -- <value>, SIQFAIR (a weight or a cost out of range; the caller checks them first).
 local now = siq_now(ARGV[1])
@@ -36,13 +38,15 @@ elseif siq_follow_expiry(KEYS[7], s, now) then
   siq_save(KEYS[1], s)
 end
 local f = siq_fair(KEYS[1], {KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]})
-local joined = 0
+local reply = {0}
 for i = 11, #ARGV, 3 do
-  if redis.call('HEXISTS', f.messages, ARGV[i]) == 0 then
+  if redis.call('HEXISTS', KEYS[5], ARGV[i]) == 1 then
+    table.insert(reply, ARGV[i])
+  elseif redis.call('HEXISTS', f.messages, ARGV[i]) == 0 then
     siq_fair_push(f, ARGV[9], ARGV[i], tonumber(ARGV[i + 1]), weight)
     redis.call('HSET', f.messages, ARGV[i], ARGV[i + 2])
-    joined = joined + 1
+    reply[1] = reply[1] + 1
   end
 end
 siq_touch({unpack(KEYS, 1, 12)}, s, tonumber(ARGV[4]), now)  -- pinned while tasks wait
-return joined
+return reply
