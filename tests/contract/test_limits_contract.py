@@ -391,6 +391,29 @@ def test_starts_of_every_cost_leave_the_window_each_with_its_own_units(store: St
     assert q.status().window_used == 6
 
 
+def test_a_costly_start_beside_starts_an_earlier_version_recorded(store: Store) -> None:
+    """Starts of cost 1 an earlier version recorded are read by rank, unnumbered; the first
+    start of cost 2 beside them has them numbered first, so each is counted once."""
+    q = queue(store, interval="1ms", quota="5/1s")
+    t0 = q.ensure().last_start_us
+    tickets = q.claim_many(3)
+    for n, ticket in enumerate(tickets):
+        at(store, t0 + (n + 1) * 10_000)
+        assert q.start(ticket).authorized
+    as_an_earlier_version_wrote_it(store, q)
+    at(store, t0 + 40_000)
+    assert q.start(q.claim(cost=2), cost=2).authorized
+    assert q.status().window_used == 5
+    one = q.claim()
+    d = q.start(one)
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 10_000 + S
+    at(store, t0 + 30_000 + S)  # three starts of cost 1 left
+    assert q.status().window_used == 2
+    assert q.start(one).authorized
+    d = q.start(q.claim(cost=3), cost=3)
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 40_000 + S  # the cost-2 start must leave
+
+
 def test_a_start_recorded_before_the_newest_counts_at_its_own_time(store: Store) -> None:
     """The store clock stepped back between two starts (a pinned clock here; Redis TIME after
     a step of the host's clock): the window counts each start from its own time."""

@@ -201,7 +201,8 @@ end
 -- that left, never by reading every start: a full window of 20,000 starts, one of them of
 -- cost 2, is not read whole on every decision. A window written otherwise (by a version
 -- that numbered the starts one by one, w_seq; or a start recorded out of time order) is
--- numbered anew once, at the next write (siq_window_number).
+-- numbered anew once (siq_window_number): by the first write that needs its numbers, or by
+-- the next start (a window whose starts all cost 1 is read by rank and needs none).
 local function siq_member_cost(member)
   return tonumber(string.sub(member, string.find(member, ':', 1, true) + 1))
 end
@@ -274,14 +275,11 @@ local function siq_rank_units(u, rank)
   return n
 end
 
--- When the unit-th cost unit kept started (oldest first): by rank when every start cost 1,
--- else by bisection on the numbers (u.base: the units before the first start kept).
--- u.skip: the starts (members) before the first one kept, that a read only hides.
+-- When the unit-th cost unit kept started (oldest first): by rank when every start cost 1
+-- (u.ones), else by bisection on the numbers (u.base: the units before the first start kept;
+-- nil: a window not numbered by units, read whole). u.card: the starts in the window; u.skip:
+-- the starts (members) before the first one kept, that a read only hides.
 local function siq_unit_time(u, unit)
-  if u.card == nil then
-    u.card = redis.call('ZCARD', u.key)
-    u.ones = u.card - u.skip == u.s.w_used
-  end
   if u.ones then
     local rank = unit - 1 + u.skip
     return tonumber(redis.call('ZRANGE', u.key, rank, rank, 'WITHSCORES')[2])
@@ -307,16 +305,24 @@ end
 
 -- Read the window at now (nil without a quota): forget the starts that left it, and when
 -- the window held the head until one of them left, the line is due from then (the anchor
--- moves; written to the state hash at once, as is w_used).
+-- moves; written to the state hash at once, as is w_used). A window whose starts all cost 1
+-- is read by rank (as many starts as units: its numbers are not read); one with a costlier
+-- start by its numbers, checked first (siq_window_base) and numbered anew if need be.
 local function siq_units(wkey, skey, s, now)
   if s.quota <= 0 then return nil end
-  if s.w_used > 0 and redis.call('ZCARD', wkey) == 0 then  -- its starts expired: none to count
+  local card = redis.call('ZCARD', wkey)
+  if s.w_used > 0 and card == 0 then  -- its starts expired: none to count
     s.w_used = 0
     redis.call('HSET', skey, 'w_used', 0)
   end
-  local base = siq_window_base(wkey, skey, s)
-  if base == nil then base = siq_window_number(wkey, skey, s) end
-  local u = {key = wkey, s = s, times = {}, skip = 0, base = base, ranks = {}}
+  local u = {key = wkey, s = s, times = {}, skip = 0, card = card, ones = card == s.w_used, ranks = {}}
+  if not u.ones then
+    u.base = siq_window_base(wkey, skey, s)
+    if u.base == nil then
+      u.base = siq_window_number(wkey, skey, s)
+      u.ones = card == s.w_used
+    end
+  end
   local cutoff = now - s.window_us
   local unit = s.w_used + 1 - s.quota
   if unit >= 1 then
@@ -328,11 +334,16 @@ local function siq_units(wkey, skey, s, now)
   end
   local gone = redis.call('ZCOUNT', wkey, '-inf', cutoff)
   if gone > 0 then
-    local n = siq_member_units(redis.call('ZRANGE', wkey, gone - 1, gone - 1)[1])  -- the last start that left
+    local units = gone
+    if not u.ones then  -- the units up to the last start that left
+      local n = siq_member_units(redis.call('ZRANGE', wkey, gone - 1, gone - 1)[1])
+      units, u.base = n - u.base, n
+    end
     redis.call('ZREMRANGEBYSCORE', wkey, '-inf', cutoff)
-    s.w_used = math.max(s.w_used - (n - u.base), 0)
+    s.w_used = math.max(s.w_used - units, 0)
     redis.call('HSET', skey, 'w_used', s.w_used)
-    u.base, u.card, u.ones, u.ranks = n, nil, nil, {}
+    u.card, u.ranks = card - gone, {}
+    u.ones = u.card == s.w_used
   end
   u.m = s.w_used
   return u
@@ -346,29 +357,30 @@ local function siq_units_read(wkey, skey, s, now)
   if s.quota <= 0 then return nil end
   local c = {}
   for k, v in pairs(s) do c[k] = v end
-  if c.w_used > 0 and redis.call('ZCARD', wkey) == 0 then c.w_used = 0 end  -- its starts expired
-  local u = {key = wkey, s = c, times = {}, skip = 0, base = siq_window_base(wkey, skey, c), ranks = {}}
+  local card = redis.call('ZCARD', wkey)
+  if c.w_used > 0 and card == 0 then c.w_used = 0 end  -- its starts expired
+  local u = {key = wkey, s = c, times = {}, skip = 0, card = card, ones = card == c.w_used, ranks = {}}
+  if not u.ones then u.base = siq_window_base(wkey, skey, c) end
   local cutoff = now - c.window_us
   local unit = c.w_used + 1 - c.quota
   if unit >= 1 then
     local left = siq_unit_time(u, unit)
     if left and left <= cutoff then c.anchor_us = math.max(c.anchor_us, left + c.window_us - c.interval_us) end
   end
-  if u.base then
-    local gone = redis.call('ZCOUNT', wkey, '-inf', cutoff)
-    if gone > 0 then
+  local gone = redis.call('ZCOUNT', wkey, '-inf', cutoff)
+  if gone > 0 then
+    local units = gone
+    if u.base then
       local n = siq_member_units(redis.call('ZRANGE', wkey, gone - 1, gone - 1)[1])
-      c.w_used = math.max(c.w_used - (n - u.base), 0)
-      u.skip, u.base, u.card, u.ones, u.ranks = gone, n, nil, nil, {}
+      units, u.base = n - u.base, n
+    elseif not u.ones then
+      units = 0
+      for _, member in ipairs(redis.call('ZRANGE', wkey, 0, gone - 1)) do units = units + siq_member_cost(member) end
+      u.list = nil
     end
-  else
-    local gone = redis.call('ZRANGEBYSCORE', wkey, '-inf', cutoff)
-    if #gone > 0 then
-      local units = 0
-      for _, member in ipairs(gone) do units = units + siq_member_cost(member) end
-      c.w_used = math.max(c.w_used - units, 0)
-      u.skip, u.card, u.ones, u.list = #gone, nil, nil, nil
-    end
+    c.w_used = math.max(c.w_used - units, 0)
+    u.skip, u.ranks = gone, {}
+    u.ones = card - gone == c.w_used
   end
   u.m = c.w_used
   return u
@@ -530,6 +542,7 @@ end
 local function siq_commit(key, s, ticket, cost, now, wkey, lkey, member, expires, run)
   local i, old = s.interval_us, s.current
   if ticket > 0 and ticket + cost - 1 > s.current then s.current = ticket + cost - 1 end
+  local newest = s.started_us  -- the newest start in the window, if any (siq_units)
   s.started_us = now  -- what the status shows; the cap counts from the last slot used
   s.last_start_us = math.max(s.last_start_us + i, now) + (cost - 1) * i
   s.anchor_us = math.max(s.anchor_us + (s.current - old) * i, s.last_start_us - s.burst * i)
@@ -537,12 +550,14 @@ local function siq_commit(key, s, ticket, cost, now, wkey, lkey, member, expires
   -- sixth of its server time): whatever else changed since the load was written then.
   if s.quota > 0 then
     local units = math.min(cost, s.quota)
-    local newest = redis.call('ZRANGE', wkey, -1, -1, 'WITHSCORES')
-    redis.call('ZADD', wkey, now, siq_member(redis.call('HINCRBY', key, 'w_cum', units), units))
-    if #newest > 0 and tonumber(newest[2]) > now then  -- out of time order: numbered anew at the next read
-      redis.call('HDEL', key, 'w_cum')
+    local n = redis.call('HINCRBY', key, 'w_cum', units)
+    if n == units and redis.call('ZCARD', wkey) > 0 then  -- w_cum was missing: number the starts kept first
+      siq_window_number(wkey, key, s)
+      n = redis.call('HINCRBY', key, 'w_cum', units)
     end
+    redis.call('ZADD', wkey, now, siq_member(n, units))
     s.w_used = s.w_used + units
+    if now < newest then siq_window_number(wkey, key, s) end  -- a start out of time order: numbered anew
     redis.call('HSET', key, 'current', s.current, 'anchor_us', s.anchor_us, 'last_start_us', s.last_start_us,
                'started_us', s.started_us, 'w_used', s.w_used)
   else
