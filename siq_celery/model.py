@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
@@ -86,37 +87,45 @@ class Window(Protocol):
 
 
 class ListWindow:
-    """A :class:`Window` in memory (the memory store's, and the reference's)."""
+    """A :class:`Window` in memory (the memory store's, and the reference's). ``units[i]``
+    counts the units of the starts up to ``entries[i]`` (and of those gone before), so a
+    unit's start is found by bisection, never by walking the window."""
 
     def __init__(self, entries: Sequence[tuple[int, int]] = ()) -> None:
         self.entries: list[tuple[int, int]] = sorted(entries)
-        self._used = sum(c for _, c in self.entries)
+        self.units: list[int] = list(itertools.accumulate(c for _, c in self.entries))
+        self._gone = 0  # the units of the starts trimmed
 
     def trim(self, cutoff_us: int) -> None:
         gone = bisect.bisect_right(self.entries, (cutoff_us, 1 << 62))
         if gone:
-            self._used -= sum(c for _, c in self.entries[:gone])
-            del self.entries[:gone]
+            self._gone = self.units[gone - 1]
+            del self.entries[:gone], self.units[:gone]
 
     def used(self) -> int:
-        return self._used
+        return self.units[-1] - self._gone if self.units else 0
 
     def unit_time(self, unit: int) -> int:
-        for t, c in self.entries:
-            unit -= c
-            if unit <= 0:
-                return t
-        raise IndexError(unit)
+        at = bisect.bisect_left(self.units, self._gone + unit)
+        if at == len(self.units):
+            raise IndexError(unit)
+        return self.entries[at][0]
 
     def add(self, t_us: int, cost: int) -> None:
-        bisect.insort(self.entries, (t_us, cost))
-        self._used += cost
+        at = bisect.bisect_right(self.entries, (t_us, cost))
+        self.entries.insert(at, (t_us, cost))
+        self._count_from(at)  # a start out of time order: the units after it counted anew
+
+    def _count_from(self, at: int) -> None:
+        below = self.units[at - 1] if at else self._gone
+        self.units[at:] = itertools.accumulate((c for _, c in self.entries[at:]), initial=below)
+        del self.units[at]  # the initial value
 
     def move(self, from_us: int, to_us: int) -> None:
         at = bisect.bisect_right(self.entries, (from_us, 1 << 62)) - 1
         if at >= 0 and self.entries[at][0] == from_us:
             _, cost = self.entries.pop(at)
-            self._used -= cost
+            self._count_from(at)
             self.add(to_us, cost)
 
 

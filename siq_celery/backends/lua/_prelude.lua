@@ -11,8 +11,8 @@
 -- expires (the interval is recomputed then: siq_follow_expiry), and idle_us, the queue's
 -- idle expiry (siq_touch), so that an operator's reset or override keeps it.
 -- The limits beyond the interval (absent means 0; model.py): burst, quota and window_us, and
--- w_used, the cost units in the queue's window (a sorted set of starts: siq_units), w_seq
--- numbering its members; conc, the concurrency cap (its leases: a sorted set, siq_read_leases).
+-- w_used, the cost units in the queue's window (a sorted set of starts: siq_units), w_cum
+-- numbering its units (w_seq: an earlier version's numbering of its starts); conc, the concurrency cap (its leases: a sorted set, siq_read_leases).
 -- fair_v (absent means 0): a fair queue's virtual time (siq_fair), kept by a reset.
 
 local function siq_now(arg)
@@ -190,21 +190,110 @@ local function siq_touch(keys, s, ttl_us, now)
 end
 
 -- The window quota (model.py: WindowUnits). The queue's window is a sorted set of its
--- starts, score = store time, member '<seq>:<cost>'; s.w_used sums their costs. A reader
+-- starts, score = store time, member '<n>:<cost>'; s.w_used sums their costs. A reader
 -- sees the window's cost units as one sequence: the units kept (1 .. m, oldest first), then
 -- the units of the tickets in line (m + j: ticket current + j), each estimated at the later
 -- of its interval slot and the time the unit quota places before it leaves the window.
+-- n numbers the units: the units the window counted up to and including this start (the
+-- state's w_cum: the newest start's n), 16 digits with leading zeros so that starts at one
+-- time sort as they came. In time order n grows by each start's cost, so the start holding
+-- a unit is found by bisection (siq_unit_time) and the units that left by the last start
+-- that left, never by reading every start: a full window of 20,000 starts, one of them of
+-- cost 2, is not read whole on every decision. A window written otherwise (by a version
+-- that numbered the starts one by one, w_seq; or a start recorded out of time order) is
+-- numbered anew once (siq_window_number): by the first write that needs its numbers, or by
+-- the next start (a window whose starts all cost 1 is read by rank and needs none).
 local function siq_member_cost(member)
   return tonumber(string.sub(member, string.find(member, ':', 1, true) + 1))
 end
 
--- When the unit-th cost unit kept started (oldest first): by rank when every start cost 1.
--- u.skip: the starts (members) before the first one kept, that a read only hides.
+-- A member's n and cost; n is nil unless the member is numbered by units.
+local function siq_member_units(member)
+  local colon = string.find(member, ':', 1, true)
+  if colon ~= 17 then return nil, tonumber(string.sub(member, colon + 1)) end
+  return tonumber(string.sub(member, 1, 16)), tonumber(string.sub(member, 17 + 1))
+end
+
+local function siq_member(n, units)
+  return string.format('%016.0f:%.0f', n, units)
+end
+
+-- The units counted before the first start kept, if the window is numbered by units and
+-- agrees with the state: the oldest and the newest start bound the units kept (w_used), the
+-- newest is w_cum. nil: it is not (siq_window_number).
+local function siq_window_base(wkey, skey, s)
+  local cum = tonumber(redis.call('HGET', skey, 'w_cum'))
+  if cum == nil then return nil end
+  local first = redis.call('ZRANGE', wkey, 0, 0)
+  if #first == 0 then
+    if s.w_used == 0 then return cum end
+    return nil
+  end
+  local n1, c1 = siq_member_units(first[1])
+  local n2 = siq_member_units(redis.call('ZRANGE', wkey, -1, -1)[1])
+  if n1 == nil or n2 == nil or n2 ~= cum or n2 - (n1 - c1) ~= s.w_used then return nil end
+  return n1 - c1
+end
+
+-- Number the window's starts by units, oldest first (once: a window an earlier version
+-- wrote, or one a start out of time order left unordered), and recount w_used from them.
+-- The numbers go on above every number in the window, so no new member is an old one, and
+-- each start is added again before it is removed, so the key keeps its expiry. Returns the
+-- units counted before the first start kept.
+local function siq_window_number(wkey, skey, s)
+  local all = redis.call('ZRANGE', wkey, 0, -1, 'WITHSCORES')
+  local base = tonumber(redis.call('HGET', skey, 'w_cum')) or 0
+  for j = 1, #all, 2 do
+    local n = tonumber(string.sub(all[j], 1, string.find(all[j], ':', 1, true) - 1)) or 0
+    if n > base then base = n end
+  end
+  local n, new, old = base, {}, {}
+  for j = 1, #all, 2 do
+    local units = siq_member_cost(all[j])
+    n = n + units
+    new[#new + 1] = all[j + 1]  -- the score as Redis wrote it
+    new[#new + 1] = siq_member(n, units)
+    old[#old + 1] = all[j]
+    if #old >= 1000 or j + 1 >= #all then
+      redis.call('ZADD', wkey, unpack(new))
+      redis.call('ZREM', wkey, unpack(old))
+      new, old = {}, {}
+    end
+  end
+  s.w_used = n - base
+  redis.call('HSET', skey, 'w_cum', n, 'w_used', s.w_used)
+  return base
+end
+
+-- The number n of the start at rank (memoized per read).
+local function siq_rank_units(u, rank)
+  local n = u.ranks[rank]
+  if n == nil then
+    n = siq_member_units(redis.call('ZRANGE', u.key, rank, rank)[1])
+    u.ranks[rank] = n
+  end
+  return n
+end
+
+-- When the unit-th cost unit kept started (oldest first): by rank when every start cost 1
+-- (u.ones), else by bisection on the numbers (u.base: the units before the first start kept;
+-- nil: a window not numbered by units, read whole). u.card: the starts in the window; u.skip:
+-- the starts (members) before the first one kept, that a read only hides.
 local function siq_unit_time(u, unit)
-  if u.ones == nil then u.ones = redis.call('ZCARD', u.key) - u.skip == u.s.w_used end
   if u.ones then
     local rank = unit - 1 + u.skip
     return tonumber(redis.call('ZRANGE', u.key, rank, rank, 'WITHSCORES')[2])
+  end
+  if u.base then  -- the first start whose number reaches the unit: every start holds 1 .. quota units
+    local want = u.base + unit
+    local lo = u.skip + math.ceil(unit / u.s.quota) - 1
+    local hi = math.min(u.skip + unit - 1, u.card - 1)
+    if lo > hi or siq_rank_units(u, hi) < want then return nil end
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if siq_rank_units(u, mid) >= want then hi = mid else lo = mid + 1 end
+    end
+    return tonumber(redis.call('ZRANGE', u.key, lo, lo, 'WITHSCORES')[2])
   end
   if not u.list then u.list = redis.call('ZRANGE', u.key, u.skip, -1, 'WITHSCORES') end
   for j = 1, #u.list, 2 do
@@ -216,14 +305,24 @@ end
 
 -- Read the window at now (nil without a quota): forget the starts that left it, and when
 -- the window held the head until one of them left, the line is due from then (the anchor
--- moves; written to the state hash at once, as is w_used).
+-- moves; written to the state hash at once, as is w_used). A window whose starts all cost 1
+-- is read by rank (as many starts as units: its numbers are not read); one with a costlier
+-- start by its numbers, checked first (siq_window_base) and numbered anew if need be.
 local function siq_units(wkey, skey, s, now)
   if s.quota <= 0 then return nil end
-  if s.w_used > 0 and redis.call('ZCARD', wkey) == 0 then  -- its starts expired: none to count
+  local card = redis.call('ZCARD', wkey)
+  if s.w_used > 0 and card == 0 then  -- its starts expired: none to count
     s.w_used = 0
     redis.call('HSET', skey, 'w_used', 0)
   end
-  local u = {key = wkey, s = s, times = {}, skip = 0}
+  local u = {key = wkey, s = s, times = {}, skip = 0, card = card, ones = card == s.w_used, ranks = {}}
+  if not u.ones then
+    u.base = siq_window_base(wkey, skey, s)
+    if u.base == nil then
+      u.base = siq_window_number(wkey, skey, s)
+      u.ones = card == s.w_used
+    end
+  end
   local cutoff = now - s.window_us
   local unit = s.w_used + 1 - s.quota
   if unit >= 1 then
@@ -233,14 +332,18 @@ local function siq_units(wkey, skey, s, now)
       redis.call('HSET', skey, 'anchor_us', s.anchor_us)
     end
   end
-  local gone = redis.call('ZRANGEBYSCORE', wkey, '-inf', cutoff)
-  if #gone > 0 then
-    local units = 0
-    for _, member in ipairs(gone) do units = units + siq_member_cost(member) end
+  local gone = redis.call('ZCOUNT', wkey, '-inf', cutoff)
+  if gone > 0 then
+    local units = gone
+    if not u.ones then  -- the units up to the last start that left
+      local n = siq_member_units(redis.call('ZRANGE', wkey, gone - 1, gone - 1)[1])
+      units, u.base = n - u.base, n
+    end
     redis.call('ZREMRANGEBYSCORE', wkey, '-inf', cutoff)
     s.w_used = math.max(s.w_used - units, 0)
     redis.call('HSET', skey, 'w_used', s.w_used)
-    u.ones, u.list = nil, nil
+    u.card, u.ranks = card - gone, {}
+    u.ones = u.card == s.w_used
   end
   u.m = s.w_used
   return u
@@ -248,24 +351,36 @@ end
 
 -- The window read at now without a write (model.status_window): siq_units on a copy of s,
 -- hiding the starts that left the window instead of forgetting them; nil without a quota.
-local function siq_units_read(wkey, s, now)
+-- skey: the state hash (its w_cum). A window not numbered by units is read whole
+-- (numbering it is a write).
+local function siq_units_read(wkey, skey, s, now)
   if s.quota <= 0 then return nil end
   local c = {}
   for k, v in pairs(s) do c[k] = v end
-  if c.w_used > 0 and redis.call('ZCARD', wkey) == 0 then c.w_used = 0 end  -- its starts expired
-  local u = {key = wkey, s = c, times = {}, skip = 0}
+  local card = redis.call('ZCARD', wkey)
+  if c.w_used > 0 and card == 0 then c.w_used = 0 end  -- its starts expired
+  local u = {key = wkey, s = c, times = {}, skip = 0, card = card, ones = card == c.w_used, ranks = {}}
+  if not u.ones then u.base = siq_window_base(wkey, skey, c) end
   local cutoff = now - c.window_us
   local unit = c.w_used + 1 - c.quota
   if unit >= 1 then
     local left = siq_unit_time(u, unit)
     if left and left <= cutoff then c.anchor_us = math.max(c.anchor_us, left + c.window_us - c.interval_us) end
   end
-  local gone = redis.call('ZRANGEBYSCORE', wkey, '-inf', cutoff)
-  if #gone > 0 then
-    local units = 0
-    for _, member in ipairs(gone) do units = units + siq_member_cost(member) end
+  local gone = redis.call('ZCOUNT', wkey, '-inf', cutoff)
+  if gone > 0 then
+    local units = gone
+    if u.base then
+      local n = siq_member_units(redis.call('ZRANGE', wkey, gone - 1, gone - 1)[1])
+      units, u.base = n - u.base, n
+    elseif not u.ones then
+      units = 0
+      for _, member in ipairs(redis.call('ZRANGE', wkey, 0, gone - 1)) do units = units + siq_member_cost(member) end
+      u.list = nil
+    end
     c.w_used = math.max(c.w_used - units, 0)
-    u.skip, u.ones, u.list = #gone, nil, nil
+    u.skip, u.ranks = gone, {}
+    u.ones = card - gone == c.w_used
   end
   u.m = c.w_used
   return u
@@ -427,6 +542,7 @@ end
 local function siq_commit(key, s, ticket, cost, now, wkey, lkey, member, expires, run)
   local i, old = s.interval_us, s.current
   if ticket > 0 and ticket + cost - 1 > s.current then s.current = ticket + cost - 1 end
+  local newest = s.started_us  -- the newest start in the window, if any (siq_units)
   s.started_us = now  -- what the status shows; the cap counts from the last slot used
   s.last_start_us = math.max(s.last_start_us + i, now) + (cost - 1) * i
   s.anchor_us = math.max(s.anchor_us + (s.current - old) * i, s.last_start_us - s.burst * i)
@@ -434,8 +550,14 @@ local function siq_commit(key, s, ticket, cost, now, wkey, lkey, member, expires
   -- sixth of its server time): whatever else changed since the load was written then.
   if s.quota > 0 then
     local units = math.min(cost, s.quota)
-    redis.call('ZADD', wkey, now, redis.call('HINCRBY', key, 'w_seq', 1) .. ':' .. units)
+    local n = redis.call('HINCRBY', key, 'w_cum', units)
+    if n == units and redis.call('ZCARD', wkey) > 0 then  -- w_cum was missing: number the starts kept first
+      siq_window_number(wkey, key, s)
+      n = redis.call('HINCRBY', key, 'w_cum', units)
+    end
+    redis.call('ZADD', wkey, now, siq_member(n, units))
     s.w_used = s.w_used + units
+    if now < newest then siq_window_number(wkey, key, s) end  -- a start out of time order: numbered anew
     redis.call('HSET', key, 'current', s.current, 'anchor_us', s.anchor_us, 'last_start_us', s.last_start_us,
                'started_us', s.started_us, 'w_used', s.w_used)
   else

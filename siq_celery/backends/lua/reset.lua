@@ -24,6 +24,7 @@ local now = siq_now(ARGV[1])
 local interval = tonumber(ARGV[2])
 local s = siq_load(KEYS[1])  -- corrupt state is replaced, not reported
 local seq = redis.call('HGET', KEYS[1], 'w_seq')
+local cum = redis.call('HGET', KEYS[1], 'w_cum')  -- the window's numbering (siq_units) is kept with it
 local fair_v = redis.call('HGET', KEYS[1], 'fair_v')  -- the fair lines are kept (siq_fair)
 local old = s
 if s then
@@ -40,6 +41,7 @@ s = siq_new(now, interval, ARGV[3], old.burst, old.quota, old.window_us, old.con
 s.last_start_us, s.until_us, s.idle_us, s.w_used = old.last_start_us, old.until_us, old.idle_us, old.w_used
 local started, held = old.started_us, old.held_until_us
 if seq then redis.call('HSET', KEYS[1], 'w_seq', seq) end
+if cum then redis.call('HSET', KEYS[1], 'w_cum', cum) end
 if fair_v then redis.call('HSET', KEYS[1], 'fair_v', fair_v) end
 s.started_us, s.held_until_us = started, held  -- kept, as the last start is
 s.anchor_us = now - interval  -- ticket 1 of the new life is due at once

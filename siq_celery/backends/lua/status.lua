@@ -34,7 +34,7 @@ table.insert(reply, redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4]) 
 local refused = redis.call('HMGET', KEYS[6], 'duplicate', 'reclaim')
 table.insert(reply, tonumber(refused[1]) or 0)
 table.insert(reply, tonumber(refused[2]) or 0)
-local u = siq_units_read(KEYS[7], s, now)  -- the starts that left the window are hidden, not forgotten
+local u = siq_units_read(KEYS[7], KEYS[1], s, now)  -- the starts that left the window are hidden, not forgotten
 local used, head, last = 0, 0, 0
 if u then
   used, head = u.m, siq_window_slot(u, s.current + 1, 1)
