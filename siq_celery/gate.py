@@ -108,6 +108,7 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
         # (stored, acknowledged, errbacks called), and after_return remembers the finish.
         error = LostDeliveriesError.of(f"{task.name}[{task_id}]", line.max_lost_deliveries)
         logger.error("%s", error)
+        request.siq_poison = True
         raise error from None
 
 
@@ -186,7 +187,12 @@ def send_deferred_event(task: IntervalTaskLike, ticket: Ticket, decision: Decisi
 
 def record_finish(task: IntervalTaskLike, status: str, task_id: str, args: Any, kwargs: Any) -> None:
     """After SUCCESS or FAILURE (not RETRY, not our Ignore): the task is done, so a
-    redelivered copy of it must not run again; parked tasks due by now are released."""
+    redelivered copy of it must not run again; parked tasks due by now are released. Only
+    for a body that started (or a poison message, refused for good): a task that failed
+    before its start (a bad cost, a route that raised) is not remembered as finished."""
+    request = task.request
+    if getattr(request, "siq_decision", None) is None and not getattr(request, "siq_poison", False):
+        return
     queue, line = task.siq_line(args, kwargs)
     outcome, lease = "SUCCESS" if status == "SUCCESS" else "FAILURE", _lease(task)
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -100,6 +101,8 @@ _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, RedisClusterException
 _AUTHENTICATION = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
 #: Whatever redis-py raises (its Cluster errors are not RedisErrors).
 _REDIS_ERRORS = (redis.RedisError, RedisClusterException)
+#: An error reply of siq_celery's own scripts (SIQNOTFOUND, SIQCORRUPT, SIQFAIR).
+_OWN_REPLY = re.compile(r"\bSIQ[A-Z]+\b")
 
 
 class Unreplicated(StoreUnavailableError):
@@ -128,8 +131,10 @@ class Overtaken(StoreUnavailableError):
 def store_error(exc: Exception, queue: str | None = None) -> Exception:
     """The :class:`SiqError` for what redis-py raised while talking to the store: a
     refused login, a database the server does not have, a user the ACL does not allow, no
-    answer, or options the client refused. Any other server reply (an operation's own
-    error) is returned as it is."""
+    answer, or options the client refused. Any other error reply of the server (READONLY
+    from a replica after a failover, MASTERDOWN, LOADING, BUSY, OOM, ...) is the store
+    unavailable: nothing starts on it (fail closed), the caller asks again. Only
+    siq_celery's own replies (``SIQ...``, from its scripts) are returned as they are."""
     where = f"queue {queue!r}: " if queue else ""
     text = str(exc).split(" script:")[0]
     if isinstance(exc, _AUTHENTICATION):  # a ConnectionError to redis-py: checked first
@@ -150,7 +155,9 @@ def store_error(exc: Exception, queue: str | None = None) -> Exception:
                 f"{where}the Redis user may not run what siq_celery needs ({text}); "
                 f"grant: ACL SETUSER <user> {' '.join(ACL_RULES)}"
             )
-        return exc
+        if _OWN_REPLY.search(text):
+            return exc
+        return StoreUnavailableError(f"{where}the Redis state store refused the command: {text}")
     if isinstance(exc, _REDIS_ERRORS):  # e.g. an ssl_* option redis-py refuses when it connects
         return ConfigurationError(f"{where}the Redis client refused the store URL: {exc}")
     return exc
@@ -628,7 +635,8 @@ class RedisBackend(Backend):
                 return self.claim(queue, count, interval_us, epoch, limits=limits)
             except redis.ResponseError as exc:
                 give_back(conn)
-                raise self._translate(exc, queue, self.keys(queue).all[0]) from None
+                error = self._translate(exc, queue, self.keys(queue).all[0])
+                raise (store_error(exc, queue) if error is exc else error) from None
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 conn.disconnect()
                 give_back(conn)
