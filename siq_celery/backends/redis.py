@@ -736,12 +736,14 @@ class RedisBackend(Backend):
                 self.lease_timeout_us,
                 *_fair_args(record),
             ],
+            cost,
         )
         return _decision(reply)
 
     def _start_replicated(
-        self, name: str, queue: str, restamps: Sequence[tuple[str, str, bool]], keys: Sequence[str], args: Sequence[Any]
-    ) -> Any:
+        self, name: str, queue: str, restamps: Sequence[tuple[str, str, bool]], keys: Sequence[str], args: Sequence[Any],
+        cost: int = 1,
+    ) -> Any:  # fmt: skip
         """A start script's reply, replicated (:meth:`_run_replicated`). An authorization too
         few replicas acknowledged is not used: its leases are given back (best effort: the
         slot is spent, a gap and never a second start) before StoreUnavailableError.
@@ -770,7 +772,8 @@ class RedisBackend(Backend):
             decision = _decision(r)
             if decision.verdict is not Verdict.AUTHORIZED or burst or took_us < decision.interval_us:
                 continue
-            now = self.restamp(q, epoch, decision.now_us)
+            # Found by its last slot: a start of cost c recorded c - 1 intervals after it.
+            now = self.restamp(q, epoch, decision.now_us + (cost - 1) * decision.interval_us)
             if now is None:
                 self._give_back(replies, [q for q, _, _ in restamps])
                 raise Overtaken(q, took_us)
@@ -823,7 +826,7 @@ class RedisBackend(Backend):
         args = [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost, *per_limits, member, self.lease_timeout_us,
                 *_fair_args(record)]  # fmt: skip
         restamps = [(q, e, lim.burst > 0) for q, e, lim in zip(queues, epochs, each, strict=True)]
-        replies = self._start_replicated("start_all", queues[0], restamps, keys, args)
+        replies = self._start_replicated("start_all", queues[0], restamps, keys, args, cost)
         return [_decision(r) for r in replies]
 
     def _lost_args(self, task_id: str | None) -> list[int]:
