@@ -741,8 +741,8 @@ class RedisBackend(Backend):
         return _decision(reply)
 
     def _start_replicated(
-        self, name: str, queue: str, restamps: Sequence[tuple[str, str, bool]], keys: Sequence[str], args: Sequence[Any],
-        cost: int = 1,
+        self, name: str, queue: str, restamps: Sequence[tuple[str, str, bool]], keys: Sequence[str],
+        args: Sequence[Any], cost: int = 1,
     ) -> Any:  # fmt: skip
         """A start script's reply, replicated (:meth:`_run_replicated`). An authorization too
         few replicas acknowledged is not used: its leases are given back (best effort: the
