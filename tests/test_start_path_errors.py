@@ -16,14 +16,16 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
+from celery import Celery, Signature
+from celery.exceptions import Ignore, Reject
+from kombu.exceptions import OperationalError
 
-from siq_celery import ConfigurationError, IntervalQueue, IntervalTask, StoreUnavailableError
+from siq_celery import ConfigurationError, IntervalQueue, IntervalTask, StoreUnavailableError, gate
 from siq_celery.backends import backend_from_url
 from siq_celery.backends.memory import MemoryBackend
 from siq_celery.pytest_plugin import SiqStore
 from siq_celery.queue import SlotTimeoutError
-from siq_celery.types import Verdict
+from siq_celery.types import Decision, Ticket, Verdict
 from tests.faults.conftest import ControlledRedis
 
 I = 100_000
@@ -135,3 +137,56 @@ def test_a_task_that_failed_before_its_body_is_not_remembered_as_finished(
     decision = queue.start(queue.claim(), task_id="task-early")
     print(f"failed before its body: {result.state}; a later start of its id: {decision.verdict.value}")
     assert decision.verdict is not Verdict.DUPLICATE, "its id is not remembered as finished"
+
+
+# -- a broker that refuses the re-publish of a deferral or a back-off ---------------------
+
+
+class RefusingBroker:
+    """Replaces ``Signature.apply_async``: the first ``refusals`` publishes raise kombu's
+    OperationalError (the broker refused or went away), the later ones are recorded."""
+
+    def __init__(self, refusals: int) -> None:
+        self.left, self.refused = refusals, 0
+        self.sent: list[dict[str, Any]] = []
+
+    def __call__(self, *args: Any, **options: Any) -> None:
+        if self.left:
+            self.left -= 1
+            self.refused += 1
+            raise OperationalError("the broker refused the publish (test)")
+        self.sent.append(options)
+
+
+def deferral(task: Any, queue: str) -> tuple[Ticket, Decision]:
+    ticket = Ticket(queue, 5, "e1", 0, 0)
+    return ticket, Decision(Verdict.WAIT, 5, 1_700_000_000_000_000, 2_000_000, 1_700_000_002_000_000, 10_000)
+
+
+@pytest.mark.parametrize("refusals", [2, 100])
+def test_a_deferral_the_broker_refused_is_published_again_or_given_back_to_the_broker(
+    celery_app: Celery, siq_store: SiqStore, monkeypatch: pytest.MonkeyPatch, refusals: int
+) -> None:
+    """A few refusals: published again after a pause, the delivery ends with Ignore. A
+    broker that keeps refusing: the message goes back to the broker (Reject with requeue:
+    the tasks are acknowledged late), never a failure."""
+    broker = RefusingBroker(refusals)
+    monkeypatch.setattr(Signature, "apply_async", lambda signature, *a, **kw: broker(*a, **kw))
+    monkeypatch.setattr(gate, "REPUBLISH_RETRY_S", (0.0, 0.0, 0.0), raising=False)
+
+    @celery_app.task(base=IntervalTask, shared=False, interval="1s", interval_queue="refused")
+    def work(n: int) -> int:
+        return n
+
+    assert work.acks_late, "interval tasks are acknowledged after they ran"
+    work.push_request(id="task-9", args=(9,), kwargs={}, headers={}, delivery_info={})
+    try:
+        with pytest.raises((Ignore, Reject)) as ended:
+            gate.defer(work, *deferral(work, "refused"))
+    finally:
+        work.pop_request()
+    print(f"{refusals} refusals: {type(ended.value).__name__}, refused {broker.refused}, sent {len(broker.sent)}")
+    if refusals <= 3:
+        assert type(ended.value) is Ignore and len(broker.sent) == 1, "published again: the deferral stands"
+    else:
+        assert isinstance(ended.value, Reject) and ended.value.requeue, "the message goes back to the broker"
