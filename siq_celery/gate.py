@@ -24,25 +24,30 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject
 
 from .admission import ADMISSION
 from .app_state import siq_state
 from .combined import CombinedQueue
+from .deferral_log import note_deferral
 from .errors import CorruptStateError, LostDeliveriesError, QueueNotFoundError, StoreUnavailableError
+from .green import nap
 from .intervals import IntervalLike, parse_duration
 from .leases import FINISH_RETRY_S, KEEPER, PendingFinish
 from .ledger import StartRecord
 from .messages import (
     DEFERRALS,
     HEADER_NAMES,
+    HELD,
     KEEP_TICKET,
     deferrals,
     fair_from_headers,
+    held,
     ticket_from_headers,
     ticket_headers,
 )
@@ -113,6 +118,7 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
         # (stored, acknowledged, errbacks called), and after_return remembers the finish.
         error = LostDeliveriesError.of(f"{task.name}[{task_id}]", line.max_lost_deliveries)
         logger.error("%s", error)
+        request.siq_poison = True
         raise error from None
 
 
@@ -163,18 +169,30 @@ def defer(task: IntervalTaskLike, ticket: Ticket, decision: Decision, own_wait: 
     store if its slot is beyond the horizon; end this delivery. (With several limits,
     only if its own queue's slot is that far: a release follows that queue's line.)"""
     settings = siq_state(task.app).settings
+    request = task.request
+    in_a_row = held(request.headers) if decision.full else 0
     if decision.verdict is Verdict.PAUSED:
         countdown = paused_countdown(decision, settings.paused_poll, settings.countdown_margin)
+    elif decision.full:
+        # The slot came and the cap is full: a lease comes back when a body ends, which no
+        # one knows in advance. Each deferral in a row held by the cap waits twice as long
+        # (max_sleep, 2x, 4x ... up to FULL_WAIT_MAX_S): a long body costs a few re-publishes,
+        # not one every max_sleep, and the start comes at most that late after the release.
+        countdown = min(settings.max_sleep * 2**in_a_row, FULL_WAIT_MAX_S)
     else:
         countdown = max(decision.wait - settings.countdown_margin, 0.0)
-    request = task.request
-    headers = {**(request.headers or {}), **ticket_headers(ticket), DEFERRALS: deferrals(request.headers) + 1}
+    headers = {k: v for k, v in (request.headers or {}).items() if k != HELD}
+    headers.update(ticket_headers(ticket))
+    headers[DEFERRALS] = deferrals(request.headers) + 1
+    if decision.full:
+        headers[HELD] = in_a_row + 1
     signature = task.signature_from_request(request, request.args, request.kwargs, headers=headers)
     own_far = own_wait is None or own_wait > settings.horizon
     far = decision.verdict is Verdict.WAIT and decision.wait > settings.horizon and own_far
     if far and park_this_run(task, task.siq_queue(request.args, request.kwargs), ticket, signature):
-        logger.info("%s[%s]: ticket %s of %r parked, %.0fs from its slot",
-                    task.name, request.id, ticket.number, ticket.queue, decision.wait)  # fmt: skip
+        logger.debug("%s[%s]: ticket %s of %r parked, %.0fs from its slot",
+                     task.name, request.id, ticket.number, ticket.queue, decision.wait)  # fmt: skip
+        note_deferral(ticket.queue, request.id)
         send_deferred_event(task, ticket, decision, decision.wait)
         raise Ignore()
     countdown = min(countdown, settings.horizon)  # nothing waits in a worker beyond the horizon
@@ -182,11 +200,19 @@ def defer(task: IntervalTaskLike, ticket: Ticket, decision: Decision, own_wait: 
     # on this worker's clock, and a worker whose clock is off would send the task to
     # every other worker that much early or late.
     eta = datetime.fromtimestamp(decision.now_us / 1e6 + countdown, UTC)
-    signature.apply_async(eta=eta, **{KEEP_TICKET: True})
-    logger.info("%s[%s]: %s; ticket %s of %r deferred %.3fs",
-                task.name, request.id, decision.verdict.value, ticket.number, ticket.queue, countdown)  # fmt: skip
+    republish(task, signature, "deferral", eta=eta, **{KEEP_TICKET: True})
+    # Waiting is normal: a line per deferral at DEBUG, a summary a minute at INFO, and
+    # Celery's "Task ... ignored" of this delivery left out (deferral_log.py).
+    logger.debug("%s[%s]: %s; ticket %s of %r deferred %.3fs",
+                 task.name, request.id, decision.verdict.value, ticket.number, ticket.queue, countdown)  # fmt: skip
+    note_deferral(ticket.queue, request.id)
     send_deferred_event(task, ticket, decision, countdown)
     raise Ignore()
+
+
+#: The longest a start held by a full concurrency cap waits in the broker before asking
+#: again (seconds): how late, at most, it may start after a lease came back.
+FULL_WAIT_MAX_S = 1.6
 
 
 def park_this_run(task: IntervalTaskLike, queue: IntervalQueue, ticket: Ticket, signature: Any) -> bool:
@@ -216,7 +242,12 @@ def send_deferred_event(task: IntervalTaskLike, ticket: Ticket, decision: Decisi
 
 def record_finish(task: IntervalTaskLike, status: str, task_id: str, args: Any, kwargs: Any) -> None:
     """After SUCCESS or FAILURE (not RETRY, not our Ignore): the task is done, so a
-    redelivered copy of it must not run again; parked tasks due by now are released."""
+    redelivered copy of it must not run again; parked tasks due by now are released. Only
+    for a body that started (or a poison message, refused for good): a task that failed
+    before its start (a bad cost, a route that raised) is not remembered as finished."""
+    request = task.request
+    if getattr(request, "siq_decision", None) is None and not getattr(request, "siq_poison", False):
+        return
     queue, line = task.siq_line(args, kwargs)
     outcome, lease = "SUCCESS" if status == "SUCCESS" else "FAILURE", _lease(task)
     try:
@@ -317,8 +348,48 @@ def back_off(task: IntervalTaskLike, seconds: IntervalLike) -> NoReturn:
         eta = datetime.fromtimestamp(hold_end - settings.countdown_margin, UTC)
     else:  # no store answered: after the hold, on this host's clock
         eta = datetime.now(UTC) + timedelta(microseconds=hold_us)
-    signature.apply_async(eta=eta, **{KEEP_TICKET: True})
+    republish(task, signature, "back-off", eta=eta, **{KEEP_TICKET: True})
     raise Ignore()
+
+
+#: Pauses (seconds) before a re-publish the broker refused is tried again in the worker; then
+#: a task acknowledged late goes back to the broker, one acknowledged early keeps trying.
+REPUBLISH_RETRY_S = (0.1, 0.5, 2.0)
+#: How long a task acknowledged on receipt keeps trying: the broker holds no copy of it.
+REPUBLISH_EARLY_ACK_S = 60.0
+
+
+def republish(task: IntervalTaskLike, signature: Any, what: str, **options: Any) -> None:
+    """Send this very task again (a deferral or a back-off) and return; never lose it. A
+    broker that refuses is asked again after each of :data:`REPUBLISH_RETRY_S`; then the
+    delivery is given back to the broker (Celery's ``Reject`` with requeue: interval tasks
+    are acknowledged after they ran), so another delivery asks the store again later. A task
+    acknowledged on receipt (``acks_late=False``) has no copy in the broker: it keeps
+    trying for :data:`REPUBLISH_EARLY_ACK_S`, then the error is raised."""
+    request = task.request
+    late = bool(getattr(task, "acks_late", False)) and not request.is_eager
+    pauses = iter(REPUBLISH_RETRY_S)
+    began = time.monotonic()
+    while True:
+        try:
+            signature.apply_async(**options)
+            return
+        except Exception as exc:  # kombu's OperationalError, a connection error, ...
+            pause = next(pauses, None)
+            if pause is None and late:
+                logger.warning("%s[%s]: the broker refused the %s's publish: the message goes back to the broker "
+                               "(asked again on its next delivery): %s", task.name, request.id, what, exc)  # fmt: skip
+                raise Reject(exc, requeue=True) from None
+            if pause is None:
+                pause = REPUBLISH_RETRY_S[-1]
+                if time.monotonic() - began + pause > REPUBLISH_EARLY_ACK_S:
+                    logger.error("%s[%s]: the broker refused the %s's publish for %.0fs, and the task was "
+                                 "acknowledged on receipt (acks_late=False): it is lost: %s",
+                                 task.name, request.id, what, time.monotonic() - began, exc)  # fmt: skip
+                    raise
+            logger.warning("%s[%s]: the broker refused the %s's publish; trying again in %.1fs: %s",
+                           task.name, request.id, what, pause, exc)  # fmt: skip
+            nap(pause)
 
 
 def paused_countdown(decision: Decision, poll: float, margin: float) -> float:

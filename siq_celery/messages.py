@@ -25,6 +25,9 @@ QUEUE, TICKET, EPOCH = "siq_queue", "siq_ticket", "siq_epoch"
 HEADER_NAMES = (QUEUE, TICKET, EPOCH)
 #: Message header: times the task was deferred (sent back to wait), for the ledger.
 DEFERRALS = "siq_deferrals"
+#: Message header: deferrals in a row of a start held by a full concurrency cap (gate.py
+#: waits longer each time).
+HELD = "siq_held"
 #: apply_async option (popped, never sent) that re-publishes with the ticket in headers.
 KEEP_TICKET = "siq_keep_ticket"
 _EPOCH = re.compile(r"^[0-9a-f]{1,64}\Z")  # \Z: `$` would also match before a final newline
@@ -40,6 +43,12 @@ def deferrals(headers: Mapping[str, Any] | None) -> int:
     """How many times the task was sent back to wait (for the ledger; bad values count 0)."""
     value = (headers or {}).get(DEFERRALS, 0)
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31 else 0
+
+
+def held(headers: Mapping[str, Any] | None) -> int:
+    """Deferrals in a row held by a full concurrency cap (bad values count 0)."""
+    value = (headers or {}).get(HELD, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 64 else 0
 
 
 def ticket_headers(ticket: Ticket) -> dict[str, Any]:

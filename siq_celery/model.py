@@ -984,8 +984,10 @@ def reset(state: QueueState, now_us: int, epoch: str, interval_us: int | None = 
 
 
 def restamp(state: QueueState, epoch: str, started_us: int, now_us: int, window: Window | None = None) -> int | None:
-    """Move the last start from ``started_us`` to ``now_us`` if it is still the last start
-    of this epoch; return the new start time, else None.
+    """Move the last start to ``now_us`` if it is still the last start of this epoch (the
+    last slot it used is ``started_us``: its start time, or for a start of cost c, c - 1
+    intervals after it, as :func:`commit_start` records it); return the new start time,
+    else None. The start and its last slot move by the same time.
 
     A caller whose authorization reply came back slowly (its process was descheduled)
     starts its body later than the store recorded; re-stamping makes the next start wait
@@ -995,12 +997,14 @@ def restamp(state: QueueState, epoch: str, started_us: int, now_us: int, window:
     ceil(W / I) + B starts in any window W), and a late body is what the burst lets the
     line catch up on, which moving the start forward would take away.
     """
-    if state.burst or state.epoch != epoch or state.last_start_us != started_us or now_us < started_us:
+    began = state.started_us  # the start itself (its last slot is later with a cost > 1)
+    if state.burst or state.epoch != epoch or state.last_start_us != started_us or now_us < began:
         return None
-    state.last_start_us = state.started_us = now_us
-    state.anchor_us = max(state.anchor_us, now_us)
+    state.last_start_us += now_us - began
+    state.started_us = now_us
+    state.anchor_us = max(state.anchor_us, state.last_start_us)
     if state.quota and window is not None:
-        window.move(started_us, now_us)
+        window.move(began, now_us)
     return now_us
 
 

@@ -26,7 +26,7 @@ from kombu.utils.uuid import uuid
 
 from .app_state import siq_state
 from .errors import ConfigurationError, CorruptStateError, StoreUnavailableError
-from .messages import DEFERRALS, FAIR_HEADERS, HEADER_NAMES, ticket_headers
+from .messages import DEFERRALS, FAIR_HEADERS, HEADER_NAMES, HELD, ticket_headers
 from .parking import park, parked_message, release_fair, release_now_and_then
 from .queue import IntervalQueue, PendingTicket
 from .settings import SiqSettings
@@ -46,7 +46,7 @@ NO_TICKET_ERRORS = (StoreUnavailableError, CorruptStateError)
 REJOIN_AFTER_S = 1.0
 
 #: The headers a publish writes: a caller's old ones (a retry's) never go out again.
-OUR_HEADERS = frozenset((*HEADER_NAMES, DEFERRALS, *FAIR_HEADERS))
+OUR_HEADERS = frozenset((*HEADER_NAMES, DEFERRALS, HELD, *FAIR_HEADERS))
 
 #: Claims sent by apply_async whose answers before_task_publish reads, by task id. It holds
 #: a claim only for the duration of one apply_async call.

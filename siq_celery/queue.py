@@ -631,6 +631,16 @@ def wait_in_line(
             line._nap(corrupt_retry, deadline)
             corrupt_retry = min(corrupt_retry * 2, CORRUPT_RETRY_S[1])
             continue
+        except SiqError:
+            raise  # a clear error of ours (a refused ACL, a bad cost): before anything is charged
+        except Exception as exc:
+            # Whatever else the store's client raised: no answer is no start (fail closed).
+            # Raised into Celery's trace it would fail a task whose body never ran.
+            logger.error("queue %r: unexpected error from the state store, nothing starts; retrying in %.0fs: "
+                         "%s: %s", line.name, corrupt_retry, type(exc).__name__, exc)  # fmt: skip
+            line._nap(corrupt_retry, deadline)
+            corrupt_retry = min(corrupt_retry * 2, CORRUPT_RETRY_S[1])
+            continue
         unavailable_retry = UNAVAILABLE_RETRY_S[0]
         verdicts = {d.verdict for d in decisions}
         if verdicts == {Verdict.AUTHORIZED}:

@@ -110,3 +110,31 @@ def test_a_start_acknowledged_in_time_is_left_as_it_was_made(master_url: str) ->
     assert decision.authorized and decision.now_us == clock.now_us
     q.delete()
     q.close()
+
+
+def test_a_cost_2_start_acknowledged_late_counts_from_when_it_was_acknowledged(master_url: str) -> None:
+    """A start of cost 2 records its last slot one interval after it: the re-stamp finds
+    it there, and moves the start and its last slot to when the replicas had it."""
+    q, _, clock = queues(master_url, "late-ack-cost-2")
+    first, second = q.claim(2), q.claim()
+    clock.advance(us=INTERVAL_US)
+    made = clock.now_us
+    answers: list[str] = []
+    for _ in range(3):
+        slow_wait(q, clock)
+        try:
+            decision = q.start(first, task_id="a", record=record("a"), cost=2)
+            answers.append(decision.verdict.value)
+            break
+        except StoreUnavailableError as exc:
+            answers.append(type(exc).__name__)
+    print(f"\ncost=2: {answers}")
+    assert answers == ["authorized"], "not overtaken by itself"
+    assert decision.now_us == made + INTERVAL_US * 3 // 2, "moved to the moment the replicas had it"
+    assert q.status().state.last_start_us == decision.now_us + INTERVAL_US, "its second slot follows it"
+    clock.advance(us=2 * INTERVAL_US - 1)
+    assert q.start(second, task_id="b", record=record("b")).verdict is Verdict.WAIT, "two intervals from then"
+    clock.advance(us=1)
+    assert q.start(second, task_id="b", record=record("b")).authorized
+    q.delete()
+    q.close()

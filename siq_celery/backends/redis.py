@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import secrets
 import threading
 import time
@@ -103,6 +104,8 @@ _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, RedisClusterException
 _AUTHENTICATION = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
 #: Whatever redis-py raises (its Cluster errors are not RedisErrors).
 _REDIS_ERRORS = (redis.RedisError, RedisClusterException)
+#: An error reply of siq_celery's own scripts (SIQNOTFOUND, SIQCORRUPT, SIQFAIR).
+_OWN_REPLY = re.compile(r"\bSIQ[A-Z]+\b")
 
 
 class Unreplicated(StoreUnavailableError):
@@ -131,8 +134,10 @@ class Overtaken(StoreUnavailableError):
 def store_error(exc: Exception, queue: str | None = None) -> Exception:
     """The :class:`SiqError` for what redis-py raised while talking to the store: a
     refused login, a database the server does not have, a user the ACL does not allow, no
-    answer, or options the client refused. Any other server reply (an operation's own
-    error) is returned as it is."""
+    answer, or options the client refused. Any other error reply of the server (READONLY
+    from a replica after a failover, MASTERDOWN, LOADING, BUSY, OOM, ...) is the store
+    unavailable: nothing starts on it (fail closed), the caller asks again. Only
+    siq_celery's own replies (``SIQ...``, from its scripts) are returned as they are."""
     where = f"queue {queue!r}: " if queue else ""
     text = str(exc).split(" script:")[0]
     if isinstance(exc, _AUTHENTICATION):  # a ConnectionError to redis-py: checked first
@@ -153,7 +158,9 @@ def store_error(exc: Exception, queue: str | None = None) -> Exception:
                 f"{where}the Redis user may not run what siq_celery needs ({text}); "
                 f"grant: ACL SETUSER <user> {' '.join(ACL_RULES)}"
             )
-        return exc
+        if _OWN_REPLY.search(text):
+            return exc
+        return StoreUnavailableError(f"{where}the Redis state store refused the command: {text}")
     if isinstance(exc, _REDIS_ERRORS):  # e.g. an ssl_* option redis-py refuses when it connects
         return ConfigurationError(f"{where}the Redis client refused the store URL: {exc}")
     return exc
@@ -665,7 +672,8 @@ class RedisBackend(Backend):
                 return self.claim(queue, count, interval_us, epoch, limits=limits)
             except redis.ResponseError as exc:
                 give_back(conn)
-                raise self._translate(exc, queue, self.keys(queue).all[0]) from None
+                error = self._translate(exc, queue, self.keys(queue).all[0])
+                raise (store_error(exc, queue) if error is exc else error) from None
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 conn.disconnect()
                 give_back(conn)
@@ -765,12 +773,14 @@ class RedisBackend(Backend):
                 self.lease_timeout_us,
                 *_fair_args(record),
             ],
+            cost,
         )
         return _decision(reply)
 
     def _start_replicated(
-        self, name: str, queue: str, restamps: Sequence[tuple[str, str, bool]], keys: Sequence[str], args: Sequence[Any]
-    ) -> Any:
+        self, name: str, queue: str, restamps: Sequence[tuple[str, str, bool]], keys: Sequence[str],
+        args: Sequence[Any], cost: int = 1,
+    ) -> Any:  # fmt: skip
         """A start script's reply, replicated (:meth:`_run_replicated`). An authorization too
         few replicas acknowledged is not used: its leases are given back (best effort: the
         slot is spent, a gap and never a second start) before StoreUnavailableError.
@@ -799,7 +809,8 @@ class RedisBackend(Backend):
             decision = _decision(r)
             if decision.verdict is not Verdict.AUTHORIZED or burst or took_us < decision.interval_us:
                 continue
-            now = self.restamp(q, epoch, decision.now_us)
+            # Found by its last slot: a start of cost c recorded c - 1 intervals after it.
+            now = self.restamp(q, epoch, decision.now_us + (cost - 1) * decision.interval_us)
             if now is None:
                 self._give_back(replies, [q for q, _, _ in restamps])
                 raise Overtaken(q, took_us)
@@ -852,7 +863,7 @@ class RedisBackend(Backend):
         args = [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost, *per_limits, member, self.lease_timeout_us,
                 *_fair_args(record)]  # fmt: skip
         restamps = [(q, e, lim.burst > 0) for q, e, lim in zip(queues, epochs, each, strict=True)]
-        replies = self._start_replicated("start_all", queues[0], restamps, keys, args)
+        replies = self._start_replicated("start_all", queues[0], restamps, keys, args, cost)
         return [_decision(r) for r in replies]
 
     def _lost_args(self, task_id: str | None) -> list[int]:

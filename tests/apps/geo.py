@@ -8,7 +8,10 @@ build the same app: ``SIQ_TEST_BROKER``, ``SIQ_TEST_STORE`` (siq_url),
 ``SIQ_TEST_MARGIN``, ``SIQ_TEST_KEY_PREFIX``, ``SIQ_TEST_DECL_TTL``, ``SIQ_TEST_LEASE_TIMEOUT`` and
 ``SIQ_TEST_STORE_REPLICAS`` (the siq settings of those names), ``SIQ_TEST_CONCURRENCY`` (the cap of ``geo.capped``), and
 ``SIQ_TEST_CLOCK_JUMP``: ``"+180@3"`` moves this process's wall clock 180 s
-ahead 3 s after the app is imported (a host clock jump; see :func:`jump_clock`).
+ahead 3 s after the app is imported (a host clock jump; see :func:`jump_clock`), and
+``SIQ_TEST_REFUSE_REPUBLISHES``: ``"3@30"`` refuses 3 re-publishes of deferrals after 30
+(:func:`refuse_republishes`; ``"0@0"`` counts them), ``SIQ_TEST_DEBUG_SIQ`` logs siq_celery at
+DEBUG (a line per deferral).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import logging
 import os
 import signal
 import socket
@@ -33,6 +37,8 @@ from siq_celery import IntervalTask
 STARTS = "siq-test:starts"
 FINISHES = "siq-test:finishes"
 PRERUNS = "siq-test:preruns"  # a task entered its trace (before_start: it may still be waiting)
+REPUBLISHES = "siq-test:republishes"  # deferrals and back-offs sent again (SIQ_TEST_REFUSE_REPUBLISHES)
+REFUSED = "siq-test:refused"  # ... and those refused
 #: The real wall clock, for the records (jump_clock patches time.time, the worker's own).
 real_time = time.time
 
@@ -91,6 +97,12 @@ def make_app(env: Mapping[str, str]) -> Celery:
 
     if env.get("SIQ_TEST_DIE_IN_TRANSIT"):
         die_in_transit(int(env["SIQ_TEST_DIE_IN_TRANSIT"]))
+
+    if env.get("SIQ_TEST_DEBUG_SIQ"):  # each deferral's DEBUG line in the log, for the tests that count them
+        logging.getLogger("siq_celery").setLevel(logging.DEBUG)
+
+    if env.get("SIQ_TEST_REFUSE_REPUBLISHES"):
+        refuse_republishes(env["SIQ_TEST_REFUSE_REPUBLISHES"], recorder)
 
     if env.get("SIQ_TEST_TRACE_PRERUN"):
 
@@ -255,6 +267,30 @@ def die_in_transit(n: int) -> None:
         hold(self, message, delivery_tag)
 
     transport.QoS.append = append
+
+
+def refuse_republishes(spec: str, recorder: Any) -> None:
+    """``"3@30"``: of the re-publishes of deferrals and back-offs (counted across every
+    process in the records' Redis), the 31st to the 33rd raise kombu's OperationalError, as
+    a broker that refuses a publish (after kombu's own retries) makes them."""
+    from celery.canvas import Signature
+    from kombu.exceptions import OperationalError
+
+    from siq_celery.messages import KEEP_TICKET
+
+    count_text, _, after_text = spec.partition("@")
+    first, last = int(after_text) + 1, int(after_text) + int(count_text)
+    apply_async = Signature.apply_async
+
+    def refusing(self: Signature, *args: Any, **options: Any) -> Any:
+        if options.get(KEEP_TICKET):
+            n = recorder().incr(REPUBLISHES)
+            if first <= n <= last:
+                recorder().rpush(REFUSED, json.dumps({"n": n, "task_id": self.options.get("task_id")}))
+                raise OperationalError(f"re-publish {n} refused by the broker (test)")
+        return apply_async(self, *args, **options)
+
+    Signature.apply_async = refusing  # type: ignore[method-assign]
 
 
 def jump_clock(spec: str) -> None:

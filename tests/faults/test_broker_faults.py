@@ -5,6 +5,7 @@ remembers finished task ids) at the interval."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 from kombu import Connection
 
+from tests.apps.geo import REFUSED, REPUBLISHES
 from tests.faults.conftest import ControlledRedis, publish, wait_finished
 from tests.integration.conftest import CeleryRun, gaps_ms
 from tests.timing import HOST_CLOCK_RERUNS, host_gaps_at_least
@@ -125,3 +127,24 @@ def test_a_body_longer_than_the_visibility_timeout_runs_once(fault_run: CeleryRu
     assert held >= 1, "no copy came while a body ran: the test did not test"
     assert sorted(finishes) == [0, 1, 2] and max(finishes.values()) == 1
     assert sorted(s["n"] for s in starts) == [0, 1, 2], "every body ran exactly once"
+
+
+def test_a_broker_that_refuses_three_republishes_loses_no_deferred_task(fault_run: CeleryRun) -> None:
+    """Tasks sent by name (no ticket: each worker claims one, far from its slot) are
+    deferred, again and again; the broker refuses three of those re-publishes mid-run.
+    Every task runs, once, and none fails."""
+    fault_run.env.update(SIQ_TEST_REFUSE_REPUBLISHES="3@30", SIQ_TEST_HORIZON="600")
+    fault_run.start_workers(2, 2)
+    for n in range(200):
+        fault_run.app.send_task("geo.record", (n,))
+    finishes = wait_finished(fault_run, 200, 120)
+    refused = [json.loads(r) for r in fault_run.records.lrange(REFUSED, 0, -1)]
+    republished = int(fault_run.records.get(REPUBLISHES) or 0)
+    failed = sum(w.log().count("raised unexpected") for w in fault_run.workers)
+    print(f"\n{republished} deferrals re-published, {len(refused)} refused; {len(finishes)} tasks finished, "
+          f"most runs of one {max(finishes.values())}, {failed} failures")  # fmt: skip
+    assert len(refused) == 3, "the broker refused three re-publishes"
+    assert sorted(finishes) == list(range(200)) and max(finishes.values()) == 1, "every task ran, once"
+    assert failed == 0, "no task failed"
+    store_us = sorted(s["store_start_us"] for s in fault_run.starts())
+    assert min(b - a for a, b in itertools.pairwise(store_us)) >= 50_000, "the interval held (store clock)"

@@ -198,3 +198,56 @@ def test_a_finish_the_store_missed_is_recorded_when_it_is_back(fault_run: Celery
     assert logs.count("recorded after all") == 2 and status.finished == 2
     assert sorted(finishes) == [0, 1] and max(finishes.values()) == 1
     assert sorted(s["n"] for s in fault_run.starts()) == [0, 1]
+
+
+def read_only_for(store: ControlledRedis, seconds: float) -> tuple[float, float]:
+    """Make ``store`` answer READONLY to every write for ``seconds``, its data kept: a copy
+    (another redis-server, synced as its replica, then promoted while the store's writes
+    are paused) becomes its master, as a managed failover leaves a ``redis://`` URL behind
+    a DNS name pointing at the old master, now a replica; then it is a master again. When
+    it began and ended (wall clock)."""
+    client = redis.Redis(port=store.port)
+    with ControlledRedis() as copy:
+        other = redis.Redis(port=copy.port)
+        other.execute_command("REPLICAOF", "127.0.0.1", str(store.port))
+        client.execute_command("CLIENT", "PAUSE", "3000", "WRITE")
+        deadline = time.monotonic() + 3
+        while True:
+            info = other.info("replication")
+            if info.get("master_link_status") == "up" and info.get("slave_repl_offset") == client.info(
+                "replication"
+            ).get("master_repl_offset"):
+                break
+            assert time.monotonic() < deadline, "the copy did not catch up"
+            time.sleep(0.01)
+        other.execute_command("REPLICAOF", "NO", "ONE")
+        client.execute_command("REPLICAOF", "127.0.0.1", str(copy.port))
+        began = time.time()
+        client.execute_command("CLIENT", "UNPAUSE")
+        time.sleep(seconds)
+        client.execute_command("REPLICAOF", "NO", "ONE")
+        return began, time.time()
+
+
+def test_a_store_that_answers_readonly_for_5s_starts_nothing_and_fails_nothing(
+    fault_run: CeleryRun, store: ControlledRedis
+) -> None:
+    fault_run.start_workers(2, 2)
+    publish(fault_run, range(150))
+    fault_run.wait_for(lambda s: len(s) >= 40, 30, "40 starts")
+    during = threading.Thread(target=publish, args=(fault_run, range(150, 200)))  # without a ticket: not lost
+    threading.Timer(1.0, during.start).start()
+    began, ended = read_only_for(store, 5.0)
+    during.join()
+    finishes = wait_finished(fault_run, 200, 120)
+    starts = fault_run.starts()
+    in_outage = [s for s in starts if began + 0.05 < s["t"] < ended]  # a body records its start a moment late
+    failed = sum(w.log().count("raised unexpected") for w in fault_run.workers)
+    warned = sum(w.log().count("READONLY") for w in fault_run.workers)
+    print(f"\nREADONLY for {ended - began:.1f} s: {len(in_outage)} starts meanwhile, {warned} log lines name it, "
+          f"{failed} failures; {len(finishes)} tasks finished, most runs of one {max(finishes.values())}")  # fmt: skip
+    assert failed == 0, "no task failed"
+    assert sorted(finishes) == list(range(200)) and max(finishes.values()) == 1, "every task ran, once"
+    assert in_outage == [], "nothing starts on a store that refuses writes"
+    assert warned >= 1, "the worker logs say why nothing starts"
+    host_gaps_at_least(gaps_ms(starts), CAP_MS)

@@ -155,7 +155,11 @@ def test_a_worker_host_clock_jumps_minutes(fault_run: CeleryRun, jump: str) -> N
     clock decides every start, so the cap holds; the worker notices the skew within a
     second and reads ETAs on the store's clock, so its tasks are not held or bounced."""
     fault_run.start_worker("steady", 2).wait_ready()
-    skewed = fault_run.start_worker("skewed", 2, env={"SIQ_TEST_CLOCK_JUMP": f"{jump}@4"}).wait_ready()
+    skewed = fault_run.start_worker(
+        "skewed",
+        2,
+        env={"SIQ_TEST_CLOCK_JUMP": f"{jump}@4", "SIQ_TEST_DEBUG_SIQ": "1"},  # its deferrals counted
+    ).wait_ready()
     published_at = time.time()
     for burst in range(8):  # 20 tasks a second, 8 s at 50 ms: the jump comes in the middle
         publish(fault_run, range(20 * burst, 20 * burst + 20))

@@ -161,6 +161,7 @@ def test_producer_clock_five_seconds_ahead_changes_nothing_in_the_spacing(celery
 
 def test_a_task_with_max_retries_0_deferred_many_times_still_runs(celery_run: CeleryRun) -> None:
     celery_run.env["SIQ_TEST_RESULTS"] = celery_run.env["SIQ_TEST_STORE"].rsplit("/", 1)[0] + "/4"
+    celery_run.env["SIQ_TEST_DEBUG_SIQ"] = "1"  # a DEBUG line per deferral, counted
     celery_run.start_workers(1, 2, "prefork")
     celery_run.siq("status")  # nothing yet: the command works on an empty store
     task = celery_run.app.tasks["geo.no_retries"]

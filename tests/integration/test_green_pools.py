@@ -25,7 +25,7 @@ def test_two_green_nodes_keep_the_line_in_order_at_10ms(celery_run: CeleryRun, p
     """Two nodes of ``-c 25``, prefetch multiplier 1, 10 ms (the tasks wait in the broker's
     queue, no ETA: siq_broker_wait_below), bodies of 0 to 40 ms: every task once, none
     deferred, the store's starts an interval apart, the line near its rate."""
-    celery_run.env.update(SIQ_TEST_INTERVAL="10ms", SIQ_TEST_PREFETCH="1")
+    celery_run.env.update(SIQ_TEST_INTERVAL="10ms", SIQ_TEST_PREFETCH="1", SIQ_TEST_DEBUG_SIQ="1")  # counted below
     nodes = celery_run.start_workers(2, 25, pool)
     record = celery_run.app.tasks["geo.record"]
     record.siq_queue().ensure(0.010, reset=True)

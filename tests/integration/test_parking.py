@@ -67,7 +67,9 @@ def test_apply_many_claims_in_chunks_and_parks_the_far_ones(celery_run: CeleryRu
 
 def test_a_worker_parks_a_task_whose_slot_is_beyond_the_horizon(celery_run: CeleryRun) -> None:
     """Published before the backlog was known (no ETA), the task is parked by the worker."""
-    record, queue = fleet(celery_run, 100, nodes=1, SIQ_TEST_HORIZON="1", SIQ_TEST_RELEASE_EVERY="0.3")
+    record, queue = fleet(
+        celery_run, 100, nodes=1, SIQ_TEST_HORIZON="1", SIQ_TEST_RELEASE_EVERY="0.3", SIQ_TEST_DEBUG_SIQ="1"
+    )  # its "parked" line is DEBUG
     # 2 s of line ahead, claimed by another producer (never started: each costs a slot)
     IntervalQueue("geo", url=celery_run.env["SIQ_TEST_STORE"]).claim_many(20)
     record.delay(0)
@@ -180,7 +182,7 @@ def test_pool_processes_stay_flat_through_thousands_of_deferrals(celery_run: Cel
     20 KB to 200 KB); siq_celery collects it every 20 deferrals."""
     import psutil
 
-    celery_run.env.update(SIQ_TEST_PAUSED_POLL="0.1")
+    celery_run.env.update(SIQ_TEST_PAUSED_POLL="0.1", SIQ_TEST_DEBUG_SIQ="1")  # a DEBUG line per deferral, counted
     [worker] = celery_run.start_workers(1, 2)
     record = celery_run.app.tasks["geo.record"]
     queue = record.siq_queue()
