@@ -140,7 +140,7 @@ def join_fair_line(task: IntervalTaskLike, queue: IntervalQueue, task_id: str, c
         return
     if still_parked:  # its last run's releaser has not yet forgotten it, and would drop it
         logger.debug("%s[%s]: still parked from its last run; joins in %.1fs", task.name, task_id, REJOIN_AFTER_S)
-        signature.apply_async(countdown=REJOIN_AFTER_S)  # no ticket: it comes back here
+        republish(task, signature, "rejoin", countdown=REJOIN_AFTER_S)  # no ticket: it comes back here
         raise Ignore()
     logger.debug("%s[%s]: joined the fair line of %r in %r", task.name, task_id, key, queue.name)
     release_fair(task.app, queue, task.name)
