@@ -83,7 +83,7 @@ class Reference:
     def _new(self, interval: int, epoch: str) -> dict[str, object]:
         now = self.clock.now_us  # a burst's credit starts spent: still one interval
         return {"epoch": epoch, "I": interval, "ticket": 0, "cur": 0, "anchor": now,
-                "last": now + self.burst * interval, "paused": False}  # fmt: skip
+                "last": now + self.burst * interval, "paused": False, "began": 0}  # fmt: skip
 
     def state(self) -> tuple[object, ...] | None:
         q = self.q
@@ -185,6 +185,7 @@ class Reference:
                 return "wait", min(poll, turn - now), slot, True
         q["cur"] = max(cur, number + cost - 1)  # type: ignore[call-overload]
         q["last"] = max(q["last"] + I, now) + (cost - 1) * I  # type: ignore[operator]  # GCRA: T = max(T, now) + c I
+        q["began"] = now  # the start itself, what a re-stamp moves
         q["anchor"] = max(q["anchor"] + (q["cur"] - cur) * I, q["last"] - self.burst * I)  # type: ignore[operator]
         if self.quota:
             self.win.append([now, min(cost, self.quota)])
@@ -316,16 +317,17 @@ class StoresAgree(RuleBasedStateMachine):
     def restamp(self, stale: bool, same_epoch: bool) -> None:
         q = self.ref.q
         epoch = q["epoch"] if same_epoch else "other"  # type: ignore[index]
-        started = q["last"] - (1 if stale else 0)  # type: ignore[index, operator]
+        started = q["last"] - (1 if stale else 0)  # type: ignore[index, operator]  # the last slot (model.restamp)
         got = self._all("restamp", epoch, started)
-        now = self.clock.now_us
+        now, began = self.clock.now_us, q["began"]
         expected = None
-        if not self.limits.burst and epoch == q["epoch"] and started == q["last"] and now >= started:  # type: ignore[index, operator]
-            q["last"] = expected = now  # type: ignore[index]
-            q["anchor"] = max(q["anchor"], now)  # type: ignore[index, call-overload]
+        if not self.limits.burst and epoch == q["epoch"] and started == q["last"] and now >= began:  # type: ignore[index, operator]
+            q["last"] = q["last"] + now - began  # type: ignore[index, operator]  # the start and its last slot alike
+            q["began"] = expected = now  # type: ignore[index]
+            q["anchor"] = max(q["anchor"], q["last"])  # type: ignore[index, call-overload]
             if self.starts:
                 self.starts[-1] = (now, self.starts[-1][1])
-            moved = [e for e in self.ref.win if e[0] == started]
+            moved = [e for e in self.ref.win if e[0] == began]
             if self.limits.quota and moved:  # the start moves in the window too
                 moved[-1][0] = now
                 self.ref.win.sort(key=lambda e: e[0])
@@ -392,7 +394,7 @@ class StoresAgree(RuleBasedStateMachine):
         old = self.ref.q
         self._interval_changed(old["I"], interval or old["I"])  # type: ignore[index, arg-type]
         q = self.ref._new(interval or old["I"], epoch)  # type: ignore[index, arg-type]
-        q["last"], q["anchor"] = old["last"], self.clock.now_us - q["I"]  # type: ignore[index, operator]
+        q["last"], q["anchor"], q["began"] = old["last"], self.clock.now_us - q["I"], old["began"]  # type: ignore[index, operator]
         self.ref.q = q
         if interval:  # as set_interval: another interval moves the back-off's end (burst x interval too)
             self.backoffs.clear()
