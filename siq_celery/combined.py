@@ -69,10 +69,12 @@ class CombinedQueue:
         return self.primary.claim(cost)
 
     def start(
-        self, ticket: Ticket, *, task_id: str | None = None, record: StartRecord | None = None, cost: int = 1
-    ) -> list[Decision]:
+        self, ticket: Ticket, *, task_id: str | None = None, record: StartRecord | None = None, cost: int = 1,
+        token: str = "",
+    ) -> list[Decision]:  # fmt: skip
         """Ask every queue at once (``ticket`` in the primary, the next free slot in the
-        others); authorized in all of them or recorded in none. One decision per queue."""
+        others); authorized in all of them or recorded in none. One decision per queue.
+        ``token``: as in :meth:`IntervalQueue.start`."""
         if ticket.queue != self.primary.name:
             raise ConfigurationError(f"{self!r}: the ticket is for {ticket.queue!r}, not the primary queue")
         mine = [q is self.primary for q in self.queues]
@@ -80,7 +82,7 @@ class CombinedQueue:
             [q.name for q in self.queues], [ticket.number if m else FREE for m in mine],
             [ticket.epoch if m else "" for m in mine], task_id=task_id,
             interval_us=[q.interval_us or 0 for q in self.queues], new_epoch=new_epoch(), record=record,
-            cost=validate_cost(cost), limits=[q.limits for q in self.queues],
+            cost=validate_cost(cost), limits=[q.limits for q in self.queues], token=token,
         )  # fmt: skip
 
     def wait_for_turn(
@@ -143,8 +145,10 @@ class CombinedQueue:
     def claim_tickets(self, cost: int) -> list[Ticket]:
         return [self.claim(cost)]
 
-    def ask(self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int) -> list[Decision]:
-        return self.start(tickets[0], task_id=task_id, record=record, cost=cost)
+    def ask(
+        self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int, token: str = ""
+    ) -> list[Decision]:
+        return self.start(tickets[0], task_id=task_id, record=record, cost=cost, token=token)
 
     def settle(self, decision: Decision, tickets: list[Ticket], round_trip: float) -> Decision:
         return decision  # a late reply is not re-stamped here: each queue's cap already holds

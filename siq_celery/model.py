@@ -129,6 +129,17 @@ class ListWindow:
             self.add(to_us, cost)
 
 
+class RunOwner(NamedTuple):
+    """Who took a run's lease: the ``token`` of the call that asked (one per wait_in_line
+    call, sent with each of its asks), and the start it was given (store time and slot; a
+    start of several queues: the latest of their slots). A call whose reply was lost asks
+    again and is given that start again (:func:`own_start`)."""
+
+    token: str
+    now_us: int
+    slot_us: int
+
+
 class Leases(Protocol):
     """The leases of a queue: member -> expiry (store time), one per running body. A start
     with a task id takes one named by its task id (a copy of it is not started while that
@@ -145,13 +156,20 @@ class Leases(Protocol):
     def earliest(self) -> int | None:
         """The earliest expiry kept (None: none)."""
 
-    def add(self, member: str, expires_us: int) -> None: ...
+    def add(self, member: str, expires_us: int) -> None:
+        """Take ``member``'s lease (with no owner: :meth:`set_owner`)."""
 
     def expires(self, member: str) -> int | None:
         """When ``member``'s lease expires (None: not kept)."""
 
     def remove(self, member: str) -> bool:
-        """Give back ``member``'s lease; whether it was kept."""
+        """Give back ``member``'s lease (and its owner); whether it was kept."""
+
+    def owner(self, member: str) -> RunOwner | None:
+        """Who took ``member``'s lease (None: not known, or not kept). :meth:`trim` forgets
+        the owners of the leases it forgets."""
+
+    def set_owner(self, member: str, owner: RunOwner) -> None: ...
 
     def renew(self, members: Sequence[str], expires_us: int) -> int:
         """Move the expiry of those of ``members`` kept to ``expires_us`` (never adds one);
@@ -166,6 +184,7 @@ class DictLeases:
 
     def __init__(self) -> None:
         self.expiry: dict[str, int] = {}
+        self.owners: dict[str, RunOwner] = {}
 
     def count(self) -> int:
         return len(self.expiry)
@@ -174,6 +193,7 @@ class DictLeases:
         gone = sorted(e for e in self.expiry.values() if e <= now_us)
         if gone:
             self.expiry = {m: e for m, e in self.expiry.items() if e > now_us}
+            self.owners = {m: o for m, o in self.owners.items() if m in self.expiry}
         return gone
 
     def earliest(self) -> int | None:
@@ -181,12 +201,20 @@ class DictLeases:
 
     def add(self, member: str, expires_us: int) -> None:
         self.expiry[member] = expires_us
+        self.owners.pop(member, None)
 
     def expires(self, member: str) -> int | None:
         return self.expiry.get(member)
 
     def remove(self, member: str) -> bool:
+        self.owners.pop(member, None)
         return self.expiry.pop(member, None) is not None
+
+    def owner(self, member: str) -> RunOwner | None:
+        return self.owners.get(member)
+
+    def set_owner(self, member: str, owner: RunOwner) -> None:
+        self.owners[member] = owner
 
     def renew(self, members: Sequence[str], expires_us: int) -> int:
         kept = [m for m in set(members) if m in self.expiry]
@@ -500,10 +528,22 @@ def running_copy(leases: Leases | None, task_id: str | None, now_us: int) -> int
     return expires if expires is not None and expires > now_us else 0
 
 
+def own_start(leases: Leases | None, task_id: str | None, token: str, now_us: int) -> RunOwner | None:
+    """The start the call holding ``token`` was given already: the live lease of a run of
+    ``task_id`` taken by that call (None: none). Its reply was lost on the way back and it
+    asks again (the store unreachable to it, a timeout): it adopts that start, and is not
+    answered RUNNING by its own lease, which only another delivery of the task is."""
+    if not token or not running_copy(leases, task_id, now_us):
+        return None
+    assert leases is not None and task_id
+    owner = leases.owner(task_id)
+    return owner if owner is not None and owner.token == token else None
+
+
 def start(
     state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1,
     lost: bool = False, window: Window | None = None, leases: Leases | None = None,
-    lease: tuple[str, int] | None = None, running_us: int = 0,
+    lease: tuple[str, int] | None = None, running_us: int = 0, token: str = "", own: RunOwner | None = None,
 ) -> Decision:  # fmt: skip
     """Decide whether ``ticket`` may start at ``now_us`` (mutates ``state`` if authorized).
 
@@ -513,7 +553,13 @@ def start(
     every other rule stays as it is. ``lost``: :func:`too_many_lost` holds for its task id;
     ``running_us``: :func:`running_copy`'s answer for it. An authorized start takes
     ``lease`` = (member, expiry) if given (a start with a task id, or any start under a
-    concurrency cap), one whatever its cost."""
+    concurrency cap), one whatever its cost. ``token``: the asking call's, kept as the
+    owner of the run's lease (given only with a task id); ``own``: :func:`own_start`'s
+    answer for it, a start already given to that call, which is answered again as it was
+    and records nothing."""
+    if own is not None and not finished:  # this call's own start, its reply lost: the same, charged once
+        member = lease[0] if lease else ""
+        return Decision(Verdict.AUTHORIZED, ticket, own.now_us, 0, own.slot_us, state.interval_us, member)
     if ticket == FREE and not finished and not lost:  # only a combined start may have no place in a line
         return Decision(Verdict.RECLAIM, ticket, now_us)
     decision = decide(
@@ -522,6 +568,8 @@ def start(
     )  # fmt: skip
     if decision.authorized:
         taken = commit_start(state, ticket, now_us, cost, window, leases, lease)
+        if token and taken and leases is not None:
+            leases.set_owner(taken, RunOwner(token, now_us, decision.slot_us))
         return replace(decision, lease=taken)
     return decision
 
@@ -622,6 +670,7 @@ def start_all(
     states: list[QueueState], tickets: list[int], epochs: list[str], now_us: int, *, finished: bool = False,
     cost: int = 1, lost: bool = False, windows: Sequence[Window | None] | None = None,
     leases: Sequence[Leases | None] | None = None, lease: tuple[str, int] | None = None, running_us: int = 0,
+    token: str = "", own: RunOwner | None = None,
 ) -> list[Decision]:  # fmt: skip
     """One start that must pass several queues at once (a per-second and a per-day limit):
     authorized in all of them, or recorded in none. Queues that would authorize while
@@ -629,7 +678,16 @@ def start_all(
     while the start waits for another. The start has a place in one queue's line (its
     ticket); in the others its ticket is :data:`FREE`. When every queue authorizes, the
     first queue takes ``lease`` (the run's, checked there: ``running_us``) and each other
-    queue with a concurrency cap takes one under the same member."""
+    queue with a concurrency cap takes one under the same member. ``token`` and ``own``:
+    as in :func:`start` (the owner is kept with the first queue's lease, with the latest of
+    the queues' slots, which every queue answers again)."""
+    if own is not None and not finished:  # this call's own start, its reply lost: the same, charged once
+        member = lease[0] if lease else ""
+        return [
+            Decision(Verdict.AUTHORIZED, t, own.now_us, 0, own.slot_us, state.interval_us,
+                     member if i == 0 or state.concurrency else "")
+            for i, (state, t) in enumerate(zip(states, tickets, strict=True))
+        ]  # fmt: skip
     if all(t == FREE for t in tickets) and not finished and not lost:  # a start needs a place in some line
         return [Decision(Verdict.RECLAIM, t, now_us) for t in tickets]
     wins = list(windows) if windows is not None else [None] * len(states)
@@ -652,10 +710,14 @@ def start_all(
     if all(d.authorized for d in decisions):
         # the run's lease in the first queue (where running_us was read), a cap's in each capped queue
         taken = [lease if i == 0 or state.concurrency else None for i, state in enumerate(states)]
-        return [
-            replace(d, lease=commit_start(state, ticket, now_us, cost, window, lz, own))
-            for d, state, ticket, window, lz, own in zip(decisions, states, tickets, wins, held, taken, strict=True)
+        started = [
+            replace(d, lease=commit_start(state, ticket, now_us, cost, window, lz, mine))
+            for d, state, ticket, window, lz, mine in zip(decisions, states, tickets, wins, held, taken, strict=True)
         ]
+        first = held[0]
+        if token and started[0].lease and first is not None:
+            first.set_owner(started[0].lease, RunOwner(token, now_us, max(d.slot_us for d in started)))
+        return started
     return [replace(d, verdict=Verdict.WAIT, wait_us=0) if d.authorized else d for d in decisions]
 
 

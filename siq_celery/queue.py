@@ -402,12 +402,13 @@ class IntervalQueue:
 
     def start(
         self, ticket: Ticket, *, task_id: str | None = None, record: StartRecord | None = None, cost: int = 1,
-        lease: str = "",
+        lease: str = "", token: str = "",
     ) -> Decision:  # fmt: skip
         """Ask the store whether ``ticket`` may start now (authorizes it if so, and writes
         ``record`` to the ledger with it). ``cost``: as claimed. With a concurrency cap an
         authorized start holds ``Decision.lease`` (named ``lease``, or a new member) until
-        :meth:`finish` gives it back."""
+        :meth:`finish` gives it back. ``token``: the asking call's, the same in each of its
+        asks: one whose reply was lost is given that start again (see Backend.start)."""
         return self.backend.start(
             self.name,
             ticket.number,
@@ -419,6 +420,7 @@ class IntervalQueue:
             cost=cost,
             limits=self.limits,
             lease=lease,
+            token=token,
         )
 
     def backoff(self, seconds: IntervalLike, *, keep_first: bool = False) -> QueueState:
@@ -488,8 +490,10 @@ class IntervalQueue:
     def claim_tickets(self, cost: int) -> list[Ticket]:
         return [self.claim(cost)]
 
-    def ask(self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int) -> list[Decision]:
-        return [self.start(tickets[0], task_id=task_id, record=record, cost=cost)]
+    def ask(
+        self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int, token: str = ""
+    ) -> list[Decision]:
+        return [self.start(tickets[0], task_id=task_id, record=record, cost=cost, token=token)]
 
     def settle(self, decision: Decision, tickets: list[Ticket], round_trip: float) -> Decision:
         return self._settle(decision, tickets[0].epoch, round_trip)
@@ -584,7 +588,7 @@ class Line(Protocol):
     def max_lost_deliveries(self) -> int: ...
     def claim_tickets(self, cost: int) -> list[Ticket]: ...
     def ask(
-        self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int
+        self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int, token: str = ""
     ) -> list[Decision]: ...
     def settle(self, decision: Decision, tickets: list[Ticket], round_trip: float) -> Decision: ...
     def _nap(self, seconds: float, deadline: float | None) -> None: ...
@@ -606,8 +610,12 @@ def wait_in_line(
     according to the answers, until the start is authorized (in every queue of the line);
     that decision and the tickets that got it. A start held by a full concurrency cap polls
     briefly; with ``max_sleep`` it defers once it has waited that long for a lease in all,
-    so it never holds a process longer than a waiting start does."""
+    so it never holds a process longer than a waiting start does. Each ask carries this
+    call's token: an ask whose reply was lost (the store unreachable to it, a timeout) may
+    have been authorized, and the next ask is given that start again (not RUNNING by its
+    own lease, nor charged twice)."""
     deadline = None if timeout is None else line._monotonic() + timeout
+    token = secrets.token_hex(8)
     paused_poll, unavailable_retry = PAUSED_POLL_S[0], UNAVAILABLE_RETRY_S[0]
     corrupt_retry = CORRUPT_RETRY_S[0]
     full_since: float | None = None  # when a full concurrency cap first held this start
@@ -616,7 +624,7 @@ def wait_in_line(
             if tickets is None:
                 tickets = line.claim_tickets(cost)
             sent = line._monotonic()
-            decisions = line.ask(tickets, task_id, record, cost)
+            decisions = line.ask(tickets, task_id, record, cost, token)
             round_trip = line._monotonic() - sent
         except StoreUnavailableError as exc:
             logger.warning("queue %r: state store unreachable, nothing starts; retrying in %.1fs: %s",

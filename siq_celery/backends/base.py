@@ -194,6 +194,7 @@ class Backend(ABC):
         cost: int = 1,
         limits: Limits = NO_LIMITS,
         lease: str = "",
+        token: str = "",
     ) -> Decision:
         """Decide (and, if authorized, record) the start of ``ticket``. A missing state is
         created with ``new_epoch`` and ``limits`` (so the answer is RECLAIM). With ``record``, an
@@ -202,7 +203,10 @@ class Backend(ABC):
         an authorized start counts one more start of it without a finish, and a task id
         with ``max_lost_deliveries`` of them is answered LOST. In a queue with a concurrency
         cap an authorized start takes a lease under ``lease`` (default: a new member, see
-        :meth:`lease_member`), for ``lease_timeout_us``: ``Decision.lease``."""
+        :meth:`lease_member`), for ``lease_timeout_us``: ``Decision.lease``. ``token``: the
+        asking call's (one per wait_in_line call, sent with each of its asks): a start it was
+        given already, whose reply was lost, is answered again as it was and charged once
+        (:func:`siq_celery.model.own_start`), where another asker is answered RUNNING."""
 
     def start_all(
         self,
@@ -217,12 +221,13 @@ class Backend(ABC):
         cost: int = 1,
         limits: Sequence[Limits] | None = None,
         lease: str = "",
+        token: str = "",
     ) -> list[Decision]:
         """One start that must pass every queue of ``queues`` (ticket ``tickets[i]`` of
         epoch ``epochs[i]`` in each): authorized and recorded in all of them in one atomic
         step, or in none (see :func:`siq_celery.model.start_all`). ``task_id`` is checked
-        against the first queue's finished tasks. On Redis Cluster the queues must share
-        a hash slot: name them ``{group}rest`` (see keys.py)."""
+        against the first queue's finished tasks (and ``token`` as in :meth:`start`, there).
+        On Redis Cluster the queues must share a hash slot: name them ``{group}rest`` (see keys.py)."""
         raise ConfigurationError(f"{type(self).__name__} does not support several limits on one start")
 
     @abstractmethod
@@ -645,6 +650,11 @@ class ModelBackend(Backend):
         taken = task_id or any(state.concurrency for state in states)
         return (member, now_us + self.lease_timeout_us) if taken else None
 
+    @staticmethod
+    def _run_token(task_id: str | None, member: str, token: str) -> str:
+        """The token kept as the owner of a start's lease: only the run's (named by its task id)."""
+        return token if task_id and member == task_id else ""
+
     def claim(self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS) -> ClaimResult:
         with self._following_one(queue) as tx:
             state = self._created(tx, queue, interval_us, epoch, limits)
@@ -663,6 +673,7 @@ class ModelBackend(Backend):
         cost: int = 1,
         limits: Limits = NO_LIMITS,
         lease: str = "",
+        token: str = "",
     ) -> Decision:
         member = self.lease_member(task_id, record, lease)
         with self._following_one(queue) as tx:
@@ -670,12 +681,16 @@ class ModelBackend(Backend):
             finished = task_id is not None and tx.is_finished(task_id)
             lost = self._lost(tx, task_id)
             leases = tx.leases()
+            token = self._run_token(task_id, member, token)
+            own = model.own_start(leases, task_id, token, tx.now_us)
             decision = model.start(
                 state, ticket, epoch, tx.now_us, finished=finished, cost=cost, lost=lost,
                 window=self._window(tx, state), leases=leases,
                 lease=self._lease_taken([state], task_id, member, tx.now_us),
-                running_us=model.running_copy(leases, task_id, tx.now_us),
+                running_us=model.running_copy(leases, task_id, tx.now_us), token=token, own=own,
             )  # fmt: skip
+            if own is not None:  # given again: recorded and counted when it was first given
+                return decision
             if task_id is not None and self.max_lost_deliveries and decision.authorized:
                 tx.count_unfinished(task_id)
             if decision.verdict in REFUSALS:
@@ -699,6 +714,7 @@ class ModelBackend(Backend):
         cost: int = 1,
         limits: Sequence[Limits] | None = None,
         lease: str = "",
+        token: str = "",
     ) -> list[Decision]:
         each = list(limits) if limits is not None else [NO_LIMITS] * len(queues)
         member = self.lease_member(task_id, record, lease)
@@ -711,12 +727,16 @@ class ModelBackend(Backend):
             lost = self._lost(txs[0], task_id)
             leases = [tx.leases() for tx in txs]
             now = txs[0].now_us
+            token = self._run_token(task_id, member, token)
+            own = model.own_start(leases[0], task_id, token, now)
             decisions = model.start_all(
                 states, list(tickets), list(epochs), now, finished=finished, cost=cost, lost=lost,
                 windows=[self._window(tx, state) for tx, state in zip(txs, states, strict=True)], leases=leases,
                 lease=self._lease_taken(states, task_id, member, now),
-                running_us=model.running_copy(leases[0], task_id, now),
+                running_us=model.running_copy(leases[0], task_id, now), token=token, own=own,
             )  # fmt: skip
+            if own is not None:  # given again: recorded and counted when it was first given
+                return decisions
             if task_id is not None and self.max_lost_deliveries and decisions[0].authorized:
                 txs[0].count_unfinished(task_id)
             for tx, d in zip(txs, decisions, strict=True):

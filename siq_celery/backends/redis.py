@@ -744,6 +744,7 @@ class RedisBackend(Backend):
         cost: int = 1,
         limits: Limits = NO_LIMITS,
         lease: str = "",
+        token: str = "",
     ) -> Decision:
         k = self.keys(queue)
         lost = self._lost_args(task_id)
@@ -772,6 +773,7 @@ class RedisBackend(Backend):
                 member,
                 self.lease_timeout_us,
                 *_fair_args(record),
+                token,
             ],
             cost,
         )
@@ -839,6 +841,7 @@ class RedisBackend(Backend):
         cost: int = 1,
         limits: Sequence[Limits] | None = None,
         lease: str = "",
+        token: str = "",
     ) -> list[Decision]:
         keys = [key for q in queues for key in self.keys(q).all]  # every key: idle expiry (siq_touch)
         each = list(limits) if limits is not None else [NO_LIMITS] * len(queues)
@@ -861,7 +864,7 @@ class RedisBackend(Backend):
             )
         per_limits = [v for lim in each for v in _limit_args(lim)]
         args = [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost, *per_limits, member, self.lease_timeout_us,
-                *_fair_args(record)]  # fmt: skip
+                *_fair_args(record), token]  # fmt: skip
         restamps = [(q, e, lim.burst > 0) for q, e, lim in zip(queues, epochs, each, strict=True)]
         replies = self._start_replicated("start_all", queues[0], restamps, keys, args, cost)
         return [_decision(r) for r in replies]

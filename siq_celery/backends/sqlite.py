@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError, redacted
 from ..ledger import LedgerRow
-from ..model import LAST_COUNTED
+from ..model import LAST_COUNTED, RunOwner
 from ..types import NO_LIMITS, ClaimResult, FairBacklog, IntervalSources, Limits, ParkedTask
 from .base import ModelBackend, Transaction, match_names, sources_from_json, sources_to_json, state_from_fields
 
@@ -97,6 +97,13 @@ CREATE TABLE IF NOT EXISTS siq_queue_concurrency (
 CREATE TABLE IF NOT EXISTS siq_leases (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, member TEXT NOT NULL, expires_us INTEGER NOT NULL,
     PRIMARY KEY (prefix, queue, member)
+);
+-- Who took a run's lease (model.RunOwner): the asking call's token and the start it was
+-- given. A table of its own (processes of an earlier version write siq_leases as it was);
+-- a row goes with its lease.
+CREATE TABLE IF NOT EXISTS siq_lease_owners (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, member TEXT NOT NULL, token TEXT NOT NULL,
+    start_us INTEGER NOT NULL, slot_us INTEGER NOT NULL, PRIMARY KEY (prefix, queue, member)
 );
 CREATE TABLE IF NOT EXISTS siq_interval_sources (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, sources TEXT NOT NULL, PRIMARY KEY (prefix, queue)
@@ -398,6 +405,7 @@ class _SqliteTransaction(Transaction):
         self._c.execute("DELETE FROM siq_queue_limits WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_window WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_leases WHERE prefix=? AND queue=?", self._key)
+        self._c.execute("DELETE FROM siq_lease_owners WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_queue_concurrency WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_fair_vtime WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_fair_keys WHERE prefix=? AND queue=?", self._key)
@@ -493,6 +501,10 @@ class _SqliteLeases:
             self._c.execute(
                 "DELETE FROM siq_leases WHERE prefix=? AND queue=? AND expires_us <= ?", (*self._key, now_us)
             )
+            self._c.execute(
+                "DELETE FROM siq_lease_owners WHERE prefix=? AND queue=? AND member NOT IN "
+                "(SELECT member FROM siq_leases WHERE prefix=? AND queue=?)", (*self._key, *self._key),
+            )  # fmt: skip
         return gone
 
     def earliest(self) -> int | None:
@@ -503,6 +515,7 @@ class _SqliteLeases:
 
     def add(self, member: str, expires_us: int) -> None:
         self._c.execute("INSERT OR REPLACE INTO siq_leases VALUES (?, ?, ?, ?)", (*self._key, member, expires_us))
+        self._drop_owner(member)
 
     def expires(self, member: str) -> int | None:
         row = self._c.execute(
@@ -512,7 +525,23 @@ class _SqliteLeases:
 
     def remove(self, member: str) -> bool:
         done = self._c.execute("DELETE FROM siq_leases WHERE prefix=? AND queue=? AND member=?", (*self._key, member))
+        self._drop_owner(member)
         return done.rowcount > 0
+
+    def owner(self, member: str) -> RunOwner | None:
+        row = self._c.execute(
+            "SELECT token, start_us, slot_us FROM siq_lease_owners WHERE prefix=? AND queue=? AND member=?",
+            (*self._key, member),
+        ).fetchone()
+        return RunOwner(str(row[0]), int(row[1]), int(row[2])) if row else None
+
+    def set_owner(self, member: str, owner: RunOwner) -> None:
+        self._c.execute(
+            "INSERT OR REPLACE INTO siq_lease_owners VALUES (?, ?, ?, ?, ?, ?)", (*self._key, member, *owner)
+        )
+
+    def _drop_owner(self, member: str) -> None:
+        self._c.execute("DELETE FROM siq_lease_owners WHERE prefix=? AND queue=? AND member=?", (*self._key, member))
 
     def renew(self, members: Sequence[str], expires_us: int) -> int:
         n = 0

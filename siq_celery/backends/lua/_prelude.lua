@@ -579,6 +579,35 @@ local function siq_running(lkey, task_id, now)
   return nil
 end
 
+-- Who took a run's lease (model.RunOwner): the token of the call that asked (one per
+-- wait_in_line call, sent with each of its asks) and the start it was given, kept in the
+-- queue's parked messages hash (QueueKeys.parked_messages, whose fields are parked task ids:
+-- these are named SIQ_RUN_OWNER .. task id, which no task id is), value
+-- '<start>|<slot>|<token>'. Written when the run's lease is taken (dropped when it is taken
+-- without a token), dropped when it is given back (finish.lua); one whose lease expired is
+-- never read (siq_own_start asks for a live lease) and is overwritten by the next start.
+local SIQ_RUN_OWNER = '\0run:'
+
+local function siq_set_owner(mkey, task_id, token, now, slot)
+  if token == '' then
+    redis.call('HDEL', mkey, SIQ_RUN_OWNER .. task_id)
+  else
+    redis.call('HSET', mkey, SIQ_RUN_OWNER .. task_id, string.format('%.0f|%.0f|', now, slot) .. token)
+  end
+end
+
+-- The start the call holding token was given already (model.own_start): its time and slot,
+-- if the run of task_id holds a live lease in lkey that this call took; else nil.
+local function siq_own_start(mkey, lkey, task_id, token, now)
+  if token == '' or not siq_running(lkey, task_id, now) then return nil end
+  local v = redis.call('HGET', mkey, SIQ_RUN_OWNER .. task_id)
+  if not v then return nil end
+  local a = string.find(v, '|', 1, true)
+  local b = a and string.find(v, '|', a + 1, true)
+  if not b or string.sub(v, b + 1) ~= token then return nil end
+  return tonumber(string.sub(v, 1, a - 1)), tonumber(string.sub(v, a + 1, b - 1))
+end
+
 -- A start in the ledger stream (e=s). Short field names: a stream keeps them per entry.
 -- c: the start's cost (an entry written before it was recorded reads as 1). The limits in
 -- force (ledger.py, schema 3), each only when not 0: b burst, q quota, w window_us,

@@ -34,6 +34,7 @@ local entry = {'e', 'f', 'id', ARGV[2], 'ft', now, 'o', ARGV[6]}
 if ARGV[9] and ARGV[9] ~= '' then
   local s = siq_load(KEYS[3])  -- corrupt or missing state: the lease is given back all the same
   local kept = siq_give_back(KEYS[11], KEYS[3], s, ARGV[9], now)
+  redis.call('HDEL', KEYS[5], SIQ_RUN_OWNER .. ARGV[9])  -- its owner goes with it (siq_set_owner)
   if s and s.concurrency > 0 then  -- the ledger names a lease taken under a cap only
     table.insert(entry, 'l')
     table.insert(entry, siq_lease_tag(ARGV[2], ARGV[9]))

@@ -26,6 +26,10 @@
 --           (taken only in a queue with a concurrency cap)
 -- ARGV[22]  the lease's time to live (microseconds): siq_lease_timeout
 -- ARGV[23..25]  for the ledger: a fair task's key ('' none), virtual start tag and weight
+-- ARGV[26]  the asking call's token ('' none): kept as the owner of the run's lease (with a
+--           task id, in the parked messages hash KEYS[5]: siq_set_owner); a start it was
+--           given already, whose reply was lost, is answered again as it was and records
+--           nothing (siq_own_start), where another asker is answered 'running'
 -- KEYS[10]  the queue's window (siq_units); KEYS[11]  its leases (siq_read_leases)
 -- KEYS[12]  the queue's fair keys with waiting tasks, for idle expiry (siq_touch)
 -- Returns {verdict, ticket, now_us, wait_us, slot_us, interval_us, lease, full}; verdict is one of
@@ -55,6 +59,12 @@ if ARGV[4] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[4]) then
   refused('duplicate')
   return {'duplicate', ticket, now, 0, 0, 0, '', 0}
 end
+local run = ARGV[4] ~= '' and ARGV[21] == ARGV[4]  -- the lease taken is the run's
+local token = run and ARGV[26] or ''
+local own_at, own_slot = siq_own_start(KEYS[5], KEYS[11], ARGV[4], token, now)
+if own_at then  -- this call's own start, its reply lost: the same, charged once (model.start)
+  return {'authorized', ticket, own_at, 0, own_slot, s.interval_us, ARGV[21], 0}
+end
 local running = siq_running(KEYS[11], ARGV[4], now)  -- a copy of this task runs (model.running_copy)
 if running then
   refused('running')
@@ -76,8 +86,8 @@ if verdict ~= 'authorized' then
   return {verdict, ticket, now, wait, slot, interval, '', full and 1 or 0}
 end
 local interval = s.interval_us  -- the interval this start was measured against
-local lease = siq_commit(KEYS[1], s, ticket, cost, now, KEYS[10], KEYS[11], ARGV[21], now + tonumber(ARGV[22]),
-                        ARGV[4] ~= '' and ARGV[21] == ARGV[4])
+local lease = siq_commit(KEYS[1], s, ticket, cost, now, KEYS[10], KEYS[11], ARGV[21], now + tonumber(ARGV[22]), run)
+if run then siq_set_owner(KEYS[5], ARGV[4], token, now, slot) end
 if max_lost > 0 then siq_count_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15]), tonumber(ARGV[16])) end
 siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11], cost,
                  lease, tonumber(ARGV[22]), {ARGV[23], ARGV[24], ARGV[25]})

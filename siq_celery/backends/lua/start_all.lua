@@ -25,7 +25,8 @@
 --             start takes in each queue with a concurrency cap (and in the first queue when it
 --             is the run's, named ARGV[2]: a copy is answered 'running' while it is live), and
 --             the lease's time to live (microseconds); then, for the ledger, a fair task's key
---             ('' none), virtual start tag and weight
+--             ('' none), virtual start tag and weight; and last the asking call's token ('' none),
+--             kept as the owner of the run's lease in the first queue (start.lua: ARGV[26])
 -- Returns one {verdict, ticket, now_us, wait_us, slot_us, interval_us, lease, full} per queue.
 local now = siq_now(ARGV[1])
 local cost = tonumber(ARGV[8]) or 1
@@ -71,6 +72,17 @@ if ARGV[2] ~= '' and redis.call('ZSCORE', key(1, 2), ARGV[2]) then
   count('duplicate')
   return replies
 end
+local run = ARGV[2] ~= '' and ARGV[lease_args] == ARGV[2]  -- the run's lease, in the first queue
+local token = run and ARGV[lease_args + 5] or ''
+local own_at, own_slot = siq_own_start(key(1, 5), key(1, 11), ARGV[2], token, now)
+if own_at then  -- this call's own start, its reply lost: the same, charged once (model.start_all)
+  for i = 1, n do
+    local lease = ''
+    if i == 1 or states[i].concurrency > 0 then lease = ARGV[lease_args] end
+    replies[i] = {'authorized', tickets[i], own_at, 0, own_slot, states[i].interval_us, lease, 0}
+  end
+  return replies
+end
 local running = siq_running(key(1, 11), ARGV[2], now)  -- a copy of this task runs (model.running_copy)
 if running then
   for i = 1, n do replies[i] = {'running', tickets[i], now, running - now, 0, states[i].interval_us, '', 0} end
@@ -110,7 +122,6 @@ if not all then
   return replies
 end
 local cap = tonumber(ARGV[3]) or 0
-local run = ARGV[2] ~= '' and ARGV[lease_args] == ARGV[2]  -- the run's lease, in the first queue
 if max_lost > 0 then
   siq_count_unfinished(key(1, 9), ARGV[2], now, tonumber(ARGV[lost_args + 1]), tonumber(ARGV[lost_args + 2]))
 end
@@ -122,6 +133,11 @@ for i = 1, n do
                    replies[i][7], tonumber(ARGV[lease_args + 1]),
                    {ARGV[lease_args + 2], ARGV[lease_args + 3], ARGV[lease_args + 4]})
   siq_count_start(key(i, 8), now, replies[i][5], replies[i][6], tonumber(ARGV[7]) or 0)
-  touch(i)
 end
+if run then  -- with the latest of the queues' slots, which each queue answers again (model.start_all)
+  local latest = 0
+  for i = 1, n do latest = math.max(latest, replies[i][5]) end
+  siq_set_owner(key(1, 5), ARGV[2], token, now, latest)
+end
+for i = 1, n do touch(i) end
 return replies
