@@ -150,6 +150,79 @@ _LEDGER_ADDED = {
 }  # fmt: skip
 _FIELDS = ("epoch", "interval_us", "ticket", "current", "anchor_us", "last_start_us", "paused")
 
+#: The window's starts numbered by their cost units (model.ListWindow's running count): per
+#: start of siq_window a row of siq_window_units with ``cum``, the units of the queue's
+#: window up to and including that start, in time order (equal times: as they came). So the
+#: units kept are the newest's ``cum`` less the units before the oldest (its ``cum - cost``)
+#: and the start holding a unit is one search of index siq_window_units_by_cum: a full
+#: window of 20,000 starts is not read on every decision. Triggers on siq_window keep the
+#: numbers, so that a process of an earlier version (which writes siq_window by its own
+#: statements, its INSERT naming no columns: a column added there would fail it) numbers its
+#: starts too. A start that comes before the newest counts the later ones up by its cost; a
+#: re-stamp (an UPDATE) leaves its place, counting the later ones down, and comes in at its
+#: new time. Starts leave oldest first (a trim) or all at once, so the numbers of the starts
+#: kept need no change when some go. Equal starts (queue, time and cost) are one and the
+#: same to the window: a trigger takes the last numbered of them.
+_COUNT_IN = (
+    "UPDATE siq_window_units SET cum = cum + NEW.cost WHERE prefix = NEW.prefix AND queue = NEW.queue "
+    "AND t_us > NEW.t_us; "
+    "INSERT INTO siq_window_units VALUES (NEW.prefix, NEW.queue, NEW.t_us, NEW.cost, COALESCE("
+    "(SELECT cum FROM siq_window_units WHERE prefix = NEW.prefix AND queue = NEW.queue AND t_us <= NEW.t_us "
+    "ORDER BY t_us DESC, cum DESC LIMIT 1) + NEW.cost, "  # after the starts at or before its time
+    "(SELECT cum - cost FROM siq_window_units WHERE prefix = NEW.prefix AND queue = NEW.queue "
+    "ORDER BY cum LIMIT 1), "  # before them all: what was before the oldest, counted up by its cost above
+    "NEW.cost)); "  # the only start
+)
+_THE_START = (
+    "(SELECT {} FROM siq_window_units WHERE prefix = OLD.prefix AND queue = OLD.queue AND t_us = OLD.t_us "
+    "AND cost = OLD.cost ORDER BY cum DESC LIMIT 1)"
+)
+_COUNT_OUT = f"DELETE FROM siq_window_units WHERE rowid = {_THE_START.format('rowid')}; "
+_COUNT_DOWN = (
+    "UPDATE siq_window_units SET cum = cum - OLD.cost WHERE prefix = OLD.prefix AND queue = OLD.queue "
+    f"AND cum > {_THE_START.format('cum')}; "
+)
+_WINDOW_UNITS = (
+    "CREATE TABLE siq_window_units (prefix TEXT NOT NULL, queue TEXT NOT NULL, t_us INTEGER NOT NULL, "
+    "cost INTEGER NOT NULL, cum INTEGER NOT NULL)",
+    "CREATE INDEX siq_window_units_by_cum ON siq_window_units (prefix, queue, cum)",
+    "CREATE INDEX siq_window_units_by_time ON siq_window_units (prefix, queue, t_us, cum)",
+    f"CREATE TRIGGER siq_window_count_in AFTER INSERT ON siq_window BEGIN {_COUNT_IN}END",
+    f"CREATE TRIGGER siq_window_count_out AFTER DELETE ON siq_window BEGIN {_COUNT_OUT}END",
+    f"CREATE TRIGGER siq_window_count_moved AFTER UPDATE ON siq_window BEGIN {_COUNT_DOWN}{_COUNT_OUT}{_COUNT_IN}END",
+)
+#: The units before the oldest start kept and up to the newest (both NULL: none kept).
+_WINDOW_BOUNDS = (
+    "SELECT (SELECT cum - cost FROM siq_window_units WHERE prefix=? AND queue=? ORDER BY cum LIMIT 1), "
+    "(SELECT MAX(cum) FROM siq_window_units WHERE prefix=? AND queue=?)"
+)
+
+
+def _number_window(conn: sqlite3.Connection) -> None:
+    """A database made before the window's starts were numbered by their units gets
+    siq_window_units and its triggers, and its starts kept are numbered (read whole once),
+    all in one transaction: no start another process records meanwhile goes unnumbered."""
+    made = "SELECT 1 FROM sqlite_master WHERE type='table' AND name='siq_window_units'"
+    if conn.execute(made).fetchone():
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not conn.execute(made).fetchone():  # another process may have made it first
+            for statement in _WINDOW_UNITS:
+                conn.execute(statement)
+            rows, cum, queue = [], 0, None
+            for prefix, name, t_us, cost in conn.execute(
+                "SELECT prefix, queue, t_us, cost FROM siq_window ORDER BY prefix, queue, t_us, rowid"
+            ):
+                cum = (cum if (prefix, name) == queue else 0) + cost
+                queue = (prefix, name)
+                rows.append((prefix, name, t_us, cost, cum))
+            conn.executemany("INSERT INTO siq_window_units VALUES (?, ?, ?, ?, ?)", rows)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
 
 def _add_ledger_columns(conn: sqlite3.Connection) -> None:
     """A database made before the ledger recorded each start's cost (schema 2), the limits
@@ -442,36 +515,42 @@ class _SqliteTransaction(Transaction):
 
 
 class _SqliteWindow:
-    """The queue's window (model.Window) in table siq_window, inside the transaction."""
+    """The queue's window (model.Window) in table siq_window, inside the transaction; read
+    by the numbers of siq_window_units (_COUNT_IN), never whole."""
 
     def __init__(self, conn: sqlite3.Connection, key: tuple[str, str]) -> None:
         self._c, self._key = conn, key
-        self._units: list[tuple[int, int]] | None = None  # (time, cost), oldest first, read once
+        self._bounds: tuple[int, int] | None = None  # the units before the oldest start kept, up to the newest
+
+    def _units(self) -> tuple[int, int]:
+        if self._bounds is None:
+            below, top = self._c.execute(_WINDOW_BOUNDS, (*self._key, *self._key)).fetchone()
+            self._bounds = (0, 0) if top is None else (int(below), int(top))
+        return self._bounds
 
     def trim(self, cutoff_us: int) -> None:
-        self._c.execute("DELETE FROM siq_window WHERE prefix=? AND queue=? AND t_us <= ?", (*self._key, cutoff_us))
-        self._units = None
+        gone = self._c.execute(
+            "DELETE FROM siq_window WHERE prefix=? AND queue=? AND t_us <= ?", (*self._key, cutoff_us)
+        )
+        if gone.rowcount:
+            self._bounds = None
 
     def used(self) -> int:
-        (n,) = self._c.execute(
-            "SELECT COALESCE(SUM(cost), 0) FROM siq_window WHERE prefix=? AND queue=?", self._key
-        ).fetchone()
-        return int(n)
+        below, top = self._units()
+        return top - below
 
     def unit_time(self, unit: int) -> int:
-        if self._units is None:
-            self._units = self._c.execute(
-                "SELECT t_us, cost FROM siq_window WHERE prefix=? AND queue=? ORDER BY t_us", self._key
-            ).fetchall()
-        for t, c in self._units:
-            unit -= c
-            if unit <= 0:
-                return int(t)
-        raise IndexError(unit)
+        row = self._c.execute(
+            "SELECT t_us FROM siq_window_units WHERE prefix=? AND queue=? AND cum >= ? ORDER BY cum LIMIT 1",
+            (*self._key, self._units()[0] + unit),
+        ).fetchone()
+        if row is None:
+            raise IndexError(unit)
+        return int(row[0])
 
     def add(self, t_us: int, cost: int) -> None:
         self._c.execute("INSERT INTO siq_window VALUES (?, ?, ?, ?)", (*self._key, t_us, cost))
-        self._units = None
+        self._bounds = None
 
     def move(self, from_us: int, to_us: int) -> None:
         self._c.execute(
@@ -479,7 +558,7 @@ class _SqliteWindow:
             "AND t_us=? ORDER BY rowid DESC LIMIT 1)",
             (to_us, *self._key, from_us),
         )
-        self._units = None
+        self._bounds = None
 
 
 class _SqliteLeases:
@@ -783,6 +862,7 @@ class SqliteBackend(ModelBackend):
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
             _add_ledger_columns(conn)
+            _number_window(conn)
             conn.execute("PRAGMA busy_timeout=0")  # BEGIN IMMEDIATE is retried by _begin
             conn.execute("PRAGMA wal_autocheckpoint=0")  # see _checkpoint
             self._local.conn, self._local.pid = conn, os.getpid()
