@@ -1062,6 +1062,8 @@ def restamp(state: QueueState, epoch: str, started_us: int, now_us: int, window:
     began = state.started_us  # the start itself (its last slot is later with a cost > 1)
     if state.burst or state.epoch != epoch or state.last_start_us != started_us or now_us < began:
         return None
+    if not 0 < began <= state.last_start_us:  # no start recorded (a state without one): nothing to move
+        return None
     state.last_start_us += now_us - began
     state.started_us = now_us
     state.anchor_us = max(state.anchor_us, state.last_start_us)

@@ -321,7 +321,8 @@ class StoresAgree(RuleBasedStateMachine):
         got = self._all("restamp", epoch, started)
         now, began = self.clock.now_us, q["began"]
         expected = None
-        if not self.limits.burst and epoch == q["epoch"] and started == q["last"] and now >= began:  # type: ignore[index, operator]
+        recorded = 0 < began <= q["last"]  # type: ignore[operator]  # a start to move (none before the first)
+        if not self.limits.burst and epoch == q["epoch"] and started == q["last"] and now >= began and recorded:  # type: ignore[index, operator]
             q["last"] = q["last"] + now - began  # type: ignore[index, operator]  # the start and its last slot alike
             q["began"] = expected = now  # type: ignore[index]
             q["anchor"] = max(q["anchor"], q["last"])  # type: ignore[index, call-overload]

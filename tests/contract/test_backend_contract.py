@@ -96,6 +96,19 @@ def test_restamp_moves_only_the_callers_own_last_start(store: Store) -> None:
     assert backend.restamp("q", t1.epoch, t0 + I + 3_000) is None  # someone else started since
 
 
+def test_restamp_of_a_queue_with_no_start_recorded_moves_nothing(store: Store) -> None:
+    """Before any start there is nothing to move: a re-stamp naming the queue's last slot (as
+    a new queue holds it) leaves it where it is, rather than shifting it by the whole clock."""
+    q = store.queue()
+    state = q.ensure()
+    at(store, state.last_start_us + 5_000)
+    assert q.backend.restamp("q", state.epoch, state.last_start_us) is None
+    assert q.status().state.last_start_us == state.last_start_us
+    (ticket,) = q.claim_many(1)
+    at(store, state.last_start_us + I)
+    assert q.start(ticket).authorized  # the first slot is where it was: the line is not held
+
+
 def test_redelivered_copy_of_a_finished_task_is_not_run_again(store: Store) -> None:
     q = store.queue()
     t0 = q.ensure().last_start_us

@@ -16,6 +16,9 @@ local began = s and s.started_us
 if not s or s.burst > 0 or s.epoch ~= ARGV[2] or s.last_start_us ~= tonumber(ARGV[3]) or now < began then
   return 0
 end
+if began <= 0 or began > s.last_start_us then  -- no start recorded: nothing to move
+  return 0
+end
 s.last_start_us = s.last_start_us + (now - began)
 s.started_us = now
 s.anchor_us = math.max(s.anchor_us, s.last_start_us)
