@@ -101,23 +101,19 @@ def test_binding_an_interval_task_installs_the_guards_once() -> None:
         """
         from celery import Celery
         from siq_celery import IntervalTask
+        def bind(name):
+            app = Celery(name, broker="memory://", set_as_current=False)
+
+            @app.task(base=IntervalTask, interval="1s")
+            def tick():
+                pass
+
+            app.finalize()
+            return snapshot()
+
         before = snapshot()
-        app = Celery("bound", broker="memory://", set_as_current=False)
-
-        @app.task(base=IntervalTask, interval="1s")
-        def tick():
-            pass
-
-        app.finalize()
-        once = snapshot()
-        other = Celery("other", broker="memory://", set_as_current=False)
-
-        @other.task(base=IntervalTask, interval="1s")
-        def tock():
-            pass
-
-        other.finalize()
-        print(json.dumps({"before": before, "once": once, "twice": snapshot()}))
+        once, twice = bind("bound"), bind("other")
+        print(json.dumps({"before": before, "once": once, "twice": twice}))
         """
     )
     found = changes(result["before"], result["once"])  # type: ignore[arg-type]
