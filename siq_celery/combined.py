@@ -95,13 +95,14 @@ class CombinedQueue:
         defer_paused: bool = False,
         record: StartRecord | None = None,
         cost: int = 1,
+        full_hold: float | None = None,
     ) -> Decision:
         """As :meth:`IntervalQueue.wait_for_turn` (``ticket`` is the primary queue's):
         blocks until the start is authorized in every queue, and returns the decision
         (its ``slot_us`` is the latest of the queues' slots)."""
         return wait_in_line(
             self, None if ticket is None else [ticket], task_id=task_id, timeout=timeout,
-            max_sleep=max_sleep, defer_paused=defer_paused, record=record, cost=cost,
+            max_sleep=max_sleep, defer_paused=defer_paused, record=record, cost=cost, full_hold=full_hold,
         )[0]  # fmt: skip
 
     @property

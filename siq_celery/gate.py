@@ -98,6 +98,7 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
                 ticket,
                 task_id=task_id,
                 max_sleep=max_sleep,
+                full_hold=full_hold(max_sleep, request.headers),
                 defer_paused=not eager,
                 record=record,
                 cost=cost,
@@ -173,12 +174,6 @@ def defer(task: IntervalTaskLike, ticket: Ticket, decision: Decision, own_wait: 
     in_a_row = held(request.headers) if decision.full else 0
     if decision.verdict is Verdict.PAUSED:
         countdown = paused_countdown(decision, settings.paused_poll, settings.countdown_margin)
-    elif decision.full:
-        # The slot came and the cap is full: a lease comes back when a body ends, which no
-        # one knows in advance. Each deferral in a row held by the cap waits twice as long
-        # (max_sleep, 2x, 4x ... up to FULL_WAIT_MAX_S): a long body costs a few re-publishes,
-        # not one every max_sleep, and the start comes at most that late after the release.
-        countdown = min(settings.max_sleep * 2**in_a_row, FULL_WAIT_MAX_S)
     else:
         countdown = max(decision.wait - settings.countdown_margin, 0.0)
     headers = {k: v for k, v in (request.headers or {}).items() if k != HELD}
@@ -210,9 +205,21 @@ def defer(task: IntervalTaskLike, ticket: Ticket, decision: Decision, own_wait: 
     raise Ignore()
 
 
-#: The longest a start held by a full concurrency cap waits in the broker before asking
-#: again (seconds): how late, at most, it may start after a lease came back.
-FULL_WAIT_MAX_S = 1.6
+#: The longest a start held by a full concurrency cap polls for a lease in its worker process
+#: before it goes back to the broker (seconds). Each deferral in a row held by the cap polls
+#: twice as long (``siq_max_sleep``, 2x, 4x ... up to this; the ``siq_held`` header counts
+#: them): a long body costs a few re-publishes, not one every ``siq_max_sleep``, and the head
+#: of the line keeps asking, so a lease given back is taken within a poll (waiting in the
+#: broker instead would leave it unused: the lease is kept for the head for its grace).
+FULL_HOLD_MAX_S = 1.6
+
+
+def full_hold(max_sleep: float | None, headers: Any) -> float | None:
+    """How long this delivery may poll a full cap in its process (see FULL_HOLD_MAX_S)."""
+    if max_sleep is None:
+        return None
+    in_a_row: int = held(headers)
+    return max(max_sleep, min(max_sleep * 2.0**in_a_row, FULL_HOLD_MAX_S))
 
 
 def park_this_run(task: IntervalTaskLike, queue: IntervalQueue, ticket: Ticket, signature: Any) -> bool:

@@ -466,6 +466,7 @@ class IntervalQueue:
         defer_paused: bool = False,
         record: StartRecord | None = None,
         cost: int = 1,
+        full_hold: float | None = None,
     ) -> Decision:
         """Block until a start is authorized and return that decision.
 
@@ -478,11 +479,13 @@ class IntervalQueue:
         DuplicateTaskError; one whose last starts never finished, LostDeliveriesError; one
         with a copy running (its lease live), it asks again when that copy could have ended.
         ``record`` goes to the ledger with the authorized start. ``cost``: the slots this
-        start takes (claimed together).
+        start takes (claimed together). ``full_hold``: how long a start whose slot came
+        while the concurrency cap is full polls for a lease before it defers (at least
+        ``max_sleep``, the default).
         """
         return wait_in_line(
             self, None if ticket is None else [ticket], task_id=task_id, timeout=timeout, max_sleep=max_sleep,
-            defer_paused=defer_paused, record=record, cost=cost,
+            defer_paused=defer_paused, record=record, cost=cost, full_hold=full_hold,
         )[0]  # fmt: skip
 
     # -- the hooks of wait_in_line ---------------------------------------------------
@@ -605,6 +608,7 @@ def wait_in_line(
     defer_paused: bool,
     record: StartRecord | None,
     cost: int,
+    full_hold: float | None = None,
 ) -> tuple[Decision, list[Ticket]]:
     """The loop behind ``wait_for_turn``: ask, and sleep, re-claim, back off or defer
     according to the answers, until the start is authorized (in every queue of the line);
@@ -682,9 +686,10 @@ def wait_in_line(
         if max_sleep is not None and waiting.wait > max_sleep:
             own = max(decisions, key=lambda d: d.ticket)  # the queue where the ticket has its place
             raise DeferralNeeded(tickets[0], waiting, own.wait)
-        if waiting.full:  # the slot came, the concurrency cap is full: short polls, at most max_sleep in all
+        if waiting.full:  # the slot came, the concurrency cap is full: short polls, at most full_hold in all
             full_since = line._monotonic() if full_since is None else full_since
-            if max_sleep is not None and line._monotonic() - full_since + waiting.wait > max_sleep:
+            hold = None if max_sleep is None else max(max_sleep, full_hold or 0.0)
+            if hold is not None and line._monotonic() - full_since + waiting.wait > hold:
                 raise DeferralNeeded(tickets[0], waiting, waiting.wait)
         line._nap(_sleep_before_asking(waiting.wait, round_trip), deadline)
 

@@ -1,5 +1,6 @@
-"""A start held by a full concurrency cap waits in the broker without busy-looping: its
-re-publishes come further apart the longer the cap holds it."""
+"""A start held by a full concurrency cap does not busy-loop through the broker: the longer
+the cap holds it, the longer it polls in its process before each re-publish (and it starts
+soon after the lease comes back)."""
 
 from __future__ import annotations
 
@@ -31,4 +32,4 @@ def test_a_start_held_by_a_full_cap_is_not_re_published_every_max_sleep(celery_r
     assert republished <= 8, "no busy loop through the broker"
     logged = celery_run.workers[0].log().count(" deferred ")
     assert logged == republished, "each deferral has its DEBUG line (SIQ_TEST_DEBUG_SIQ: the tests that count them)"
-    assert late < 2.5, "it starts soon after the lease comes back"
+    assert late < 1.0, "it starts soon after the lease comes back (it polls; 0.02 s measured)"
