@@ -214,6 +214,7 @@ def test_siq_backoff_reads_a_response_and_keeps_taking_seconds(task: tuple[Any, 
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """siq_celery's warnings so far (the test sets their level on its logger first)."""
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "siq_celery"]
 
 
@@ -230,6 +231,7 @@ def test_siq_backoff_holds_siq_backoff_default_for_a_response_it_cannot_read(
 ) -> None:
     """A 429 is the one moment the task must not fail: no header, or one that cannot be
     read, holds the queue for siq_backoff_default (60 s), with one warning naming it."""
+    caplog.set_level(logging.WARNING, logger="siq_celery")  # whatever level an earlier worker left on the root
     call, held = task
     call.siq_backoff(headers)
     assert held == [60.0]
@@ -245,6 +247,7 @@ def test_siq_backoff_holds_siq_backoff_default_for_a_response_it_cannot_read(
 def test_default_wins_over_siq_backoff_default_and_warns_only_of_an_unreadable_header(
     task: tuple[Any, list[object]], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="siq_celery")
     call, held = task
     call.siq_backoff({"Content-Type": "text/plain"}, default=7)  # no header, as the caller foresaw
     assert warnings_of(caplog) == []
