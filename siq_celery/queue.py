@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, ParamSpec, Protocol, TypeVar
 
+from billiard.exceptions import SoftTimeLimitExceeded
+
 from . import green
 from .backends import Backend, backend_from_url
 from .backends.base import PendingClaim
@@ -643,8 +645,10 @@ def wait_in_line(
             line._nap(corrupt_retry, deadline)
             corrupt_retry = min(corrupt_retry * 2, CORRUPT_RETRY_S[1])
             continue
-        except SiqError:
-            raise  # a clear error of ours (a refused ACL, a bad cost): before anything is charged
+        except (SiqError, SoftTimeLimitExceeded):
+            # A clear error of ours (a refused ACL, a bad cost): before anything is charged;
+            # or the task's own soft time limit, which a wait must not outlive.
+            raise
         except Exception as exc:
             # Whatever else the store's client raised: no answer is no start (fail closed).
             # Raised into Celery's trace it would fail a task whose body never ran.

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, Signature
-from celery.exceptions import Ignore, Reject
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 from kombu.exceptions import OperationalError
 
 from siq_celery import ConfigurationError, IntervalQueue, IntervalTask, StoreUnavailableError, gate
@@ -114,6 +114,29 @@ def test_an_unexpected_error_of_the_store_at_the_start_is_asked_again_never_a_fa
     print(f"{type(error).__name__} at the start: {result.state}, bodies run: {ran}, asks: {flaky.calls}")
     assert (result.state, ran) == ("SUCCESS", [7])
     assert flaky.calls >= 2, "asked again after the error"
+
+
+@pytest.mark.celery(task_always_eager=True)
+def test_the_tasks_own_soft_time_limit_ends_the_wait_and_nothing_is_remembered_as_finished(
+    celery_app: Celery, siq_store: SiqStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The wait asks again after any unexpected error of the store, but a soft time limit
+    # (billiard raises it in the waiting process) is the task's own: the wait ends with it.
+    flaky = Flaky(SoftTimeLimitExceeded(), failures=100)
+    monkeypatch.setattr(MemoryBackend, "start", flaky.start)
+    ran: list[int] = []
+
+    @celery_app.task(base=IntervalTask, shared=False, interval="10ms", interval_queue="soft")
+    def work(n: int) -> int:
+        ran.append(n)
+        return n
+
+    result = work.apply((7,), task_id="task-soft")
+    print(f"soft time limit in the wait: {result.state} {type(result.result).__name__}, asks: {flaky.calls}")
+    assert (result.state, type(result.result), ran, flaky.calls) == ("FAILURE", SoftTimeLimitExceeded, [], 1)
+    monkeypatch.undo()
+    queue = IntervalQueue("soft", interval="10ms", backend=siq_store.backend)
+    assert queue.start(queue.claim(), task_id="task-soft").verdict is not Verdict.DUPLICATE
 
 
 @pytest.mark.celery(task_always_eager=True)
