@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, ParamSpec, Protocol, TypeVar
 
-from billiard.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import SoftTimeLimitExceeded
 
 from . import green
 from .backends import Backend, backend_from_url
