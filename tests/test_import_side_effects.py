@@ -176,3 +176,30 @@ def test_the_celery_command_guards_the_transport_for_a_purge() -> None:
     print(f"\nafter loading the celery command: {found}")
     assert any(line.startswith("kombu Channel._purge") for line in found)
     assert not any(line.startswith("celery.signals") for line in found)
+
+
+def test_the_test_app_built_in_the_test_process_patches_nothing_of_it() -> None:
+    """The integration tests' app (tests/apps/geo.py) injects faults into the worker that
+    imports it. Built by the test process as the publisher, with the same environment, it
+    must patch nothing there: a patched ``Signature.apply_async`` outlived its test and
+    reported every later re-publish to that test's stopped Redis (the JSON, plugin and
+    Retry-After tests then failed, in a whole-suite run only)."""
+    import logging
+
+    from celery import signals
+    from celery.canvas import Signature
+    from kombu.transport import redis as transport
+
+    from siq_celery.task import install
+    from tests.apps.geo import make_app
+
+    install()  # siq_celery's own patches, made at the first bind of an interval task, first
+    siq_logger = logging.getLogger("siq_celery")
+    before = (Signature.apply_async, transport.QoS.append, siq_logger.level, len(signals.task_prerun.receivers))
+    env = {
+        "SIQ_TEST_REFUSE_REPUBLISHES": "0@0", "SIQ_TEST_DIE_IN_TRANSIT": "3", "SIQ_TEST_DEBUG_SIQ": "1",
+        "SIQ_TEST_TRACE_PRERUN": "1", "SIQ_TEST_RECORD": "redis://127.0.0.1:1/0",
+    }  # fmt: skip
+    make_app(env).finalize()
+    after = (Signature.apply_async, transport.QoS.append, siq_logger.level, len(signals.task_prerun.receivers))
+    assert after == before

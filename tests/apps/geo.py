@@ -43,7 +43,11 @@ REFUSED = "siq-test:refused"  # ... and those refused
 real_time = time.time
 
 
-def make_app(env: Mapping[str, str]) -> Celery:
+def make_app(env: Mapping[str, str], *, this_process: bool = False) -> Celery:
+    """The app ``env`` configures. With ``this_process`` (the module's own app, the one a
+    worker imports with ``-A tests.apps.geo``) the faults that patch the whole process are
+    installed too: built by the test process as a publisher, the app must never patch it
+    (a kombu or Celery patch outlives the test and the records' Redis it reports to)."""
     app = Celery("geo", broker=env.get("SIQ_TEST_BROKER", "redis://127.0.0.1:6379/15"), set_as_current=False)
     app.conf.update(
         siq_url=env.get("SIQ_TEST_STORE"),
@@ -95,16 +99,16 @@ def make_app(env: Mapping[str, str]) -> Celery:
     def finished(task: Any, n: int) -> None:
         recorder().rpush(FINISHES, json.dumps({"n": n, "t": real_time(), "node": task.request.hostname}))
 
-    if env.get("SIQ_TEST_DIE_IN_TRANSIT"):
+    if this_process and env.get("SIQ_TEST_DIE_IN_TRANSIT"):
         die_in_transit(int(env["SIQ_TEST_DIE_IN_TRANSIT"]))
 
-    if env.get("SIQ_TEST_DEBUG_SIQ"):  # each deferral's DEBUG line in the log, for the tests that count them
+    if this_process and env.get("SIQ_TEST_DEBUG_SIQ"):  # each deferral's DEBUG line, for the tests that count them
         logging.getLogger("siq_celery").setLevel(logging.DEBUG)
 
-    if env.get("SIQ_TEST_REFUSE_REPUBLISHES"):
+    if this_process and env.get("SIQ_TEST_REFUSE_REPUBLISHES"):
         refuse_republishes(env["SIQ_TEST_REFUSE_REPUBLISHES"], recorder)
 
-    if env.get("SIQ_TEST_TRACE_PRERUN"):
+    if this_process and env.get("SIQ_TEST_TRACE_PRERUN"):
 
         def prerun(sender: Any = None, task_id: str | None = None, args: Any = None, **_: Any) -> None:
             if getattr(sender, "app", None) is app:
@@ -327,4 +331,4 @@ if os.environ.get("SIQ_TEST_KOMBU_LACKS"):  # "Class.attribute" of kombu's Redis
 
     _owner, _attribute = os.environ["SIQ_TEST_KOMBU_LACKS"].split(".")
     delattr(getattr(_transport, _owner), _attribute)
-app = make_app(os.environ)
+app = make_app(os.environ, this_process=True)
