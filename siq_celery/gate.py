@@ -51,7 +51,7 @@ from .messages import (
     ticket_from_headers,
     ticket_headers,
 )
-from .parking import park, parked_message, release_fair, release_now_and_then
+from .parking import RELEASE_AFTER_START, park, parked_message, release_fair, release_now_and_then
 from .publish import REJOIN_AFTER_S
 from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue
 from .task_api import IntervalTaskLike
@@ -106,8 +106,8 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
         request.siq_lease = decision.lease
         if decision.lease:  # renewed while the body runs
             KEEPER.hold(line.backend, _names(line), decision.lease)
-        if task.siq_fair and not eager:  # a slot was taken: hand the next one out
-            release_fair(task.app, queue, task.name)
+        if task.siq_fair and not eager:  # a slot was taken: hand the next one out, off the body's path
+            RELEASE_AFTER_START.ask(task.app, queue, task.name)
         return decision
     except DeferralNeeded as deferral:
         defer(task, deferral.ticket, deferral.decision, deferral.own_wait)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from siq_celery import IntervalTask
+from siq_celery import IntervalTask, parking
 from siq_celery.errors import ConfigurationError
 from siq_celery.model import FAIR_SCALE, fair_lookahead
 from siq_celery.parking import release_fair
@@ -21,6 +22,8 @@ from siq_celery.testing import PinnedClock
 from tests.conftest import Store
 
 US = 1_000_000
+#: Set by the first statement of the body of ``fair.call``.
+BODY_BEGAN = threading.Event()
 
 
 @pytest.fixture
@@ -30,6 +33,7 @@ def celery_app(celery_app: Any) -> Any:
         fair_key=lambda args, kwargs: args[0], fair_weight={"gold": 2},
     )  # fmt: skip
     def call(self: Any, tenant: str, n: int) -> str:
+        BODY_BEGAN.set()
         return f"{tenant}{n}"
 
     celery_app.conf.result_backend = "rpc://"
@@ -67,6 +71,29 @@ def test_a_tenant_behind_a_backlog_starts_within_the_lookahead(
     rows = sorted(siq_store.starts("api"), key=lambda row: row.start_us)
     assert sorted(r.ticket for r in rows) == list(range(1, 16))
     assert all(b.start_us - a.start_us >= US for a, b in itertools.pairwise(rows))  # the spacing
+
+
+def test_the_release_that_follows_a_start_is_made_after_the_body_began(
+    celery_app: Any, siq_store: SiqStore, celery_worker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A provider counts a request when the body makes it: the start's fair release (a store
+    # round trip, a publish per ticket handed out) is made beside the body, not before it.
+    # Here the release waits for the body: made before it, it would wait in vain (5 s).
+    seen: list[bool] = []
+    real = parking.release_fair
+
+    def release(app: Any, queue: Any, who: str) -> None:
+        if threading.current_thread().name == "siq-fair-release":
+            seen.append(BODY_BEGAN.wait(timeout=5))
+        real(app, queue, who)
+
+    monkeypatch.setattr(parking, "release_fair", release)
+    BODY_BEGAN.clear()
+    assert celery_app.tasks["fair.call"].delay("A", 1).get(timeout=30) == "A1"
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen == [True], "the start's release came before its body" if seen else "no release after the start"
 
 
 def test_weights_share_the_slots(celery_app: Any, siq_store: SiqStore, celery_worker: Any) -> None:
@@ -141,11 +168,15 @@ def test_one_keys_own_eta_calls_leave_the_other_keys_their_share(any_store: SiqS
     ahead = fair_lookahead(US)
     with start_worker(celery_app, perform_ping_check=False, shutdown_timeout=30):
         results = [call.apply_async(("A", n), countdown=0) for n in range(100)]
+        queue = any_store.queue("api")
+        queue.pause()  # (so that no start hands A another ticket while B publishes)
         status = any_store.status("api")
         handed = status.state.ticket if status is not None else 0
         current = status.state.current if status is not None else 0
         assert handed - current <= ahead, f"{handed - current} tickets handed out ahead of the starts, not {ahead}"
         results += [call.delay("B", n) for n in range(20)]
+        queue.resume(grace=0)
+        release_fair(celery_app, call.siq_queue(), "test")
         done = {r.id: r.get(timeout=60) for r in results}
     tickets = {done[row.task_id]: row.ticket for row in any_store.starts("api")}
     assert sorted(tickets) == sorted([f"A{n}" for n in range(100)] + [f"B{n}" for n in range(20)])
@@ -166,8 +197,12 @@ def test_apply_many_puts_each_call_in_its_keys_line(
 ) -> None:
     call = celery_app.tasks["fair.call"]
     results = call.apply_many([("A", n) for n in range(12)], chunk_size=5)
+    queue = siq_store.queue("api")
+    queue.pause()  # (so that no start hands A another ticket while B publishes)
     handed = siq_store.status("api").state.ticket
     results += call.apply_many([("B", n) for n in range(3)])
+    queue.resume(grace=0)
+    release_fair(celery_app, call.siq_queue(), "test")
     started = order(siq_store, celery_app, results)
     assert started.index("B0") <= handed + 1, started
     assert [t for t in started if t[0] == "A"] == [f"A{n}" for n in range(12)]
