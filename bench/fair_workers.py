@@ -1,17 +1,21 @@
 """Fair shares under real workers: how soon a tenant behind a backlog starts, the shares
 by weight, and how late starts come after their slot.
 
-    python bench/fair_workers.py [--runs 3]
+    python bench/fair_workers.py [--runs 3] [--backlog 1000] [--b-after 0] [--busy 0]
 
 3 nodes x ``-c 2`` (prefork) on a private Redis (broker and store), one queue at 50 ms
 (``fid.fair`` in bench/fidelity_app.py; tenant "gold" weighs 2). Per run:
 
-* backlog: tenant A publishes 1,000 calls, then B publishes 10: the tickets handed out
-  when B began publishing, the last of B's tickets, and how many slots B's 10 took;
+* backlog: tenant A publishes ``--backlog`` calls (1,000), then, ``--b-after`` seconds
+  later, B publishes 10: the tickets handed out when B began publishing, the last of B's
+  tickets, and how many slots B's 10 took;
 * shares: gold, B and C publish 200 calls each, interleaved: the shares of the first 300
   starts, and how late those starts came after their slot (store clock).
 
-Prints one Markdown table row per run and scenario.
+Each row gives the smallest gap between starts on the store's clock (the authorizations)
+and on the bodies' clock (the ``time.time()`` each body records first), and how long after
+its authorization a body began. ``--busy 2`` runs two busy loops beside the workers (a
+loaded host, bench/load.py). Prints one Markdown table row per run and scenario.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.fidelity import bench_env  # noqa: E402
+from bench.load import busy, percentiles  # noqa: E402
 from siq_celery.backends import backend_from_url  # noqa: E402
 from siq_celery.embedded import EmbeddedRedis  # noqa: E402
 from siq_celery.workers import WorkerProcess  # noqa: E402
@@ -53,18 +58,25 @@ def wait(record: redis.Redis, done: Any, timeout: float = 120) -> list[dict[str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--backlog", type=int, default=1000, help="tenant A's calls before B's 10")
+    parser.add_argument("--b-after", type=float, default=0.0, help="seconds between A's calls and B's")
+    parser.add_argument("--busy", type=int, default=0, help="busy loops beside the workers (a loaded host)")
+    parser.add_argument("--scenarios", default="backlog,shares")
     args = parser.parse_args()
-    print(f"# fair shares, 3 nodes x -c 2 (prefork), 50 ms, Redis broker and store, {time.strftime('%Y-%m-%d')}\n")
-    print("| run | scenario | result | smallest gap (store clock) | after the slot: median / p99 / most |")
-    print("|---|---|---|---:|---:|", flush=True)
-    with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp:
+    host = f"{args.busy} busy loops beside" if args.busy else "idle"
+    print(f"# fair shares, 3 nodes x -c 2 (prefork), 50 ms, Redis broker and store, {host}, "
+          f"{time.strftime('%Y-%m-%d')}\n")  # fmt: skip
+    print("| run | scenario | result | smallest gap: store clock / bodies' clock | after the slot: median / p99 / "
+          "most | body after its authorization: median / p99 / most |")  # fmt: skip
+    print("|---|---|---|---:|---:|---:|", flush=True)
+    with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp, busy(args.busy):
         env = bench_env(server.port)
         from bench.fidelity_app import app
 
         record = redis.Redis.from_url(env["SIQ_BENCH_RECORD"])
         store = backend_from_url(env["SIQ_BENCH_STORE"])
         fair = app.tasks["fid.fair"]
-        for run, scenario in itertools.product(range(1, args.runs + 1), ("backlog", "shares")):
+        for run, scenario in itertools.product(range(1, args.runs + 1), args.scenarios.split(",")):
             workers = [
                 WorkerProcess("bench.fidelity_app", f"fair{i}@bench", Path(tmp) / f"{scenario}{i}.log",
                               concurrency=2, env=env, cwd=ROOT, extra_args=["-Q", "fid-fair"]).start()
@@ -74,17 +86,20 @@ def main() -> None:
                 for w in workers:
                     w.wait_ready()
                 if scenario == "backlog":
-                    for n in range(1000):
+                    for n in range(args.backlog):
                         fair.delay("A", n)
+                    time.sleep(args.b_after)
                     status = store.status("fair")
                     handed = status.state.ticket if status else 0
                     for n in range(10):
                         fair.delay("B", n)
                     rows = wait(record, lambda rs: sum(r["tenant"] == "B" for r in rs) == 10)
+                    everything = wait(record, lambda rs: len(rs) == args.backlog + 10)  # the gaps of every start
                     b = sorted(r["ticket"] for r in rows if r["tenant"] == "B")
                     a = [r["n"] for r in rows if r["tenant"] == "A"]
                     result = (f"{handed} handed out when B published; B's 10 on tickets {b[0]}-{b[-1]}: within "
                               f"{b[-1] - handed} slots; A's {len(a)} in order: {a == sorted(a)}")  # fmt: skip
+                    rows = everything
                 else:
                     for n in range(200):
                         for tenant in ("gold", "B", "C"):
@@ -93,10 +108,13 @@ def main() -> None:
                     shares = Counter(r["tenant"] for r in rows)
                     result = f"first 300 starts: gold {shares['gold']}, B {shares['B']}, C {shares['C']}"
                 gaps = [(b["start_us"] - a["start_us"]) / 1000 for a, b in itertools.pairwise(rows)]
-                late = sorted((r["start_us"] - r["slot_us"]) / 1000 for r in rows)
-                p99 = late[min(len(late) - 1, round(0.99 * (len(late) - 1)))]
-                print(f"| {run} | {scenario} | {result} | {min(gaps):.3f} ms | "
-                      f"{late[len(late) // 2]:.2f} / {p99:.2f} / {late[-1]:.2f} ms |", flush=True)  # fmt: skip
+                bodies = sorted(r["t"] for r in rows)
+                body_gaps = [(b - a) * 1000 for a, b in itertools.pairwise(bodies)]
+                late = percentiles([(r["start_us"] - r["slot_us"]) / 1000 for r in rows])
+                after = percentiles([r["t"] * 1000 - r["start_us"] / 1000 for r in rows])
+                print(f"| {run} | {scenario} | {result} | {min(gaps):.3f} / {min(body_gaps):.3f} ms | "
+                      f"{' / '.join(f'{x:.2f}' for x in late)} ms | {' / '.join(f'{x:.2f}' for x in after)} ms |",
+                      flush=True)  # fmt: skip
             finally:
                 for w in workers:
                     w.stop(10)
