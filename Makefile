@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 EXTRAS ?= redis,dev
 DEMO_EXTRAS ?= demo
 
-.PHONY: demo test lint docs unit bench bench-peers bench-publish bench-failover bench-fair clean test-redis-floor test-install \
+.PHONY: demo test lint docs unit bench bench-peers bench-peers-loaded bench-publish bench-failover bench-fair clean test-redis-floor test-install \
 	test-fast test-floors
 
 $(VENV)/.installed-%: pyproject.toml
@@ -147,6 +147,10 @@ bench: install
 SCENARIOS ?= spacing,burst,concurrency,pools
 bench-peers: install
 	$(PY) bench/peers.py --scenarios $(SCENARIOS) $(PEERS_ARGS)
+
+# The same on a loaded host: 2 busy loops (this machine's 2 cores) beside every limiter.
+bench-peers-loaded: install
+	$(PY) bench/peers.py --scenarios $(SCENARIOS) --busy 2 $(PEERS_ARGS)
 
 # Fair shares (issue 30): a claim with 10, 1,000 and 10,000 tenants waiting and their store
 # memory; then real workers: a tenant behind a 1,000-task backlog, weights 2:1:1, lateness.

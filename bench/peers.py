@@ -6,6 +6,7 @@
                           [--intervals 50,20,10,5,2] [--profiles empty,mixed] [--seconds 4]
                           [--burst 4] [--cap 3 --cap-tasks 150 --cap-body-ms 200]
                           [--pool gevent --procs 50]   # spacing, burst: the 2 nodes' pool and -c
+                          [--busy 2]   # a loaded host: 2 busy loops beside every limiter
 
 One private Redis serves every limiter, one after another, on the same workload.
 
@@ -51,6 +52,10 @@ task run once.
 
 Each scenario ends with ``SUMMARY`` lines, one per limiter, and the load average.
 
+``--busy N`` runs N CPU-bound processes (a Python busy loop each, bench/load.py) for the
+whole run, beside every limiter alike: a loaded host, as production hosts are
+(``make bench-peers-loaded``: 2, this machine's cores).
+
 BullMQ is installed with ``npm ci`` (or ``npm install``, at the lock's versions) into
 bench/peers/ (Node from the machine; skipped with a message where ``node``/``npm`` are
 missing).
@@ -80,6 +85,7 @@ PEERS = ROOT / "bench" / "peers"
 sys.path.insert(0, str(ROOT))
 
 from bench.checks import burst_excess, most_at_once, to_us  # noqa: E402
+from bench.load import busy  # noqa: E402
 from siq_celery.embedded import EmbeddedRedis  # noqa: E402
 from siq_celery.workers import WorkerProcess  # noqa: E402
 
@@ -476,6 +482,7 @@ def main() -> None:
     parser.add_argument("--cap-body-ms", type=float, default=200.0, help="concurrency: body time, milliseconds")
     parser.add_argument("--cap-nodes", type=int, default=3, help="concurrency: worker nodes (BullMQ processes)")
     parser.add_argument("--cap-procs", type=int, default=4, help="concurrency: -c of each node (BullMQ concurrency)")
+    parser.add_argument("--busy", type=int, default=0, help="busy loops beside the limiters (a loaded host)")
     args = parser.parse_args()
     scenarios = args.scenarios.split(",")
     unknown = set(scenarios) - set(SCENARIOS)
@@ -486,10 +493,11 @@ def main() -> None:
     if skip:
         print(f"note: {skip}", flush=True)
         chosen = {s: [lim for lim in ls if lim not in BULLMQ] for s, ls in chosen.items()}
-    print(f"# peers, {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}, {os.cpu_count()} cores, {load()}\n",
+    host = f", {args.busy} busy loops beside" if args.busy else ""
+    print(f"# peers, {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}, {os.cpu_count()} cores{host}, {load()}\n",
           flush=True)  # fmt: skip
     explicit_intervals, explicit_profiles = args.intervals, args.profiles
-    with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp:
+    with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp, busy(args.busy):
         bench = Bench(server, Path(tmp), args.broker_wait_below, args.burst, args.cap, args.pool, args.procs)
         for scenario in scenarios:
             args.intervals = explicit_intervals or DEFAULTS[scenario][0]
