@@ -159,8 +159,8 @@ def release_fair(app: Any, queue: IntervalQueue, who: str) -> None:
     fair queue this first tops its lookahead up (model.fair_promote): after each publish
     and each start, so the queue never runs dry while keys have work (one round trip; a
     release that finds the lookahead full hands out nothing)."""
-    settings = siq_state(app).settings
     try:
+        settings = siq_state(app).settings
         release_due(app, queue, settings.horizon_us, settings.countdown_margin)
     except Exception as exc:  # the next start, or the workers' upkeep, tries again; nothing is lost
         logger.warning("%s: could not release parked tasks of %r: %s", who, queue.name, exc)
@@ -199,7 +199,7 @@ class ReleaseAfterStart:
                     self._lock.wait()
                 asked, self._pending = list(self._pending.values()), {}
             for app, queue, who in asked:
-                release_fair(app, queue, who)  # logs what it could not do; never raises
+                release_fair(app, queue, who)  # logs what it could not do; never raises (the thread lives on)
 
 
 RELEASE_AFTER_START = ReleaseAfterStart()
