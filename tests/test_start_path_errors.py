@@ -96,21 +96,29 @@ class Flaky:
         self.start = start
 
 
+def apply_on_a_flaky_store(
+    celery_app: Celery, monkeypatch: pytest.MonkeyPatch, flaky: Flaky, queue: str, task_id: str
+) -> tuple[Any, list[int]]:
+    """Apply (eagerly) ``work(7)`` of interval queue ``queue`` while the memory store's
+    start is ``flaky``: the result, and the arguments of the bodies that ran."""
+    monkeypatch.setattr(MemoryBackend, "start", flaky.start)
+    ran: list[int] = []
+
+    @celery_app.task(base=IntervalTask, shared=False, interval="10ms", interval_queue=queue)
+    def work(n: int) -> int:
+        ran.append(n)
+        return n
+
+    return work.apply((7,), task_id=task_id), ran
+
+
 @pytest.mark.celery(task_always_eager=True)
 @pytest.mark.parametrize("error", [redis.ResponseError("BUSY Redis is busy running a script"), RuntimeError("boom")])
 def test_an_unexpected_error_of_the_store_at_the_start_is_asked_again_never_a_failure(
     celery_app: Celery, siq_store: SiqStore, monkeypatch: pytest.MonkeyPatch, error: Exception
 ) -> None:
     flaky = Flaky(error)
-    monkeypatch.setattr(MemoryBackend, "start", flaky.start)
-    ran: list[int] = []
-
-    @celery_app.task(base=IntervalTask, shared=False, interval="10ms", interval_queue="flaky")
-    def work(n: int) -> int:
-        ran.append(n)
-        return n
-
-    result = work.apply((7,), task_id="task-7")
+    result, ran = apply_on_a_flaky_store(celery_app, monkeypatch, flaky, "flaky", "task-7")
     print(f"{type(error).__name__} at the start: {result.state}, bodies run: {ran}, asks: {flaky.calls}")
     assert (result.state, ran) == ("SUCCESS", [7])
     assert flaky.calls >= 2, "asked again after the error"
@@ -123,15 +131,7 @@ def test_the_tasks_own_soft_time_limit_ends_the_wait_and_nothing_is_remembered_a
     # The wait asks again after any unexpected error of the store, but a soft time limit
     # (billiard raises it in the waiting process) is the task's own: the wait ends with it.
     flaky = Flaky(SoftTimeLimitExceeded(), failures=100)
-    monkeypatch.setattr(MemoryBackend, "start", flaky.start)
-    ran: list[int] = []
-
-    @celery_app.task(base=IntervalTask, shared=False, interval="10ms", interval_queue="soft")
-    def work(n: int) -> int:
-        ran.append(n)
-        return n
-
-    result = work.apply((7,), task_id="task-soft")
+    result, ran = apply_on_a_flaky_store(celery_app, monkeypatch, flaky, "soft", "task-soft")
     print(f"soft time limit in the wait: {result.state} {type(result.result).__name__}, asks: {flaky.calls}")
     assert (result.state, type(result.result), ran, flaky.calls) == ("FAILURE", SoftTimeLimitExceeded, [], 1)
     monkeypatch.undo()
