@@ -171,14 +171,14 @@ class ReleaseAfterStart:
     pool, a greenlet) rather than between the start's authorization and its body: a
     provider counts a request when the body makes it, and that release is a store round
     trip plus a publish per ticket handed out (its bodies began p50 2.5-6 ms, p99 16-43 ms
-    after their authorization when the start made it). Asks for one queue coalesce while
-    one is pending; a release this process never makes (it died) is made by the next start
-    or by a worker's upkeep."""
+    after their authorization when the start made it). Asks for one queue of one app
+    coalesce while one is pending; a release this process never makes (it died) is made
+    by the next start or by a worker's upkeep."""
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
         self._pid = 0
-        self._pending: dict[str, tuple[Any, IntervalQueue, str]] = {}
+        self._pending: dict[tuple[int, str], tuple[Any, IntervalQueue, str]] = {}  # by app and queue
         self._thread: threading.Thread | None = None
 
     def ask(self, app: Any, queue: IntervalQueue, who: str) -> None:
@@ -186,7 +186,7 @@ class ReleaseAfterStart:
         with self._lock:
             if self._pid != os.getpid():  # a forked child: the parent's thread is not here
                 self._pid, self._pending, self._thread = os.getpid(), {}, None
-            self._pending[queue.name] = (app, queue, who)
+            self._pending[id(app), queue.name] = (app, queue, who)  # two apps' queues of one name are two
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="siq-fair-release", daemon=True)
                 self._thread.start()
