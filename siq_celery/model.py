@@ -544,6 +544,7 @@ def start(
     state: QueueState, ticket: int, epoch: str, now_us: int, *, finished: bool = False, cost: int = 1,
     lost: bool = False, window: Window | None = None, leases: Leases | None = None,
     lease: tuple[str, int] | None = None, running_us: int = 0, token: str = "", own: RunOwner | None = None,
+    begin_wait_us: int = 0,
 ) -> Decision:  # fmt: skip
     """Decide whether ``ticket`` may start at ``now_us`` (mutates ``state`` if authorized).
 
@@ -556,7 +557,7 @@ def start(
     concurrency cap), one whatever its cost. ``token``: the asking call's, kept as the
     owner of the run's lease (given only with a task id); ``own``: :func:`own_start`'s
     answer for it, a start already given to that call, which is answered again as it was
-    and records nothing."""
+    and records nothing. ``begin_wait_us``: its body reports when it began (:func:`commit_start`)."""
     if own is not None and not finished:  # this call's own start, its reply lost: the same, charged once
         member = lease[0] if lease else ""
         return Decision(Verdict.AUTHORIZED, ticket, own.now_us, 0, own.slot_us, state.interval_us, member)
@@ -567,7 +568,7 @@ def start(
         running_us=running_us,
     )  # fmt: skip
     if decision.authorized:
-        taken = commit_start(state, ticket, now_us, cost, window, leases, lease)
+        taken = commit_start(state, ticket, now_us, cost, window, leases, lease, begin_wait_us)
         if token and taken and leases is not None:
             leases.set_owner(taken, RunOwner(token, now_us, decision.slot_us))
         return replace(decision, lease=taken)
@@ -607,6 +608,8 @@ def decide(
             assert leases is not None
             wait = lease_wait(leases, now_us)
             return Decision(Verdict.WAIT, ticket, now_us, wait, slot, state.interval_us, full=True)
+        if state.pending_us > now_us:
+            return Decision(Verdict.WAIT, ticket, now_us, pending_wait(state, now_us), slot, state.interval_us)
         return Decision(Verdict.AUTHORIZED, ticket, now_us, 0, slot, state.interval_us)
     if epoch != state.epoch or ticket < 1 or ticket + cost - 1 > state.ticket:
         return Decision(Verdict.RECLAIM, ticket, now_us)
@@ -629,12 +632,29 @@ def decide(
         assert leases is not None
         wait = lease_wait(leases, now_us) if full else min(lease_wait(leases, now_us), turn - now_us)
         return Decision(Verdict.WAIT, ticket, now_us, wait, slot, state.interval_us, full=True)
+    if state.pending_us > now_us:  # the last start's body has not said it began: its start may still move
+        return Decision(Verdict.WAIT, ticket, now_us, pending_wait(state, now_us), slot, state.interval_us)
     return Decision(Verdict.AUTHORIZED, ticket, now_us, 0, slot, state.interval_us)
+
+
+#: How long after its authorization a start's body may report that it began
+#: (:func:`began`): until then no later start of the queue is authorized, unless the report
+#: came. A body that did not report by then (its process died, or was stopped longer) no
+#: longer holds the queue; one that is about to begin later than half of it asks first
+#: (gate.py: a late body).
+BEGIN_WAIT_US = 500_000
+
+
+def pending_wait(state: QueueState, now_us: int) -> int:
+    """How long a start whose slot came waits before asking again while the last start's
+    body has not reported: a quarter of the interval, between 0.5 and 5 ms, and never past
+    the pending start's expiry."""
+    return max(min(max(state.interval_us // 4, 500), 5_000, state.pending_us - now_us), 1)
 
 
 def commit_start(
     state: QueueState, ticket: int, now_us: int, cost: int = 1, window: Window | None = None,
-    leases: Leases | None = None, lease: tuple[str, int] | None = None,
+    leases: Leases | None = None, lease: tuple[str, int] | None = None, begin_wait_us: int = 0,
 ) -> str:  # fmt: skip
     """Record an authorized start. The line continues from it: for a late ticket (ticket
     <= current) that means it took the slot ticket current+1 was due at, and the line
@@ -647,11 +667,15 @@ def commit_start(
     grid, lagging the arrival time by at most ``burst`` intervals, so a late line catches
     up by at most ``burst`` slots. The start takes ``lease`` = (member, expiry) if given, one
     whatever its cost (a queue without a cap first forgets its expired ones: a capped
-    queue's are read, and forgotten, by :func:`decide`); the member taken, or ""."""
+    queue's are read, and forgotten, by :func:`decide`); the member taken, or "".
+    ``begin_wait_us``: the start's body will report when it began (:func:`began`); later
+    starts wait for that report, ``begin_wait_us`` at most (0: a start that does not report)."""
     i = state.interval_us
     old_current = state.current
     if ticket != FREE:
         state.current = max(state.current, ticket + cost - 1)
+    due = state.last_start_us + state.interval_us  # the earliest this start could count from (GCRA's T)
+    state.pending_us, state.pending_due_us = (now_us + begin_wait_us, due) if begin_wait_us else (0, 0)
     state.started_us = now_us  # what the status shows; the cap counts from the last slot used
     state.last_start_us = max(state.last_start_us + i, now_us) + (cost - 1) * i
     grid = state.anchor_us + (state.current - old_current) * i
@@ -670,7 +694,7 @@ def start_all(
     states: list[QueueState], tickets: list[int], epochs: list[str], now_us: int, *, finished: bool = False,
     cost: int = 1, lost: bool = False, windows: Sequence[Window | None] | None = None,
     leases: Sequence[Leases | None] | None = None, lease: tuple[str, int] | None = None, running_us: int = 0,
-    token: str = "", own: RunOwner | None = None,
+    token: str = "", own: RunOwner | None = None, begin_wait_us: int = 0,
 ) -> list[Decision]:  # fmt: skip
     """One start that must pass several queues at once (a per-second and a per-day limit):
     authorized in all of them, or recorded in none. Queues that would authorize while
@@ -680,7 +704,8 @@ def start_all(
     first queue takes ``lease`` (the run's, checked there: ``running_us``) and each other
     queue with a concurrency cap takes one under the same member. ``token`` and ``own``:
     as in :func:`start` (the owner is kept with the first queue's lease, with the latest of
-    the queues' slots, which every queue answers again)."""
+    the queues' slots, which every queue answers again). ``begin_wait_us``: the body reports
+    when it began, to every queue (:func:`commit_start`)."""
     if own is not None and not finished:  # this call's own start, its reply lost: the same, charged once
         member = lease[0] if lease else ""
         return [
@@ -711,7 +736,7 @@ def start_all(
         # the run's lease in the first queue (where running_us was read), a cap's in each capped queue
         taken = [lease if i == 0 or state.concurrency else None for i, state in enumerate(states)]
         started = [
-            replace(d, lease=commit_start(state, ticket, now_us, cost, window, lz, mine))
+            replace(d, lease=commit_start(state, ticket, now_us, cost, window, lz, mine, begin_wait_us))
             for d, state, ticket, window, lz, mine in zip(decisions, states, tickets, wins, held, taken, strict=True)
         ]
         first = held[0]
@@ -1042,6 +1067,8 @@ def reset(state: QueueState, now_us: int, epoch: str, interval_us: int | None = 
         anchor_us=now_us - fresh.interval_us,
         started_us=state.started_us,
         held_until_us=state.held_until_us,
+        pending_us=state.pending_us,  # its body still begins, and reports
+        pending_due_us=state.pending_due_us,
     )
 
 
@@ -1070,6 +1097,43 @@ def restamp(state: QueueState, epoch: str, started_us: int, now_us: int, window:
     if state.quota and window is not None:
         window.move(began, now_us)
     return now_us
+
+
+def began(state: QueueState, started_us: int, now_us: int, window: Window | None = None) -> int | None:
+    """The body of the start authorized at ``started_us`` reports, as it begins, that it
+    began: if that start is still the last one and pending (:func:`commit_start`), it is
+    placed as if it had been authorized at ``now_us`` (the store's time when the report
+    came: the report is written just before the body's first statement, so it reaches the
+    store after the body began, and no worker's clock is trusted), and later starts stop
+    waiting for it. Returns the start's new time, or None when the start is not the last
+    pending one any more (a later start came after its wait expired: the caller must not
+    begin its body now).
+
+    Its last slot is worked out again from ``pending_due_us`` (T = L + I, the slot used
+    before it plus the interval then), as :func:`commit_start` did from the authorization:
+    max(T, now) + (c - 1) I instead of max(T, auth) + (c - 1) I (an interval changed since
+    does not change T). Without a burst that moves it by the whole delay; a start that came early
+    under a burst moves only by what the delay takes it past L + I, so the burst bound
+    (ceil(W / I) + B starts in any window W) holds between the bodies' own starts, and a
+    line that catches up keeps its rate. With a window quota the start moves in the window
+    too. It can only delay later starts.
+
+    A body whose process stood still after its report (the report's own send can hand the
+    CPU to the store) reports again, and the start moves again, while no later start came:
+    ``pending_us`` then holds minus the authorization's time, which no later start waits for."""
+    again = state.pending_us < 0 and state.pending_us == -started_us  # reported already: a report sent again
+    if not again and (state.pending_us <= 0 or state.started_us != started_us):
+        return None
+    at = max(now_us, state.started_us)
+    i = state.interval_us
+    base = state.pending_due_us
+    state.last_start_us += max(base, at) - max(base, state.started_us)
+    state.anchor_us = max(state.anchor_us, state.last_start_us - state.burst * i)
+    if state.quota and window is not None and at != state.started_us:
+        window.move(state.started_us, at)
+    state.started_us = at
+    state.pending_us = -started_us  # reported: nothing waits for it, and a report sent again finds it
+    return at
 
 
 def release_cutoff(state: QueueState, now_us: int, horizon_us: int, units: WindowUnits | None = None) -> int | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import heapq
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 US = 1_000_000
 
@@ -33,6 +33,13 @@ class QueueState:
     apart from the state (the queue's window); at most ``concurrency`` bodies running at once
     (0: no cap), counted over the leases the store keeps apart from the state (the queue's
     leases: one per running body, with an expiry).
+
+    A start whose body reports when it began (:func:`siq_celery.model.began`) leaves
+    ``pending_us``: until then, at the latest, no later start is authorized, so the next
+    start counts from the body's own start, not from its authorization (0: none pending;
+    minus the start's authorization once its body reported); ``pending_due_us`` is the last
+    slot used before that start plus the interval then (its report re-computes the start's
+    place from it, as if it had been authorized when its body began).
     """
 
     epoch: str
@@ -48,6 +55,9 @@ class QueueState:
     quota: int = 0
     window_us: int = 0
     concurrency: int = 0
+    # Not compared, nor shown by the status: what a start waits for, not what the queue is.
+    pending_us: int = field(default=0, compare=False)
+    pending_due_us: int = field(default=0, compare=False)
 
     @property
     def limits(self) -> Limits:
@@ -395,6 +405,9 @@ class Decision:
     lease: str = ""
     #: WAIT: the slot has come but the concurrency cap is full (``wait_us`` is a short poll).
     full: bool = False
+    #: AUTHORIZED, from a wait that reports its body's start: the asker's monotonic clock
+    #: when it sent the ask that was authorized (the authorization is no older than that).
+    asked_at: float = field(default=0.0, compare=False)
 
     @property
     def authorized(self) -> bool:

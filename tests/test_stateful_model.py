@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from siq_celery.backends import Backend, backend_from_url
+from siq_celery.model import BEGIN_WAIT_US
 from siq_celery.testing import PinnedClock
 from siq_celery.types import Limits
 
@@ -83,7 +84,8 @@ class Reference:
     def _new(self, interval: int, epoch: str) -> dict[str, object]:
         now = self.clock.now_us  # a burst's credit starts spent: still one interval
         return {"epoch": epoch, "I": interval, "ticket": 0, "cur": 0, "anchor": now,
-                "last": now + self.burst * interval, "paused": False, "began": 0}  # fmt: skip
+                "last": now + self.burst * interval, "paused": False, "began": 0, "pend": 0,
+                "pend_due": 0}  # fmt: skip
 
     def state(self) -> tuple[object, ...] | None:
         q = self.q
@@ -143,8 +145,9 @@ class Reference:
         return first, str(q["epoch"]), due, free, tuple(slots) if any(slots) else ()
 
     def start(
-        self, number: int, epoch: str, task: str | None, interval: int, new_epoch: str, cost: int, member: str
-    ) -> tuple[str, int, int, bool]:
+        self, number: int, epoch: str, task: str | None, interval: int, new_epoch: str, cost: int, member: str,
+        begin_wait: int = 0,
+    ) -> tuple[str, int, int, bool]:  # fmt: skip
         now = self.clock.now_us
         q = self.q = self.q or self._new(interval, new_epoch)
         if task is not None and task in self.finished:
@@ -183,6 +186,10 @@ class Reference:
             turn = max(q["anchor"] + claims * I, self.cap()) + LEASE_GRACE_US  # type: ignore[operator]
             if now < turn:
                 return "wait", min(poll, turn - now), slot, True
+        if q["pend"] > now:  # type: ignore[operator]  # the last start's body has not reported: ask again soon
+            return "wait", max(min(max(I // 4, 500), 5_000, q["pend"] - now), 1), slot, False  # type: ignore[operator]
+        # a start whose body will report: later ones wait for it (begin_wait at most)
+        q["pend"], q["pend_due"] = (now + begin_wait, q["last"] + I) if begin_wait else (0, 0)  # type: ignore[operator]
         q["cur"] = max(cur, number + cost - 1)  # type: ignore[call-overload]
         q["last"] = max(q["last"] + I, now) + (cost - 1) * I  # type: ignore[operator]  # GCRA: T = max(T, now) + c I
         q["began"] = now  # the start itself, what a re-stamp moves
@@ -197,6 +204,25 @@ class Reference:
                 self.leases = {m: e for m, e in self.leases.items() if e > now}
             self.leases[task or member] = now + LEASE_US
         return "authorized", 0, slot, False
+
+    def began(self, started: int) -> int | None:
+        """The body of the start authorized at ``started`` reports now: if it is the last,
+        pending start, it is placed as if authorized now (its last slot from the slot before)."""
+        q, now = self.q, self.clock.now_us
+        again = q is not None and q["pend"] < 0 and q["pend"] == -started  # type: ignore[operator]  # reported: sent again
+        if q is None or (not again and (q["pend"] <= 0 or q["began"] != started)):  # type: ignore[operator]
+            return None
+        I = q["I"]
+        prev = q["began"]
+        at, base = max(now, prev), q["pend_due"]  # type: ignore[call-overload]
+        q["last"] += max(base, at) - max(base, prev)  # type: ignore[call-overload, operator]
+        q["anchor"] = max(q["anchor"], q["last"] - self.burst * I)  # type: ignore[call-overload, operator]
+        moved = [e for e in self.win if e[0] == prev]
+        if self.quota and moved and at != prev:
+            moved[-1][0] = at
+            self.win.sort(key=lambda e: e[0])
+        q["began"], q["pend"] = at, -started
+        return at
 
     def backoff(self, hold: int, keep_first: bool) -> None:
         q = self.q
@@ -273,19 +299,37 @@ class StoresAgree(RuleBasedStateMachine):
         self.tickets += [(expected[0] + i, expected[1]) for i in range(n)]
 
     @precondition(lambda self: self.tickets)
-    @rule(data=st.data(), task=st.sampled_from([None, *TASKS]), cost=st.sampled_from([1, 1, 2, 3]))
-    def start(self, data: st.DataObject, task: str | None, cost: int) -> None:
-        self._start(*data.draw(st.sampled_from(self.tickets)), task, cost)
+    @rule(
+        data=st.data(), task=st.sampled_from([None, *TASKS]), cost=st.sampled_from([1, 1, 2, 3]),
+        begin_wait=st.sampled_from([0, BEGIN_WAIT_US]),
+    )  # fmt: skip
+    def start(self, data: st.DataObject, task: str | None, cost: int, begin_wait: int) -> None:
+        self._start(*data.draw(st.sampled_from(self.tickets)), task, cost, begin_wait)
 
     @precondition(lambda self: self.ref.q is not None and self.ref.q["ticket"] > self.ref.q["cur"])  # type: ignore[operator]
-    @rule(us=st.integers(0, 150_000))
-    def start_the_head(self, us: int) -> None:
+    @rule(us=st.integers(0, 150_000), begin_wait=st.sampled_from([0, BEGIN_WAIT_US]))
+    def start_the_head(self, us: int, begin_wait: int) -> None:
         """The head of the line asks a little later (most drawn starts are of stale or passed tickets)."""
         self.clock.advance(us=us)
         q = self.ref.q
-        self._start(q["cur"] + 1, q["epoch"], None, 1)  # type: ignore[index, operator, arg-type]
+        self._start(q["cur"] + 1, q["epoch"], None, 1, begin_wait)  # type: ignore[index, operator, arg-type]
 
-    def _start(self, number: int, epoch: str, task: str | None, cost: int) -> None:
+    @precondition(lambda self: self.ref.q is not None and self.ref.q["ticket"] > self.ref.q["cur"])  # type: ignore[operator]
+    @rule(late=st.sampled_from([0, 300, 4_000, 30_000, 600_000]), task=st.sampled_from([None, *TASKS]))
+    def a_body_reports(self, late: int, task: str | None) -> None:
+        """The head of the line waits for its slot, starts with a body that will report, and
+        the body reports ``late`` after its authorization (past the start's wait: 600 ms)."""
+        for _ in range(4):
+            q = self.ref.q
+            if q is None or q["ticket"] <= q["cur"]:  # type: ignore[operator]
+                return
+            verdict, wait = self._start(q["cur"] + 1, q["epoch"], task, 1, BEGIN_WAIT_US)  # type: ignore[index, operator, arg-type]
+            if verdict != "wait":
+                break
+            self.clock.advance(us=wait)
+        self.began(False, late, 0)
+
+    def _start(self, number: int, epoch: str, task: str | None, cost: int, begin_wait: int = 0) -> tuple[str, int]:
         new_epoch, member = next(self.epochs), next(self.members)
         decisions = [
             s.start(
@@ -298,10 +342,13 @@ class StoresAgree(RuleBasedStateMachine):
                 cost=cost,
                 limits=self.limits,
                 lease=member,
+                begin_wait_us=begin_wait,
             )
             for s in self.stores
         ]
-        verdict, wait, slot, full = self.ref.start(number, epoch, task, self.interval, new_epoch, cost, member)
+        verdict, wait, slot, full = self.ref.start(
+            number, epoch, task, self.interval, new_epoch, cost, member, begin_wait
+        )
         taken = (task or member) if verdict == "authorized" and (task or self.limits.concurrency) else ""
         for d in decisions:
             assert (d.verdict.value, d.wait_us, d.slot_us, d.full, d.lease) == (verdict, wait, slot, full, taken)
@@ -311,6 +358,7 @@ class StoresAgree(RuleBasedStateMachine):
             self.starts.append((self.clock.now_us, cost * self.ref.q["I"]))  # type: ignore[index, operator]
             if self.limits.quota:
                 self.window_starts.append((self.clock.now_us, min(cost, self.limits.quota)))
+        return verdict, wait
 
     @precondition(lambda self: self.ref.q is not None)
     @rule(stale=st.booleans(), same_epoch=st.booleans())
@@ -334,6 +382,31 @@ class StoresAgree(RuleBasedStateMachine):
                 self.ref.win.sort(key=lambda e: e[0])
                 self.window_starts[-1] = (now, self.window_starts[-1][1])
         assert got == expected
+
+    @precondition(lambda self: self.ref.q is not None)
+    @rule(stale=st.booleans(), us=st.sampled_from([0, 300, 4_000, 30_000]), again=st.sampled_from([0, 0, 200, 5_000]))
+    def began(self, stale: bool, us: int, again: int) -> None:
+        """A body reports, ``us`` after now, that it began: the last start's (or, stale, another's);
+        ``again``: its process stood still after the report, and reports again that much later."""
+        self.clock.advance(us=us)
+        q = self.ref.q
+        authorized = -q["pend"] if q["pend"] < 0 else q["began"]  # type: ignore[index, operator]
+        started = authorized - (1 if stale else 0)  # type: ignore[operator]
+        self._report(started)
+        if again:
+            self.clock.advance(us=again)
+            self._report(started)
+
+    def _report(self, started: int) -> None:
+        before = self.ref.q["began"] if self.ref.q is not None else None
+        got = self._all("began", started)
+        expected = self.ref.began(started)
+        assert got == expected
+        if expected is not None and expected != before:  # the start moved: so do its places
+            if self.starts:
+                self.starts[-1] = (expected, self.starts[-1][1])
+            if self.limits.quota and self.window_starts and self.window_starts[-1][0] == before:
+                self.window_starts[-1] = (expected, self.window_starts[-1][1])
 
     @rule(data=st.data(), task=st.sampled_from(TASKS), remember=st.booleans())
     def finish(self, data: st.DataObject, task: str, remember: bool) -> None:
@@ -396,6 +469,7 @@ class StoresAgree(RuleBasedStateMachine):
         self._interval_changed(old["I"], interval or old["I"])  # type: ignore[index, arg-type]
         q = self.ref._new(interval or old["I"], epoch)  # type: ignore[index, arg-type]
         q["last"], q["anchor"], q["began"] = old["last"], self.clock.now_us - q["I"], old["began"]  # type: ignore[index, operator]
+        q["pend"], q["pend_due"] = old["pend"], old["pend_due"]  # type: ignore[index]  # its body still reports
         self.ref.q = q
         if interval:  # as set_interval: another interval moves the back-off's end (burst x interval too)
             self.backoffs.clear()

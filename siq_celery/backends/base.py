@@ -195,6 +195,7 @@ class Backend(ABC):
         limits: Limits = NO_LIMITS,
         lease: str = "",
         token: str = "",
+        begin_wait_us: int = 0,
     ) -> Decision:
         """Decide (and, if authorized, record) the start of ``ticket``. A missing state is
         created with ``new_epoch`` and ``limits`` (so the answer is RECLAIM). With ``record``, an
@@ -206,7 +207,9 @@ class Backend(ABC):
         :meth:`lease_member`), for ``lease_timeout_us``: ``Decision.lease``. ``token``: the
         asking call's (one per wait_in_line call, sent with each of its asks): a start it was
         given already, whose reply was lost, is answered again as it was and charged once
-        (:func:`siq_celery.model.own_start`), where another asker is answered RUNNING."""
+        (:func:`siq_celery.model.own_start`), where another asker is answered RUNNING.
+        ``begin_wait_us``: the start's body will report when it began (:meth:`began`); later
+        starts wait for the report, that long at most (0: it will not report)."""
 
     def start_all(
         self,
@@ -222,6 +225,7 @@ class Backend(ABC):
         limits: Sequence[Limits] | None = None,
         lease: str = "",
         token: str = "",
+        begin_wait_us: int = 0,
     ) -> list[Decision]:
         """One start that must pass every queue of ``queues`` (ticket ``tickets[i]`` of
         epoch ``epochs[i]`` in each): authorized and recorded in all of them in one atomic
@@ -234,6 +238,20 @@ class Backend(ABC):
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
         """Move the queue's last start from ``started_us`` to now if it is still the last
         start of ``epoch`` (see :func:`siq_celery.model.restamp`); the new time or None."""
+
+    def began(self, queue: str, started_us: int) -> int | None:
+        """The body of the start authorized at ``started_us`` begins now: place that start
+        at now (store time), if it is still the queue's last, pending start (see
+        :func:`siq_celery.model.began`); its new time, or None if it is not."""
+        raise ConfigurationError(f"{type(self).__name__} does not take reports of bodies that began")
+
+    def began_soon(self, queue: str, started_us: int) -> None:
+        """:meth:`began`, sent now and not waited for: the body begins while the report
+        travels, and the store places the start when the report arrives. Best effort: a
+        report lost leaves later starts waiting until the start's wait expires
+        (:data:`siq_celery.model.BEGIN_WAIT_US`). The base implementation reports at once."""
+        with contextlib.suppress(SiqError):
+            self.began(queue, started_us)
 
     def restamp_soon(self, queue: str, epoch: str, started_us: int) -> None:
         """:meth:`restamp`, sent now and not waited for (a green pool's body starts at once:
@@ -674,6 +692,7 @@ class ModelBackend(Backend):
         limits: Limits = NO_LIMITS,
         lease: str = "",
         token: str = "",
+        begin_wait_us: int = 0,
     ) -> Decision:
         member = self.lease_member(task_id, record, lease)
         with self._following_one(queue) as tx:
@@ -688,6 +707,7 @@ class ModelBackend(Backend):
                 window=self._window(tx, state), leases=leases,
                 lease=self._lease_taken([state], task_id, member, tx.now_us),
                 running_us=model.running_copy(leases, task_id, tx.now_us), token=token, own=own,
+                begin_wait_us=begin_wait_us,
             )  # fmt: skip
             if own is not None:  # given again: recorded and counted when it was first given
                 return decision
@@ -715,6 +735,7 @@ class ModelBackend(Backend):
         limits: Sequence[Limits] | None = None,
         lease: str = "",
         token: str = "",
+        begin_wait_us: int = 0,
     ) -> list[Decision]:
         each = list(limits) if limits is not None else [NO_LIMITS] * len(queues)
         member = self.lease_member(task_id, record, lease)
@@ -734,6 +755,7 @@ class ModelBackend(Backend):
                 windows=[self._window(tx, state) for tx, state in zip(txs, states, strict=True)], leases=leases,
                 lease=self._lease_taken(states, task_id, member, now),
                 running_us=model.running_copy(leases[0], task_id, now), token=token, own=own,
+                begin_wait_us=begin_wait_us,
             )  # fmt: skip
             if own is not None:  # given again: recorded and counted when it was first given
                 return decisions
@@ -775,6 +797,12 @@ class ModelBackend(Backend):
             if tx.state is None:
                 return None
             return model.restamp(tx.state, epoch, started_us, tx.now_us, self._window(tx, tx.state))
+
+    def began(self, queue: str, started_us: int) -> int | None:
+        with self.transaction(queue) as tx:
+            if tx.state is None:
+                return None
+            return model.began(tx.state, started_us, tx.now_us, self._window(tx, tx.state))
 
     def finish(
         self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = ""

@@ -92,7 +92,7 @@ ACL_RULES = (
 SCRIPTS = (
     "claim", "start", "restamp", "finish", "ensure", "pause", "resume", "set_interval", "reset", "status",
     "park", "release", "unpark", "backoff", "start_all", "declare", "renew", "set_limits", "fair_park", "delete",
-    "fair_backlog",
+    "fair_backlog", "began",
 )  # fmt: skip
 
 
@@ -426,6 +426,7 @@ class RedisBackend(Backend):
         self._restamps: Any = None
         self._restamps_unread, self._restamps_pid = 0, os.getpid()
         self._restamps_lock = threading.Lock()
+        self._soon_loaded: set[str] = set()  # the scripts loaded for that connection
         self._claim_parts: LRUCache[tuple[Any, ...], tuple[bytes, bytes]] = LRUCache(IDLE_EXPIRY_REMEMBERED)
         self._stale_slots = False  # Redis Cluster: a command failed unreachable (_refresh_slots)
 
@@ -745,6 +746,7 @@ class RedisBackend(Backend):
         limits: Limits = NO_LIMITS,
         lease: str = "",
         token: str = "",
+        begin_wait_us: int = 0,
     ) -> Decision:
         k = self.keys(queue)
         lost = self._lost_args(task_id)
@@ -774,6 +776,7 @@ class RedisBackend(Backend):
                 self.lease_timeout_us,
                 *_fair_args(record),
                 token,
+                begin_wait_us,
             ],
             cost,
         )
@@ -842,6 +845,7 @@ class RedisBackend(Backend):
         limits: Sequence[Limits] | None = None,
         lease: str = "",
         token: str = "",
+        begin_wait_us: int = 0,
     ) -> list[Decision]:
         keys = [key for q in queues for key in self.keys(q).all]  # every key: idle expiry (siq_touch)
         each = list(limits) if limits is not None else [NO_LIMITS] * len(queues)
@@ -864,7 +868,7 @@ class RedisBackend(Backend):
             )
         per_limits = [v for lim in each for v in _limit_args(lim)]
         args = [task_id or "", *ledger, cost, new_epoch, *per_queue, *lost, *per_limits, member, self.lease_timeout_us,
-                *_fair_args(record), token]  # fmt: skip
+                *_fair_args(record), token, begin_wait_us]  # fmt: skip
         restamps = [(q, e, lim.burst > 0) for q, e, lim in zip(queues, epochs, each, strict=True)]
         replies = self._start_replicated("start_all", queues[0], restamps, keys, args, cost)
         return [_decision(r) for r in replies]
@@ -882,36 +886,56 @@ class RedisBackend(Backend):
         return now or None
 
     def restamp_soon(self, queue: str, epoch: str, started_us: int) -> None:
-        """Write the re-stamp on a connection of this process's own and return; its reply is
-        read (and dropped) before the next re-stamp is written there, by then long arrived.
-        A Cluster client re-stamps at once."""
         if isinstance(self.client, RedisCluster):
             super().restamp_soon(queue, epoch, started_us)
             return
         k = self.keys(queue)
+        self._soon("restamp", [k.state, k.window], [epoch, started_us])
+
+    def began(self, queue: str, started_us: int) -> int | None:
+        k = self.keys(queue)
+        at = int(self._run("began", queue, [k.state, k.window], [started_us]))
+        return at or None
+
+    def began_soon(self, queue: str, started_us: int) -> None:
+        if isinstance(self.client, RedisCluster):
+            super().began_soon(queue, started_us)
+            return
+        k = self.keys(queue)
+        self._soon("began", [k.state, k.window], [started_us])
+
+    def _soon(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
+        """Write script ``name`` on a connection of this process's own and return (a
+        re-stamp, a body's report: :meth:`restamp_soon`, :meth:`began_soon`); its reply is
+        read (and dropped) before the next one is written there, by then long arrived. Best
+        effort: an error drops the connection, and the next one reconnects. A Cluster client
+        runs them at once."""
         with self._restamps_lock:
             if self._restamps_pid != os.getpid():  # a forked child never uses its parent's socket
                 self._restamps, self._restamps_unread, self._restamps_pid = None, 0, os.getpid()
             try:
                 if self._restamps is None:
-                    script = self._script("restamp")  # loaded: a NOSCRIPT would only be read at the next one
-                    script.sha = self.client.script_load(script.script)
                     self._restamps = self._claim_connection()[0]  # kept: never given back to the spares
-                    self._restamps_unread = 0
+                    self._restamps_unread, self._soon_loaded = 0, set()
+                if name not in self._soon_loaded:  # loaded first: a NOSCRIPT would only be read at the next one
+                    script = self._script(name)
+                    script.sha = self.client.script_load(script.script)
+                    self._soon_loaded.add(name)
                 conn = self._restamps
                 while self._restamps_unread:
                     self._restamps_unread -= 1
                     try:
                         conn.read_response()
-                    except redis.exceptions.NoScriptError:  # flushed (a restart, a failover): load it again
-                        script = self._script("restamp")
-                        script.sha = self.client.script_load(script.script)
+                    except redis.exceptions.NoScriptError:  # flushed (a restart, a failover): load them again
+                        self._soon_loaded.clear()
                     except redis.ResponseError:  # a corrupt state: the starts say so
                         pass
-                sha = self._script("restamp").sha
-                conn.send_packed_command(
-                    [_resp("EVALSHA", sha, 2, k.state, k.window, self._now_arg(), epoch, started_us)]
-                )
+                if name not in self._soon_loaded:
+                    script = self._script(name)
+                    script.sha = self.client.script_load(script.script)
+                    self._soon_loaded.add(name)
+                sha = self._script(name).sha
+                conn.send_packed_command([_resp("EVALSHA", sha, len(keys), *keys, self._now_arg(), *args)])
                 self._restamps_unread += 1
             except (*_REDIS_ERRORS, OSError):  # the start stands as authorized; the next one reconnects
                 if self._restamps is not None:

@@ -105,6 +105,13 @@ CREATE TABLE IF NOT EXISTS siq_lease_owners (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, member TEXT NOT NULL, token TEXT NOT NULL,
     start_us INTEGER NOT NULL, slot_us INTEGER NOT NULL, PRIMARY KEY (prefix, queue, member)
 );
+-- A start whose body has not reported that it began (model.QueueState.pending_us): until
+-- when later starts wait for it, and the last slot used before it. A table of its own
+-- (processes of an earlier version neither report nor wait); no row: none pending.
+CREATE TABLE IF NOT EXISTS siq_pending (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, until_us INTEGER NOT NULL, due_us INTEGER NOT NULL,
+    PRIMARY KEY (prefix, queue)
+);
 CREATE TABLE IF NOT EXISTS siq_interval_sources (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, sources TEXT NOT NULL, PRIMARY KEY (prefix, queue)
 );
@@ -247,9 +254,10 @@ class _SqliteTransaction(Transaction):
         self.now_us = backend.now_us()
         row = conn.execute(
             f"SELECT {', '.join('q.' + f for f in _FIELDS)}, t.started_us, t.held_until_us, l.burst, l.quota, "
-            f"l.window_us, c.concurrency FROM siq_queues q LEFT JOIN siq_queue_times t USING (prefix, queue) "
-            f"LEFT JOIN siq_queue_limits l USING (prefix, queue) LEFT JOIN siq_queue_concurrency c "
-            f"USING (prefix, queue) WHERE q.prefix=? AND q.queue=?",
+            f"l.window_us, c.concurrency, p.until_us, p.due_us FROM siq_queues q "
+            f"LEFT JOIN siq_queue_times t USING (prefix, queue) LEFT JOIN siq_queue_limits l USING (prefix, queue) "
+            f"LEFT JOIN siq_queue_concurrency c USING (prefix, queue) LEFT JOIN siq_pending p USING (prefix, queue) "
+            f"WHERE q.prefix=? AND q.queue=?",
             self._key,
         ).fetchone()
         self.state = None
@@ -259,6 +267,7 @@ class _SqliteTransaction(Transaction):
         # must not come back as this state's limits or times.
         self._times: tuple[int, int] | None = None
         self._limits: tuple[int, int, int, int] | None = None
+        self._pending: tuple[int, int] | None = None
         self._window: _SqliteWindow | None = None
         self._leases: _SqliteLeases | None = None
         self._fair: _SqliteFairLines | None = None
@@ -269,10 +278,12 @@ class _SqliteTransaction(Transaction):
                 if not replace_corrupt:
                     raise
             else:
-                self._times = (int(row[-6] or 0), int(row[-5] or 0))
+                self._times = (int(row[-8] or 0), int(row[-7] or 0))
                 self.state.started_us, self.state.held_until_us = self._times
-                self._limits = (int(row[-4] or 0), int(row[-3] or 0), int(row[-2] or 0), int(row[-1] or 0))
+                self._limits = (int(row[-6] or 0), int(row[-5] or 0), int(row[-4] or 0), int(row[-3] or 0))
                 self.state.burst, self.state.quota, self.state.window_us, self.state.concurrency = self._limits
+                self._pending = (int(row[-2] or 0), int(row[-1] or 0))
+                self.state.pending_us, self.state.pending_due_us = self._pending
 
     def window(self) -> _SqliteWindow:
         if self._window is None:
@@ -480,6 +491,7 @@ class _SqliteTransaction(Transaction):
         self._c.execute("DELETE FROM siq_leases WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_lease_owners WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_queue_concurrency WHERE prefix=? AND queue=?", self._key)
+        self._c.execute("DELETE FROM siq_pending WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_fair_vtime WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_fair_keys WHERE prefix=? AND queue=?", self._key)
         removed = self._c.execute("DELETE FROM siq_fair_tasks WHERE prefix=? AND queue=?", self._key).rowcount
@@ -512,6 +524,12 @@ class _SqliteTransaction(Transaction):
             self._c.execute(
                 "INSERT OR REPLACE INTO siq_queue_concurrency VALUES (?, ?, ?)", (*self._key, s.concurrency)
             )
+        if self._pending is None or (s.pending_us, s.pending_due_us) != self._pending:
+            if s.pending_us:
+                pending = (*self._key, s.pending_us, s.pending_due_us)
+                self._c.execute("INSERT OR REPLACE INTO siq_pending VALUES (?, ?, ?, ?)", pending)
+            else:
+                self._c.execute("DELETE FROM siq_pending WHERE prefix=? AND queue=?", self._key)
 
 
 class _SqliteWindow:

@@ -14,6 +14,9 @@
 -- w_used, the cost units in the queue's window (a sorted set of starts: siq_units), w_cum
 -- numbering its units (w_seq: an earlier version's numbering of its starts); conc, the concurrency cap (its leases: a sorted set, siq_read_leases).
 -- fair_v (absent means 0): a fair queue's virtual time (siq_fair), kept by a reset.
+-- pend_us and pend_due (absent means 0): a start whose body has not reported that it began
+-- (model.QueueState.pending_us, began.lua): until when later starts wait for it (minus its
+-- authorization once it reported), and the last slot used before it plus the interval then.
 
 local function siq_now(arg)
   if arg ~= nil and arg ~= '' then
@@ -30,7 +33,8 @@ local SIQ_NUMBERS = {'interval_us', 'ticket', 'current', 'anchor_us', 'last_star
 local function siq_load(key)
   local raw = redis.call('HMGET', key, 'epoch', 'interval_us', 'ticket', 'current',
                          'anchor_us', 'last_start_us', 'paused', 'started_us', 'held_until_us',
-                         'until_us', 'idle_us', 'burst', 'quota', 'window_us', 'w_used', 'conc')
+                         'until_us', 'idle_us', 'burst', 'quota', 'window_us', 'w_used', 'conc', 'pend_us',
+                         'pend_due')
   local present = false
   for i = 1, 7 do
     if raw[i] then present = true end
@@ -55,6 +59,7 @@ local function siq_load(key)
   s.burst, s.quota, s.window_us = tonumber(raw[12]) or 0, tonumber(raw[13]) or 0, tonumber(raw[14]) or 0
   s.w_used = tonumber(raw[15]) or 0
   s.concurrency = tonumber(raw[16]) or 0
+  s.pending_us, s.pending_due_us = tonumber(raw[17]) or 0, tonumber(raw[18]) or 0
   return s, nil
 end
 
@@ -81,7 +86,7 @@ local function siq_new(now, interval, epoch, burst, quota, window, conc)
   return {epoch = epoch, interval_us = interval, ticket = 0, current = 0,
           anchor_us = now, last_start_us = now + l.burst * interval, paused = 0, started_us = 0,
           held_until_us = 0, until_us = 0, idle_us = 0, burst = l.burst, quota = l.quota, window_us = l.window_us,
-          w_used = 0, concurrency = l.concurrency}
+          w_used = 0, concurrency = l.concurrency, pending_us = 0, pending_due_us = 0}
 end
 
 -- A state created from nothing forgets the window's starts, as it forgets its last start.
@@ -99,7 +104,14 @@ local function siq_save(key, s)
              'current', s.current, 'anchor_us', s.anchor_us, 'last_start_us', s.last_start_us,
              'paused', s.paused, 'started_us', s.started_us, 'held_until_us', s.held_until_us,
              'until_us', s.until_us, 'idle_us', s.idle_us, 'burst', s.burst, 'quota', s.quota,
-             'window_us', s.window_us, 'w_used', s.w_used, 'conc', s.concurrency)
+             'window_us', s.window_us, 'w_used', s.w_used, 'conc', s.concurrency, 'pend_us', s.pending_us,
+             'pend_due', s.pending_due_us)
+end
+
+-- How long a start whose slot came waits before asking again while the last start's body
+-- has not reported (model.pending_wait): a quarter interval, 0.5 to 5 ms, never past expiry.
+local function siq_pending_wait(s, now)
+  return math.max(math.min(math.max(math.floor(s.interval_us / 4), 500), 5000, s.pending_us - now), 1)
 end
 
 -- The flat reply shared by the control scripts: state fields, the store time, then the
@@ -504,6 +516,7 @@ local function siq_decide(key, s, ticket, epoch, cost, now, wkey, lkey)
     local cap = math.max(siq_cap(s), siq_window_slot(siq_units(wkey, key, s, now), 0, cost))
     if now < cap then return 'wait', cap - now, cap end
     if full then return 'wait', siq_lease_wait(lkey, now), cap, true end
+    if s.pending_us > now then return 'wait', siq_pending_wait(s, now), cap end
     return 'authorized', 0, cap
   end
   if epoch ~= s.epoch or ticket < 1 or ticket + cost - 1 > s.ticket or ticket ~= math.floor(ticket) then
@@ -527,7 +540,22 @@ local function siq_decide(key, s, ticket, epoch, cost, now, wkey, lkey)
   if full then return 'wait', siq_lease_wait(lkey, now), slot, true end
   local turn = siq_lease_turn(s, ticket, live)  -- the tickets ahead keep their claims on the leases
   if now < turn then return 'wait', math.min(siq_lease_wait(lkey, now), turn - now), slot, true end
+  -- the last start's body has not said it began: its start may still move
+  if s.pending_us > now then return 'wait', siq_pending_wait(s, now), slot end
   return 'authorized', 0, slot
+end
+
+-- A start recorded in the window wkey at from began at to (model.Window.move: a re-stamp, or
+-- a body's report): the latest start recorded then moves (members sort by their number).
+local function siq_window_move(wkey, from, to)
+  local at = redis.call('ZRANGEBYSCORE', wkey, from, from)
+  if #at == 0 then return end
+  local newest, seq = at[1], -1
+  for _, member in ipairs(at) do
+    local n = tonumber(string.sub(member, 1, string.find(member, ':', 1, true) - 1))
+    if n > seq then newest, seq = member, n end
+  end
+  redis.call('ZADD', wkey, to, newest)
 end
 
 -- Record an authorized start (model.commit_start): the line continues from it (a late
@@ -538,10 +566,16 @@ end
 -- window (wkey). The start takes one lease, whatever its cost: member, expiring at expires,
 -- in lkey, under a concurrency cap or when run is true (the run's lease, named by its task
 -- id: siq_running); a queue without a cap first forgets its expired ones (a capped queue's
--- were read by siq_decide). Returns the member taken, or ''.
-local function siq_commit(key, s, ticket, cost, now, wkey, lkey, member, expires, run)
+-- were read by siq_decide). begin_wait (microseconds, 0: none): the body will report when it
+-- began (began.lua); later starts wait for it that long at most. Returns the member taken, or ''.
+local function siq_commit(key, s, ticket, cost, now, wkey, lkey, member, expires, run, begin_wait)
   local i, old = s.interval_us, s.current
   if ticket > 0 and ticket + cost - 1 > s.current then s.current = ticket + cost - 1 end
+  if begin_wait and begin_wait > 0 then
+    s.pending_us, s.pending_due_us = now + begin_wait, s.last_start_us + s.interval_us  -- GCRA's T then
+  else
+    s.pending_us, s.pending_due_us = 0, 0
+  end
   local newest = s.started_us  -- the newest start in the window, if any (siq_units)
   s.started_us = now  -- what the status shows; the cap counts from the last slot used
   s.last_start_us = math.max(s.last_start_us + i, now) + (cost - 1) * i
@@ -559,10 +593,10 @@ local function siq_commit(key, s, ticket, cost, now, wkey, lkey, member, expires
     s.w_used = s.w_used + units
     if now < newest then siq_window_number(wkey, key, s) end  -- a start out of time order: numbered anew
     redis.call('HSET', key, 'current', s.current, 'anchor_us', s.anchor_us, 'last_start_us', s.last_start_us,
-               'started_us', s.started_us, 'w_used', s.w_used)
+               'started_us', s.started_us, 'w_used', s.w_used, 'pend_us', s.pending_us, 'pend_due', s.pending_due_us)
   else
     redis.call('HSET', key, 'current', s.current, 'anchor_us', s.anchor_us, 'last_start_us', s.last_start_us,
-               'started_us', s.started_us)
+               'started_us', s.started_us, 'pend_us', s.pending_us, 'pend_due', s.pending_due_us)
   end
   if not member or member == '' or (s.concurrency <= 0 and not run) then return '' end
   if s.concurrency <= 0 then redis.call('ZREMRANGEBYSCORE', lkey, '-inf', now) end

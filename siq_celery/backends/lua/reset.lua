@@ -44,6 +44,7 @@ if seq then redis.call('HSET', KEYS[1], 'w_seq', seq) end
 if cum then redis.call('HSET', KEYS[1], 'w_cum', cum) end
 if fair_v then redis.call('HSET', KEYS[1], 'fair_v', fair_v) end
 s.started_us, s.held_until_us = started, held  -- kept, as the last start is
+s.pending_us, s.pending_due_us = old.pending_us, old.pending_due_us  -- its body still begins, and reports
 s.anchor_us = now - interval  -- ticket 1 of the new life is due at once
 local parked = {}
 for _, key in ipairs({KEYS[4], KEYS[6]}) do

@@ -23,15 +23,7 @@ s.last_start_us = s.last_start_us + (now - began)
 s.started_us = now
 s.anchor_us = math.max(s.anchor_us, s.last_start_us)
 if s.quota > 0 then
-  local at = redis.call('ZRANGEBYSCORE', KEYS[2], began, began)
-  if #at > 0 then  -- the latest start recorded then (members sort by their number)
-    local newest, seq = at[1], -1
-    for _, member in ipairs(at) do
-      local n = tonumber(string.sub(member, 1, string.find(member, ':', 1, true) - 1))
-      if n > seq then newest, seq = member, n end
-    end
-    redis.call('ZADD', KEYS[2], now, newest)
-  end
+  siq_window_move(KEYS[2], began, now)
 end
 siq_save(KEYS[1], s)
 return now

@@ -30,6 +30,8 @@
 --           task id, in the parked messages hash KEYS[5]: siq_set_owner); a start it was
 --           given already, whose reply was lost, is answered again as it was and records
 --           nothing (siq_own_start), where another asker is answered 'running'
+-- ARGV[27]  the body's begin wait in microseconds ('' or 0: none): the body will report when it
+--           began (began.lua); later starts wait for that report this long at most
 -- KEYS[10]  the queue's window (siq_units); KEYS[11]  its leases (siq_read_leases)
 -- KEYS[12]  the queue's fair keys with waiting tasks, for idle expiry (siq_touch)
 -- Returns {verdict, ticket, now_us, wait_us, slot_us, interval_us, lease, full}; verdict is one of
@@ -86,7 +88,8 @@ if verdict ~= 'authorized' then
   return {verdict, ticket, now, wait, slot, interval, '', full and 1 or 0}
 end
 local interval = s.interval_us  -- the interval this start was measured against
-local lease = siq_commit(KEYS[1], s, ticket, cost, now, KEYS[10], KEYS[11], ARGV[21], now + tonumber(ARGV[22]), run)
+local lease = siq_commit(KEYS[1], s, ticket, cost, now, KEYS[10], KEYS[11], ARGV[21], now + tonumber(ARGV[22]), run,
+                         tonumber(ARGV[27]) or 0)
 if run then siq_set_owner(KEYS[5], ARGV[4], token, now, slot) end
 if max_lost > 0 then siq_count_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15]), tonumber(ARGV[16])) end
 siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11], cost,

@@ -26,7 +26,8 @@
 --             is the run's, named ARGV[2]: a copy is answered 'running' while it is live), and
 --             the lease's time to live (microseconds); then, for the ledger, a fair task's key
 --             ('' none), virtual start tag and weight; and last the asking call's token ('' none),
---             kept as the owner of the run's lease in the first queue (start.lua: ARGV[26])
+--             kept as the owner of the run's lease in the first queue (start.lua: ARGV[26]),
+--             and after it the body's begin wait (start.lua: ARGV[27]; '' or 0: none)
 -- Returns one {verdict, ticket, now_us, wait_us, slot_us, interval_us, lease, full} per queue.
 local now = siq_now(ARGV[1])
 local cost = tonumber(ARGV[8]) or 1
@@ -128,7 +129,8 @@ end
 for i = 1, n do
   local s = states[i]
   replies[i][7] = siq_commit(key(i, 1), s, tickets[i], cost, now, key(i, 10), key(i, 11),
-                              ARGV[lease_args], now + tonumber(ARGV[lease_args + 1]), i == 1 and run)
+                              ARGV[lease_args], now + tonumber(ARGV[lease_args + 1]), i == 1 and run,
+                              tonumber(ARGV[lease_args + 6]) or 0)
   siq_ledger_start(key(i, 3), cap, s, tickets[i], ARGV[2], replies[i][5], now, ARGV[4], ARGV[5], ARGV[6], ARGV[7], cost,
                    replies[i][7], tonumber(ARGV[lease_args + 1]),
                    {ARGV[lease_args + 2], ARGV[lease_args + 3], ARGV[lease_args + 4]})

@@ -1,0 +1,230 @@
+"""A start counts from when its body begins, on every store (pinned clock).
+
+A start asked with ``reports`` leaves the queue waiting for its body's report (the last
+step before the body: ``began``); the report places the start at the store's time when it
+came, and only then may the next start be authorized, counted from there. A body that
+never reports holds the queue for ``BEGIN_WAIT_US`` at most, and a report that comes after
+a later start is refused (the body must not begin). docs/design.md, "Which clock".
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from typing import Any
+
+from siq_celery import IntervalQueue, Verdict
+from siq_celery.model import BEGIN_WAIT_US
+from siq_celery.queue import body_may_begin, give_back_late_start
+from siq_celery.types import Decision
+from tests.conftest import Store
+
+I = 100_000
+MS = 1_000
+S = 1_000_000
+
+
+def queue(store: Store, **options: Any) -> IntervalQueue:
+    return IntervalQueue("q", interval="100ms", backend=store.backend(), **options)
+
+
+def test_the_next_start_waits_for_the_body_and_counts_from_it(store: Store) -> None:
+    q = queue(store)
+    first, second = q.claim(), q.claim()
+    store.clock.advance(us=I)
+    one = q.start(first, reports=True)
+    assert one.authorized
+    store.clock.now_us = one.now_us + I  # the second ticket's slot on the authorization's clock
+    waiting = q.start(second, reports=True)
+    assert waiting.verdict is Verdict.WAIT and 0 < waiting.wait_us <= 5 * MS  # a short poll: the body may report
+    store.clock.now_us = one.now_us + 30 * MS  # the body began 30 ms after its authorization
+    assert q.began(one, wait=True)
+    store.clock.now_us = one.now_us + I
+    held = q.start(second, reports=True)
+    assert held.verdict is Verdict.WAIT and held.wait_us == 30 * MS  # one interval from the body's start
+    store.clock.now_us = one.now_us + 30 * MS + I
+    assert q.start(second, reports=True).authorized
+
+
+def test_a_body_that_never_reports_holds_the_queue_for_the_begin_wait_only(store: Store) -> None:
+    q = queue(store)
+    first, second = q.claim(), q.claim()
+    store.clock.advance(us=I)
+    one = q.start(first, reports=True)
+    store.clock.now_us = one.now_us + BEGIN_WAIT_US - 1
+    late = q.start(second)
+    assert late.verdict is Verdict.WAIT and late.wait_us == 1
+    store.clock.now_us = one.now_us + BEGIN_WAIT_US
+    assert q.start(second).authorized  # its process died, or stood still: the line goes on
+    assert not q.began(one, wait=True)  # and its body, were it to begin now, is told not to
+
+
+def test_a_start_that_does_not_report_holds_nothing(store: Store) -> None:
+    q = queue(store)
+    first, second = q.claim(), q.claim()
+    store.clock.advance(us=I)
+    one = q.start(first)
+    store.clock.now_us = one.now_us + I
+    assert q.start(second).authorized
+    assert not q.began(one, wait=True)  # nothing pending: a stray report moves nothing
+
+
+def test_a_report_of_an_earlier_start_moves_nothing(store: Store) -> None:
+    q = queue(store)
+    tickets = [q.claim() for _ in range(3)]
+    store.clock.advance(us=I)
+    one = q.start(tickets[0], reports=True)
+    assert q.began(one, wait=True)
+    store.clock.advance(us=I)
+    two = q.start(tickets[1], reports=True)
+    assert two.authorized
+    assert not q.began(one, wait=True)  # not the last start
+    store.clock.advance(us=7 * MS)
+    assert q.began(two, wait=True)
+    status = q.status()
+    assert status.state.last_start_us == two.now_us + 7 * MS
+
+
+def test_the_window_counts_the_bodys_start(store: Store) -> None:
+    q = queue(store, quota="2/1s")
+    tickets = [q.claim() for _ in range(3)]
+    store.clock.advance(us=I)
+    one = q.start(tickets[0], reports=True)
+    store.clock.advance(us=50 * MS)  # its body began 50 ms late
+    assert q.began(one, wait=True)
+    store.clock.advance(us=I)
+    two = q.start(tickets[1], reports=True)
+    assert two.authorized and q.began(two, wait=True)
+    store.clock.now_us = one.now_us + S  # a window after the authorization, not after the body
+    held = q.start(tickets[2], reports=True)
+    assert held.verdict is Verdict.WAIT and held.wait_us == 50 * MS
+    store.clock.now_us = one.now_us + 50 * MS + S
+    assert q.start(tickets[2], reports=True).authorized
+
+
+def test_a_reset_keeps_the_pending_start(store: Store) -> None:
+    q = queue(store)
+    first = q.claim()
+    store.clock.advance(us=I)
+    one = q.start(first, reports=True)
+    q.reset()
+    store.clock.now_us = one.now_us + I
+    fresh = q.claim()
+    assert q.start(fresh).verdict is Verdict.WAIT  # the body of the old life's start still begins
+    store.clock.advance(us=20 * MS)
+    assert q.began(one, wait=True)
+    assert q.start(fresh).verdict is Verdict.WAIT
+    store.clock.advance(us=I)
+    assert q.start(fresh).authorized
+
+
+def bodies(store: Store, q: IntervalQueue, count: int, until_us: int, seed: int) -> list[int]:
+    """``count`` tickets wait in line, the head asking when it was told to; an authorized
+    start's body begins (and reports) after a delay drawn from a loaded host's: mostly under
+    1 ms, at times 5-40 ms, now and then 150-700 ms (past half the start's wait: that body
+    asks first, and does not begin if a later start came; it waits again). The bodies'
+    start times."""
+    rng = random.Random(seed)
+    waiting = [q.claim() for _ in range(count)]
+    began: list[int] = []
+    pending: list[tuple[int, Decision]] = []
+    while (waiting or pending) and store.clock.now_us <= until_us:
+        now = store.clock.now_us
+        for due, decision in [p for p in pending if p[0] <= now]:
+            pending.remove((due, decision))
+            late = due - decision.now_us > BEGIN_WAIT_US // 2
+            if q.began(decision, wait=True) or not late:
+                began.append(now)
+            else:  # overtaken while it stood still: it waits again, with a fresh ticket
+                waiting.append(q.claim())
+        asked_again = until_us
+        while waiting:
+            d = q.start(waiting[0], reports=True)
+            if not d.authorized:
+                asked_again = now + max(d.wait_us, 1)
+                break
+            waiting.pop(0)
+            r = rng.random()
+            delay = (
+                rng.randint(0, 900) if r < 0.8 else rng.randint(5, 40) * MS if r < 0.97 else rng.randint(150, 700) * MS
+            )
+            pending.append((now + delay, d))
+        store.clock.now_us = min([asked_again, *(due for due, _ in pending)])
+        if store.clock.now_us == now:
+            store.clock.advance(us=1)
+    return sorted(began)
+
+
+def most_in_window(starts: list[int], width_us: int) -> int:
+    return max(sum(1 for s in starts[i:] if s < a + width_us) for i, a in enumerate(starts))
+
+
+def test_spacing_holds_between_the_bodies_starts(store: Store) -> None:
+    q = IntervalQueue("q", interval="20ms", backend=store.backend())
+    starts = bodies(store, q, 60, store.clock.now_us + 4 * S, seed=1)
+    assert len(starts) >= 40
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert min(gaps) >= 20 * MS, gaps
+
+
+def test_a_window_quota_holds_between_the_bodies_starts(store: Store) -> None:
+    q = IntervalQueue("q", interval="10ms", quota="8/200ms", backend=store.backend())
+    starts = bodies(store, q, 60, store.clock.now_us + 4 * S, seed=2)
+    assert len(starts) >= 40
+    assert most_in_window(starts, 200 * MS) <= 8
+
+
+def test_a_burst_bounds_the_bodies_and_lets_the_line_catch_up_after_a_late_one(store: Store) -> None:
+    q = IntervalQueue("q", interval="10ms", burst=4, backend=store.backend())
+    starts = bodies(store, q, 150, store.clock.now_us + 3 * S, seed=3)
+    assert len(starts) >= 100
+    for width in (1 * MS, 5 * MS, 10 * MS, 25 * MS, 100 * MS, 500 * MS):
+        assert most_in_window(starts, width) <= math.ceil(width / (10 * MS)) + 4, width
+    assert most_in_window(starts, 1 * MS) >= 3  # after a late body the line caught up, within the burst
+
+
+def test_a_report_sent_again_moves_the_start_again_until_a_later_start_came(store: Store) -> None:
+    q = queue(store)
+    first, second = q.claim(), q.claim()
+    store.clock.advance(us=I)
+    one = q.start(first, reports=True)
+    store.clock.advance(us=2 * MS)
+    assert q.began(one, wait=True)  # the report; then the process stood still 3 ms before its body
+    store.clock.advance(us=3 * MS)
+    assert q.began(one, wait=True)
+    assert q.status().state.last_start_us == one.now_us + 5 * MS
+    store.clock.now_us = one.now_us + 5 * MS + I
+    two = q.start(second, reports=True)
+    assert two.authorized
+    assert not q.began(one, wait=True)  # a later start came: the first one's report finds nothing
+
+
+def test_a_body_that_stood_still_asks_first_and_does_not_begin_after_a_later_start(store: Store) -> None:
+    now = [100.0]  # this process's monotonic clock
+    q = IntervalQueue("q", interval="100ms", backend=store.backend(), monotonic=lambda: now[0],
+                      sleep=lambda s: store.clock.advance(us=round(s * S)))  # fmt: skip
+    other = queue(store)
+    first, second = q.claim(), other.claim()
+    store.clock.advance(us=I)
+    one = q.wait_for_turn(first, reports=True)
+    assert one.asked_at == 100.0
+    now[0] += 0.1  # 100 ms later: sent without waiting, and it begins
+    assert body_may_begin(q, one)
+    three = q.wait_for_turn(q.claim(), reports=True)  # the next start, once its slot came
+    store.clock.advance(us=BEGIN_WAIT_US)  # then this process stands still past the start's wait
+    assert other.start(second).authorized  # the line went on without its report
+    now[0] += 0.3
+    assert not body_may_begin(q, three)  # asked first: it must not begin now
+    give_back_late_start(q, "its-task", three)
+
+
+def test_a_body_that_stood_still_but_was_not_overtaken_begins(store: Store) -> None:
+    now = [100.0]
+    q = IntervalQueue("q", interval="100ms", backend=store.backend(), monotonic=lambda: now[0],
+                      sleep=lambda s: store.clock.advance(us=round(s * S)))  # fmt: skip
+    one = q.wait_for_turn(q.claim(), reports=True)
+    store.clock.advance(us=300 * MS)
+    now[0] += 0.3
+    assert body_may_begin(q, one)  # asked and answered: still the last start, moved to now
+    assert q.status().state.last_start_us == one.now_us + 300 * MS
