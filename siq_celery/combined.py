@@ -33,8 +33,8 @@ from .errors import ConfigurationError, StoreUnavailableError
 from .leases import KEEPER
 from .ledger import StartRecord
 from .limits import check_not_a_quota
-from .model import FREE
-from .queue import IntervalQueue, logger, new_epoch, validate_cost, wait_in_line
+from .model import BEGIN_WAIT_US, FREE
+from .queue import IntervalQueue, body_may_begin, give_back_late_start, logger, new_epoch, validate_cost, wait_in_line
 from .types import Decision, Ticket
 
 
@@ -70,11 +70,11 @@ class CombinedQueue:
 
     def start(
         self, ticket: Ticket, *, task_id: str | None = None, record: StartRecord | None = None, cost: int = 1,
-        token: str = "",
+        token: str = "", reports: bool = False,
     ) -> list[Decision]:  # fmt: skip
         """Ask every queue at once (``ticket`` in the primary, the next free slot in the
         others); authorized in all of them or recorded in none. One decision per queue.
-        ``token``: as in :meth:`IntervalQueue.start`."""
+        ``token`` and ``reports``: as in :meth:`IntervalQueue.start`."""
         if ticket.queue != self.primary.name:
             raise ConfigurationError(f"{self!r}: the ticket is for {ticket.queue!r}, not the primary queue")
         mine = [q is self.primary for q in self.queues]
@@ -83,7 +83,12 @@ class CombinedQueue:
             [ticket.epoch if m else "" for m in mine], task_id=task_id,
             interval_us=[q.interval_us or 0 for q in self.queues], new_epoch=new_epoch(), record=record,
             cost=validate_cost(cost), limits=[q.limits for q in self.queues], token=token,
+            begin_wait_us=BEGIN_WAIT_US if reports else 0,
         )  # fmt: skip
+
+    def began(self, decision: Decision, *, wait: bool = False) -> bool:
+        """As :meth:`IntervalQueue.began`, in every queue (the start has one time in all)."""
+        return all([q.began(decision, wait=wait) for q in self.queues])
 
     def wait_for_turn(
         self,
@@ -96,6 +101,7 @@ class CombinedQueue:
         record: StartRecord | None = None,
         cost: int = 1,
         full_hold: float | None = None,
+        reports: bool = False,
     ) -> Decision:
         """As :meth:`IntervalQueue.wait_for_turn` (``ticket`` is the primary queue's):
         blocks until the start is authorized in every queue, and returns the decision
@@ -103,6 +109,7 @@ class CombinedQueue:
         return wait_in_line(
             self, None if ticket is None else [ticket], task_id=task_id, timeout=timeout,
             max_sleep=max_sleep, defer_paused=defer_paused, record=record, cost=cost, full_hold=full_hold,
+            reports=reports,
         )[0]  # fmt: skip
 
     @property
@@ -125,12 +132,15 @@ class CombinedQueue:
     ) -> Iterator[Decision]:
         """Block until every queue lets this caller start, then run the ``with`` body."""
         ledger_id = task_id or secrets.token_hex(16)
-        decision = self.wait_for_turn(
-            task_id=task_id, timeout=timeout, record=StartRecord.here(name, ledger_id), cost=cost
-        )
-        outcome = "FAILURE"
-        names = [q.name for q in self.queues]
+        record, names = StartRecord.here(name, ledger_id), [q.name for q in self.queues]
+        decision = self.wait_for_turn(task_id=task_id, timeout=timeout, record=record, cost=cost, reports=True)
         KEEPER.hold(self.backend, names, decision.lease)  # renewed while the body runs
+        while not body_may_begin(self, decision):  # overtaken while this process stood still: again
+            KEEPER.drop(self.backend, names, decision.lease)
+            give_back_late_start(self, ledger_id, decision)
+            decision = self.wait_for_turn(task_id=task_id, timeout=timeout, record=record, cost=cost, reports=True)
+            KEEPER.hold(self.backend, names, decision.lease)
+        outcome = "FAILURE"
         try:
             yield decision
             outcome = "SUCCESS"
@@ -147,9 +157,10 @@ class CombinedQueue:
         return [self.claim(cost)]
 
     def ask(
-        self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int, token: str = ""
-    ) -> list[Decision]:
-        return self.start(tickets[0], task_id=task_id, record=record, cost=cost, token=token)
+        self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int, token: str = "",
+        reports: bool = False,
+    ) -> list[Decision]:  # fmt: skip
+        return self.start(tickets[0], task_id=task_id, record=record, cost=cost, token=token, reports=reports)
 
     def settle(self, decision: Decision, tickets: list[Ticket], round_trip: float) -> Decision:
         return decision  # a late reply is not re-stamped here: each queue's cap already holds

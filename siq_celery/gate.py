@@ -53,7 +53,7 @@ from .messages import (
 )
 from .parking import RELEASE_AFTER_START, park, parked_message, release_fair, release_now_and_then
 from .publish import REJOIN_AFTER_S
-from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue
+from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, body_may_begin, give_back_late_start
 from .task_api import IntervalTaskLike
 from .types import Decision, FairTask, QueueState, Ticket, Verdict
 from .worker_hooks import WORKER
@@ -92,22 +92,31 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
     # greenlet, so longer ones are slept (siq_green_max_sleep) rather than re-published.
     in_order = WORKER.green and not eager
     max_sleep = None if eager else settings.green_max_sleep if WORKER.green else settings.max_sleep
+
+    def wait(ticket: Ticket | None) -> Decision:
+        # The body reports when it begins (the last step here): the start counts from there.
+        return line.wait_for_turn(
+            ticket, task_id=task_id, max_sleep=max_sleep, full_hold=full_hold(max_sleep, request.headers),
+            defer_paused=not eager, record=record, cost=cost, reports=True,
+        )  # fmt: skip
+
     try:
         with ADMISSION.turn(ticket.queue, ticket.number) if in_order and ticket is not None else nullcontext():
-            decision = line.wait_for_turn(
-                ticket,
-                task_id=task_id,
-                max_sleep=max_sleep,
-                full_hold=full_hold(max_sleep, request.headers),
-                defer_paused=not eager,
-                record=record,
-                cost=cost,
-            )
+            decision = wait(ticket)
+        while True:
+            if decision.lease:  # renewed while the body runs
+                KEEPER.hold(line.backend, _names(line), decision.lease)
+            if task.siq_fair and not eager:  # a slot was taken: hand the next one out, off the body's path
+                RELEASE_AFTER_START.ask(task.app, queue, task.name)
+            if body_may_begin(line, decision):
+                break
+            # This process stood still so long after the authorization that a later start
+            # may have come: the body must not begin now. The start is given back, not
+            # remembered, and the task waits again for a fresh slot.
+            KEEPER.drop(line.backend, _names(line), decision.lease)
+            give_back_late_start(line, task_id, decision)
+            decision = wait(None)
         request.siq_lease = decision.lease
-        if decision.lease:  # renewed while the body runs
-            KEEPER.hold(line.backend, _names(line), decision.lease)
-        if task.siq_fair and not eager:  # a slot was taken: hand the next one out, off the body's path
-            RELEASE_AFTER_START.ask(task.app, queue, task.name)
         return decision
     except DeferralNeeded as deferral:
         defer(task, deferral.ticket, deferral.decision, deferral.own_wait)

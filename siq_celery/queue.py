@@ -44,7 +44,8 @@ from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
 from .leases import KEEPER
 from .ledger import LedgerRow, StartRecord
 from .limits import Limit, QuotaLike, interval_and_limits, limits_override
-from .types import ClaimResult, Decision, Declared, FairTask, QueueState, QueueStatus, Ticket, Verdict
+from .model import BEGIN_WAIT_US
+from .types import US, ClaimResult, Decision, Declared, FairTask, QueueState, QueueStatus, Ticket, Verdict
 
 logger = logging.getLogger("siq_celery")
 
@@ -404,13 +405,15 @@ class IntervalQueue:
 
     def start(
         self, ticket: Ticket, *, task_id: str | None = None, record: StartRecord | None = None, cost: int = 1,
-        lease: str = "", token: str = "",
+        lease: str = "", token: str = "", reports: bool = False,
     ) -> Decision:  # fmt: skip
         """Ask the store whether ``ticket`` may start now (authorizes it if so, and writes
         ``record`` to the ledger with it). ``cost``: as claimed. With a concurrency cap an
         authorized start holds ``Decision.lease`` (named ``lease``, or a new member) until
         :meth:`finish` gives it back. ``token``: the asking call's, the same in each of its
-        asks: one whose reply was lost is given that start again (see Backend.start)."""
+        asks: one whose reply was lost is given that start again (see Backend.start).
+        ``reports``: the caller will report when the body begins (:meth:`began`); later
+        starts wait for that report (:data:`~siq_celery.model.BEGIN_WAIT_US` at most)."""
         return self.backend.start(
             self.name,
             ticket.number,
@@ -423,7 +426,19 @@ class IntervalQueue:
             limits=self.limits,
             lease=lease,
             token=token,
+            begin_wait_us=BEGIN_WAIT_US if reports else 0,
         )
+
+    def began(self, decision: Decision, *, wait: bool = False) -> bool:
+        """The body of the start ``decision`` authorized (asked with ``reports``) begins
+        now: the store places the start at its own time when this report arrives, and later
+        starts stop waiting for it. Sent without waiting for the reply, unless ``wait``;
+        waited for, False means the start is no longer the queue's last pending one (its
+        wait expired and a later start came): the body must not begin now."""
+        if not wait:
+            self.backend.began_soon(self.name, decision.now_us)
+            return True
+        return self.backend.began(self.name, decision.now_us) is not None
 
     def backoff(self, seconds: IntervalLike, *, keep_first: bool = False) -> QueueState:
         """Hold every start of this queue, on every worker, for ``seconds`` from now (a
@@ -469,6 +484,7 @@ class IntervalQueue:
         record: StartRecord | None = None,
         cost: int = 1,
         full_hold: float | None = None,
+        reports: bool = False,
     ) -> Decision:
         """Block until a start is authorized and return that decision.
 
@@ -483,11 +499,12 @@ class IntervalQueue:
         ``record`` goes to the ledger with the authorized start. ``cost``: the slots this
         start takes (claimed together). ``full_hold``: how long a start whose slot came
         while the concurrency cap is full polls for a lease before it defers (at least
-        ``max_sleep``, the default).
+        ``max_sleep``, the default). ``reports``: the caller reports when the body begins
+        (:meth:`began`, as its last step before the body): the start then counts from there.
         """
         return wait_in_line(
             self, None if ticket is None else [ticket], task_id=task_id, timeout=timeout, max_sleep=max_sleep,
-            defer_paused=defer_paused, record=record, cost=cost, full_hold=full_hold,
+            defer_paused=defer_paused, record=record, cost=cost, full_hold=full_hold, reports=reports,
         )[0]  # fmt: skip
 
     # -- the hooks of wait_in_line ---------------------------------------------------
@@ -496,9 +513,10 @@ class IntervalQueue:
         return [self.claim(cost)]
 
     def ask(
-        self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int, token: str = ""
-    ) -> list[Decision]:
-        return [self.start(tickets[0], task_id=task_id, record=record, cost=cost, token=token)]
+        self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int, token: str = "",
+        reports: bool = False,
+    ) -> list[Decision]:  # fmt: skip
+        return [self.start(tickets[0], task_id=task_id, record=record, cost=cost, token=token, reports=reports)]
 
     def settle(self, decision: Decision, tickets: list[Ticket], round_trip: float) -> Decision:
         return self._settle(decision, tickets[0].epoch, round_trip)
@@ -554,11 +572,15 @@ class IntervalQueue:
         # it is not remembered as finished (nothing could be redelivered under it).
         remember = task_id is not None
         ledger_id = task_id or secrets.token_hex(16)
-        decision = self.wait_for_turn(
-            task_id=task_id, timeout=timeout, record=StartRecord.here(name, ledger_id), cost=validate_cost(cost)
-        )
-        outcome = "FAILURE"
+        record, cost = StartRecord.here(name, ledger_id), validate_cost(cost)
+        decision = self.wait_for_turn(task_id=task_id, timeout=timeout, record=record, cost=cost, reports=True)
         KEEPER.hold(self.backend, [self.name], decision.lease)  # renewed while the body runs
+        while not body_may_begin(self, decision):  # overtaken while this process stood still: again
+            KEEPER.drop(self.backend, [self.name], decision.lease)
+            give_back_late_start(self, ledger_id, decision)
+            decision = self.wait_for_turn(task_id=task_id, timeout=timeout, record=record, cost=cost, reports=True)
+            KEEPER.hold(self.backend, [self.name], decision.lease)
+        outcome = "FAILURE"
         try:
             yield decision
             outcome = "SUCCESS"
@@ -593,9 +615,17 @@ class Line(Protocol):
     def max_lost_deliveries(self) -> int: ...
     def claim_tickets(self, cost: int) -> list[Ticket]: ...
     def ask(
-        self, tickets: list[Ticket], task_id: str | None, record: StartRecord | None, cost: int, token: str = ""
+        self,
+        tickets: list[Ticket],
+        task_id: str | None,
+        record: StartRecord | None,
+        cost: int,
+        token: str = "",
+        reports: bool = False,
     ) -> list[Decision]: ...
     def settle(self, decision: Decision, tickets: list[Ticket], round_trip: float) -> Decision: ...
+    def began(self, decision: Decision, *, wait: bool = False) -> bool: ...
+    def finish(self, task_id: str, outcome: str = ..., *, remember: bool = ..., lease: str = ...) -> None: ...
     def _nap(self, seconds: float, deadline: float | None) -> None: ...
     def _monotonic(self) -> float: ...
 
@@ -611,6 +641,7 @@ def wait_in_line(
     record: StartRecord | None,
     cost: int,
     full_hold: float | None = None,
+    reports: bool = False,
 ) -> tuple[Decision, list[Ticket]]:
     """The loop behind ``wait_for_turn``: ask, and sleep, re-claim, back off or defer
     according to the answers, until the start is authorized (in every queue of the line);
@@ -619,7 +650,8 @@ def wait_in_line(
     so it never holds a process longer than a waiting start does. Each ask carries this
     call's token: an ask whose reply was lost (the store unreachable to it, a timeout) may
     have been authorized, and the next ask is given that start again (not RUNNING by its
-    own lease, nor charged twice)."""
+    own lease, nor charged twice). ``reports``: the caller reports when the body begins
+    (``line.began``); the authorization is not re-stamped then (the report places it)."""
     deadline = None if timeout is None else line._monotonic() + timeout
     token = secrets.token_hex(8)
     paused_poll, unavailable_retry = PAUSED_POLL_S[0], UNAVAILABLE_RETRY_S[0]
@@ -630,7 +662,7 @@ def wait_in_line(
             if tickets is None:
                 tickets = line.claim_tickets(cost)
             sent = line._monotonic()
-            decisions = line.ask(tickets, task_id, record, cost, token)
+            decisions = line.ask(tickets, task_id, record, cost, token, reports)
             round_trip = line._monotonic() - sent
         except StoreUnavailableError as exc:
             logger.warning("queue %r: state store unreachable, nothing starts; retrying in %.1fs: %s",
@@ -660,6 +692,8 @@ def wait_in_line(
         unavailable_retry = UNAVAILABLE_RETRY_S[0]
         verdicts = {d.verdict for d in decisions}
         if verdicts == {Verdict.AUTHORIZED}:
+            if reports:  # the body's report places the start: no re-stamp
+                return replace(combined(decisions), asked_at=sent), tickets
             return line.settle(combined(decisions), tickets, round_trip), tickets
         if Verdict.DUPLICATE in verdicts:
             raise DuplicateTaskError(f"queue {line.name!r}: task {task_id!r} already finished")
@@ -696,6 +730,57 @@ def wait_in_line(
             if hold is not None and line._monotonic() - full_since + waiting.wait > hold:
                 raise DeferralNeeded(tickets[0], waiting, waiting.wait)
         line._nap(_sleep_before_asking(waiting.wait, round_trip), deadline)
+
+
+#: A body about to begin later than this after its ask was sent reports and waits for the
+#: answer (:func:`body_may_begin`): half of the time a pending start holds the queue.
+LATE_BEGIN_S = BEGIN_WAIT_US / 2 / US
+
+
+#: A report whose send took longer than this (the process stood still) is sent again,
+#: :data:`REPORTS` times at most: the start is then placed no earlier than the last send.
+REPORT_AGAIN_S = 0.0005
+REPORTS = 3
+
+
+def body_may_begin(line: Line, decision: Decision) -> bool:
+    """Report that the body of ``decision`` (a wait with ``reports``) begins now; the last
+    step before the body. Sent without waiting, unless the authorization may be older than
+    :data:`LATE_BEGIN_S` (this process stood still since it asked: a loaded host, a pause):
+    then the store's answer says whether the start still holds. False: it does not (its
+    wait expired and a later start came, or the store could not be asked); the body must
+    not begin now, and the caller gives the start back and waits again."""
+    if not decision.asked_at or line._monotonic() - decision.asked_at <= LATE_BEGIN_S:
+        # The report's send can hand the CPU to the store (on one host) or to anything else
+        # runnable: a process that stood still after it begins its body later than the
+        # store placed it, so it reports again (the start moves again, while still the last).
+        for _ in range(REPORTS):
+            sent = line._monotonic()
+            line.began(decision)
+            if line._monotonic() - sent <= REPORT_AGAIN_S:
+                break
+        return True
+    try:
+        held = line.began(decision, wait=True)
+    except Exception as exc:  # no answer is no start (fail closed)
+        logger.warning("queue %r: could not report a late body's start, waiting again: %s: %s",
+                       line.name, type(exc).__name__, exc)  # fmt: skip
+        return False
+    if not held:
+        logger.warning("queue %r: this body was about to begin %.0f ms after its start was authorized, when a "
+                       "later start may have come: waiting again", line.name,
+                       (line._monotonic() - decision.asked_at) * 1e3)  # fmt: skip
+    return held
+
+
+def give_back_late_start(line: Line, task_id: str, decision: Decision) -> None:
+    """A start whose body did not begin (:func:`body_may_begin` said no): recorded as
+    finished LATE, not remembered (the task is still to run), its lease given back. Best
+    effort: a lease not given back expires."""
+    try:
+        line.finish(task_id, "LATE", remember=False, lease=decision.lease)
+    except Exception as exc:
+        logger.warning("queue %r: could not give back the late start of %s: %s", line.name, task_id, exc)
 
 
 def combined(decisions: list[Decision]) -> Decision:
