@@ -227,6 +227,9 @@ class Bench:
             for w in workers:
                 w.stop(10)
             self.broker.delete(queue)  # what a run could not start must not leak into the next
+        if os.environ.get("SIQ_BENCH_DUMP"):  # every body's record, for a closer look
+            with open(os.environ["SIQ_BENCH_DUMP"], "a") as dump:
+                dump.write(json.dumps({"limiter": limiter, "interval_s": interval_s, "rows": rows}) + "\n")
         out = metrics(rows, interval_s) if len(rows) > 1 else {}
         if out and limiter.startswith("siq"):  # the store's own record of its authorized starts
             ledger = [r.start_us for r in publish.siq_queue().ledger(since=begin - 0.5)]
