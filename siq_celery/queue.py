@@ -756,7 +756,11 @@ def body_may_begin(line: Line, decision: Decision) -> bool:
         # store placed it, so it reports again (the start moves again, while still the last).
         for _ in range(REPORTS):
             sent = line._monotonic()
-            line.began(decision)
+            try:
+                line.began(decision)
+            except Exception as exc:  # the start stands as authorized: later starts wait 500 ms at most
+                logger.warning("queue %r: could not report a body's start: %s: %s", line.name, type(exc).__name__, exc)
+                break
             if line._monotonic() - sent <= REPORT_AGAIN_S:
                 break
         return True

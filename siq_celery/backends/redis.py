@@ -917,10 +917,6 @@ class RedisBackend(Backend):
                 if self._restamps is None:
                     self._restamps = self._claim_connection()[0]  # kept: never given back to the spares
                     self._restamps_unread, self._soon_loaded = 0, set()
-                if name not in self._soon_loaded:  # loaded first: a NOSCRIPT would only be read at the next one
-                    script = self._script(name)
-                    script.sha = self.client.script_load(script.script)
-                    self._soon_loaded.add(name)
                 conn = self._restamps
                 while self._restamps_unread:
                     self._restamps_unread -= 1
@@ -930,7 +926,7 @@ class RedisBackend(Backend):
                         self._soon_loaded.clear()
                     except redis.ResponseError:  # a corrupt state: the starts say so
                         pass
-                if name not in self._soon_loaded:
+                if name not in self._soon_loaded:  # loaded first: a NOSCRIPT would only be read at the next one
                     script = self._script(name)
                     script.sha = self.client.script_load(script.script)
                     self._soon_loaded.add(name)
