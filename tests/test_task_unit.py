@@ -144,19 +144,30 @@ def test_the_published_message_carries_the_ticket_and_an_eta_on_the_store_clock(
                                                            ("20ms", None, True), ("5ms", 0, True),
                                                            ("30ms", 0.05, False)])  # fmt: skip
 def test_a_short_interval_waits_in_the_broker_queue_not_by_eta(
-    redis_url: str, interval: str, setting: float | None, by_eta: bool
+    redis_url: str, interval: str, setting: float | None, by_eta: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Below ``siq_broker_wait_below`` no task carries an ETA, on every publish path, so
-    no worker node takes one before it has a free process for it."""
+    no worker node takes one before it has a free process for it. Each ticket's own
+    estimated delay is read as it is published: a slow host publishes the backlog more
+    slowly than the line moves, and a ticket whose slot has come has no ETA either way."""
     from celery import signals
+
+    from siq_celery import publish
 
     conf = {} if setting is None else {"siq_broker_wait_below": setting}
     app = make_app(broker=redis_url.replace("/0", "/5"), siq_url=redis_url, **conf)
     sent: list[dict[str, Any]] = []
+    delays: dict[int, float] = {}
+    eta_for = publish.eta_for
+
+    def spy(ticket: Ticket, margin: float, broker_wait_below: float = 0.0) -> datetime | None:
+        delays[ticket.number] = ticket.delay
+        return eta_for(ticket, margin, broker_wait_below)
 
     def capture(headers: dict[str, Any] | None = None, **_: Any) -> None:
         sent.append(dict(headers or {}))
 
+    monkeypatch.setattr(publish, "eta_for", spy)
     install()  # siq_celery's own receivers first (connected when an interval task first binds)
     signals.before_task_publish.connect(capture, weak=False)  # so this one runs after them
     try:
@@ -166,12 +177,14 @@ def test_a_short_interval_waits_in_the_broker_queue_not_by_eta(
 
         for n in range(20):  # a backlog: the last slots are 20 intervals out, far beyond the margin
             job.delay(n)
-        job.apply_many([(n,) for n in range(20)], chunk_size=7)
+        job.apply_many([(n,) for n in range(60)], chunk_size=30)  # claimed 30 at once: 150 ms and more out
     finally:
         signals.before_task_publish.disconnect(capture)
-    assert [h["siq_ticket"] for h in sent] == list(range(1, 41))
-    late = sent[10:]  # tickets well beyond the 20 ms margin
-    assert all((h["eta"] is not None) is by_eta for h in late), [h["eta"] for h in late]
+    assert [h["siq_ticket"] for h in sent] == list(range(1, 81))
+    far = [h for h in sent if delays[h["siq_ticket"]] > 0.02]  # beyond the 20 ms margin when published
+    assert len(far) >= 20, delays  # a chunk of 30 claimed at once reaches 150 ms out however slow the host
+    assert all((h["eta"] is not None) is by_eta for h in far), [h["eta"] for h in far]
+    assert all(h["eta"] is None for h in sent if delays[h["siq_ticket"]] <= 0.02)
 
 
 def test_broker_wait_below_must_be_seconds() -> None:

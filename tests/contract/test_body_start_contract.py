@@ -4,7 +4,8 @@ A start asked with ``reports`` leaves the queue waiting for its body's report (t
 step before the body: ``began``); the report places the start at the store's time when it
 came, and only then may the next start be authorized, counted from there. A body that
 never reports holds the queue for ``BEGIN_WAIT_US`` at most, and a report that comes after
-a later start is refused (the body must not begin). docs/design.md, "Which clock".
+a later start is refused (the body must not begin). docs/design.md,
+"The guarantees" (which clock each holds on).
 """
 
 from __future__ import annotations
