@@ -54,11 +54,16 @@ class LeaseKeeper:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._finishes: list[PendingFinish] = []
+        #: Once a lease was held, the keeper's period (the shortest a backend needed) stays
+        #: while nothing is held: a renewal round of nothing costs nothing, and a later hold
+        #: need not wake the thread, which would run beside the body about to begin (a
+        #: thread woken then takes the GIL as the body's report is sent, and the body waits).
+        self._cadence: float | None = None
 
     def _this_process(self) -> None:
         if self._pid != os.getpid():  # a forked child: nothing of the parent's is held here
             self._pid, self._held, self._thread, self._finishes = os.getpid(), {}, None, []
-            self._lock, self._wake = threading.Lock(), threading.Event()
+            self._lock, self._wake, self._cadence = threading.Lock(), threading.Event(), None
 
     def hold(self, backend: Backend, queues: Sequence[str], member: str) -> None:
         """A body that took lease ``member`` (in each of ``queues``) runs: renew it."""
@@ -66,11 +71,9 @@ class LeaseKeeper:
             return
         self._this_process()
         with self._lock:
-            # The keeper sleeps without a period while nothing is held; otherwise a period that
-            # is not longer than this backend's needs is already running (a fresh lease has a
-            # whole timeout before it): no wake-up per start.
-            period = self._period_locked()
-            wake = period is None or backend.lease_timeout_us / 3e6 < period
+            # A period not longer than this backend's needs is already running (a fresh lease
+            # has a whole timeout before it), or the thread starts now: no wake-up per start.
+            wake = self._cadence is not None and backend.lease_timeout_us / 3e6 < self._cadence
             self._add_locked(backend, queues, member)
         if wake:
             self._wake.set()
@@ -79,6 +82,8 @@ class LeaseKeeper:
         """Hold ``member`` in ``queues`` of ``backend`` (renewed), the keeper's thread running."""
         for queue in queues:
             self._held.setdefault((id(backend), queue), (backend, set()))[1].add(member)
+        period = backend.lease_timeout_us / 3e6
+        self._cadence = period if self._cadence is None else min(self._cadence, period)
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="siq-lease-keeper", daemon=True)
             self._thread.start()
@@ -144,7 +149,7 @@ class LeaseKeeper:
 
     def _period_locked(self) -> float | None:
         if not self._held:
-            return None
+            return self._cadence  # None until the first hold
         return min(b.lease_timeout_us for b, _ in self._held.values()) / 3e6
 
     def _run(self) -> None:

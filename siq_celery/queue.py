@@ -737,10 +737,13 @@ def wait_in_line(
 LATE_BEGIN_S = BEGIN_WAIT_US / 2 / US
 
 
-#: A report whose send took longer than this (the process stood still) is sent again,
-#: :data:`REPORTS` times at most: the start is then placed no earlier than the last send.
-REPORT_AGAIN_S = 0.0005
-REPORTS = 3
+#: A report whose send took longer than this (the process stood still in it) is sent
+#: again, until one is sent quickly (:data:`REPORTS` in all at most): the store places the
+#: start when a report comes, so the last one sent counts. Never waited for: a process
+#: blocked on the answer of a loaded host waits milliseconds for the CPU after it, all of
+#: it between the place the store recorded and the body.
+REPORT_AGAIN_S = 0.0001
+REPORTS = 10
 
 
 def body_may_begin(line: Line, decision: Decision) -> bool:

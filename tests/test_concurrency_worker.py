@@ -88,6 +88,35 @@ def test_the_keeper_thread_renews_every_third_of_the_timeout(tmp_path: Any) -> N
     assert q.status().in_flight == 0
 
 
+def test_a_hold_after_the_keeper_went_idle_does_not_wake_its_thread_and_is_renewed(tmp_path: Any) -> None:
+    """Every start holds its run's lease, and the held set empties with each finish: a hold
+    that woke the keeper's thread would have it take the GIL just as the body's report is
+    sent (the body waits milliseconds for it, on a loaded host). The thread keeps its period
+    while nothing is held; a later hold is renewed within it, without a wake-up."""
+    backend = backend_from_url(f"sqlite:///{tmp_path}/w.db", lease_timeout_us=1_200_000)
+    q = IntervalQueue("w", concurrency=2, backend=backend)
+    keeper = LeaseKeeper()
+    with q.slot() as first:
+        keeper.hold(backend, ["w"], first.lease)  # the first hold starts the thread
+        keeper.drop(backend, ["w"], first.lease)
+    time.sleep(0.5)  # idle past a period
+    with q.slot() as later:
+        keeper.hold(backend, ["w"], later.lease)
+        assert not keeper._wake.is_set(), "a hold within the running period must not wake the keeper"
+        KEEPER.drop(backend, ["w"], later.lease)  # only the private keeper renews it now
+        time.sleep(2.0)  # 1.7 timeouts: alive only if the idle thread renewed it
+        assert q.status().in_flight == 1
+        keeper.drop(backend, ["w"], later.lease)
+    shorter = backend_from_url(f"sqlite:///{tmp_path}/s.db", lease_timeout_us=600_000)
+    s = IntervalQueue("s", concurrency=1, backend=shorter)
+    with s.slot() as short:  # a backend that needs a shorter period wakes the thread to it
+        keeper.hold(shorter, ["s"], short.lease)
+        KEEPER.drop(shorter, ["s"], short.lease)
+        time.sleep(1.0)  # 1.7 of its timeouts: alive only if renewed at the shorter period
+        assert s.status().in_flight == 1
+        keeper.drop(shorter, ["s"], short.lease)
+
+
 def test_a_finish_the_store_did_not_take_is_retried_with_the_lease_held(tmp_path: Any) -> None:
     """The store misses a body's finish (unreachable, failing over): the keeper tries it
     again, renewing the run's lease meanwhile, so a redelivered copy is answered RUNNING
