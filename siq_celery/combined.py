@@ -34,7 +34,7 @@ from .leases import KEEPER
 from .ledger import StartRecord
 from .limits import check_not_a_quota
 from .model import BEGIN_WAIT_US, FREE
-from .queue import IntervalQueue, body_may_begin, give_back_late_start, logger, new_epoch, validate_cost, wait_in_line
+from .queue import IntervalQueue, begin_body, logger, new_epoch, validate_cost, wait_in_line
 from .types import Decision, Ticket
 
 
@@ -133,13 +133,10 @@ class CombinedQueue:
         """Block until every queue lets this caller start, then run the ``with`` body."""
         ledger_id = task_id or secrets.token_hex(16)
         record, names = StartRecord.here(name, ledger_id), [q.name for q in self.queues]
-        decision = self.wait_for_turn(task_id=task_id, timeout=timeout, record=record, cost=cost, reports=True)
-        KEEPER.hold(self.backend, names, decision.lease)  # renewed while the body runs
-        while not body_may_begin(self, decision):  # overtaken while this process stood still: again
-            KEEPER.drop(self.backend, names, decision.lease)
-            give_back_late_start(self, ledger_id, decision)
-            decision = self.wait_for_turn(task_id=task_id, timeout=timeout, record=record, cost=cost, reports=True)
-            KEEPER.hold(self.backend, names, decision.lease)
+        decision = begin_body(
+            self, names, ledger_id,
+            lambda: self.wait_for_turn(task_id=task_id, timeout=timeout, record=record, cost=cost, reports=True),
+        )  # fmt: skip
         outcome = "FAILURE"
         try:
             yield decision

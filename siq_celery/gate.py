@@ -53,7 +53,7 @@ from .messages import (
 )
 from .parking import RELEASE_AFTER_START, park, parked_message, release_fair, release_now_and_then
 from .publish import REJOIN_AFTER_S
-from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, body_may_begin, give_back_late_start
+from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, begin_body
 from .task_api import IntervalTaskLike
 from .types import Decision, FairTask, QueueState, Ticket, Verdict
 from .worker_hooks import WORKER
@@ -100,22 +100,19 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
             defer_paused=not eager, record=record, cost=cost, reports=True,
         )  # fmt: skip
 
+    tickets = [ticket]  # a start given back (this process stood still too long) waits for a fresh slot
+
+    def next_wait() -> Decision:
+        own = tickets.pop() if tickets else None
+        with ADMISSION.turn(own.queue, own.number) if in_order and own is not None else nullcontext():
+            return wait(own)
+
+    def release_after_start() -> None:  # a slot was taken: hand the next one out, off the body's path
+        if task.siq_fair and not eager:
+            RELEASE_AFTER_START.ask(task.app, queue, task.name)
+
     try:
-        with ADMISSION.turn(ticket.queue, ticket.number) if in_order and ticket is not None else nullcontext():
-            decision = wait(ticket)
-        while True:
-            if decision.lease:  # renewed while the body runs
-                KEEPER.hold(line.backend, _names(line), decision.lease)
-            if task.siq_fair and not eager:  # a slot was taken: hand the next one out, off the body's path
-                RELEASE_AFTER_START.ask(task.app, queue, task.name)
-            if body_may_begin(line, decision):
-                break
-            # This process stood still so long after the authorization that a later start
-            # may have come: the body must not begin now. The start is given back, not
-            # remembered, and the task waits again for a fresh slot.
-            KEEPER.drop(line.backend, _names(line), decision.lease)
-            give_back_late_start(line, task_id, decision)
-            decision = wait(None)
+        decision = begin_body(line, _names(line), task_id, next_wait, release_after_start)
         request.siq_lease = decision.lease
         return decision
     except DeferralNeeded as deferral:

@@ -573,13 +573,10 @@ class IntervalQueue:
         remember = task_id is not None
         ledger_id = task_id or secrets.token_hex(16)
         record, cost = StartRecord.here(name, ledger_id), validate_cost(cost)
-        decision = self.wait_for_turn(task_id=task_id, timeout=timeout, record=record, cost=cost, reports=True)
-        KEEPER.hold(self.backend, [self.name], decision.lease)  # renewed while the body runs
-        while not body_may_begin(self, decision):  # overtaken while this process stood still: again
-            KEEPER.drop(self.backend, [self.name], decision.lease)
-            give_back_late_start(self, ledger_id, decision)
-            decision = self.wait_for_turn(task_id=task_id, timeout=timeout, record=record, cost=cost, reports=True)
-            KEEPER.hold(self.backend, [self.name], decision.lease)
+        decision = begin_body(
+            self, [self.name], ledger_id,
+            lambda: self.wait_for_turn(task_id=task_id, timeout=timeout, record=record, cost=cost, reports=True),
+        )  # fmt: skip
         outcome = "FAILURE"
         try:
             yield decision
@@ -610,6 +607,7 @@ class Line(Protocol):
     """What :func:`wait_in_line` needs: an IntervalQueue, or a CombinedQueue of several."""
 
     name: str
+    backend: Backend
 
     @property
     def max_lost_deliveries(self) -> int: ...
@@ -778,6 +776,26 @@ def body_may_begin(line: Line, decision: Decision) -> bool:
                        "later start may have come: waiting again", line.name,
                        (line._monotonic() - decision.asked_at) * 1e3)  # fmt: skip
     return held
+
+
+def begin_body(
+    line: Line, names: Sequence[str], ledger_id: str, wait: Callable[[], Decision],
+    before_report: Callable[[], None] | None = None,
+) -> Decision:  # fmt: skip
+    """Wait for a start (``wait()``, asked with ``reports``) and let its body begin: its
+    lease held (renewed while the body runs), ``before_report`` run, then the report, the
+    last step before the body (:func:`body_may_begin`). A start overtaken while this
+    process stood still is given back (:func:`give_back_late_start`) and the wait begins
+    again, for a fresh slot. Returns the start the body begins on."""
+    while True:
+        decision = wait()
+        KEEPER.hold(line.backend, names, decision.lease)
+        if before_report is not None:
+            before_report()
+        if body_may_begin(line, decision):
+            return decision
+        KEEPER.drop(line.backend, names, decision.lease)
+        give_back_late_start(line, ledger_id, decision)
 
 
 def give_back_late_start(line: Line, task_id: str, decision: Decision) -> None:
