@@ -1,8 +1,9 @@
 """The Celery app bench/fidelity.py runs in its workers (configured by environment).
 
-Two tasks that record when their body starts: ``fid.siq`` (an IntervalTask) and
-``fid.rate`` (a plain task under Celery's own ``rate_limit``, ``SIQ_BENCH_RATE``, e.g.
-"50/s"). Each runs on its own broker queue. ``SIQ_BENCH_BROKER``, ``SIQ_BENCH_STORE``,
+Tasks that record when their body starts: ``fid.siq`` (an IntervalTask), ``fid.rate`` (a
+plain task under Celery's own ``rate_limit``, ``SIQ_BENCH_RATE``, e.g. "50/s"),
+``fid.fair`` (bench/fair_workers.py) and ``fid.window`` (50 ms and a window quota of
+50 in 10 s: bench/window_workers.py). Each runs on its own broker queue. ``SIQ_BENCH_BROKER``, ``SIQ_BENCH_STORE``,
 ``SIQ_BENCH_RECORD``.
 """
 
@@ -24,8 +25,11 @@ app.conf.update(
     task_acks_late=True,
     worker_prefetch_multiplier=4,
     broker_connection_retry_on_startup=True,
-    task_routes={"fid.siq": {"queue": "fid-siq"}, "fid.rate": {"queue": "fid-rate"}, "fid.fair": {"queue": "fid-fair"}},
-)
+    task_routes={
+        "fid.siq": {"queue": "fid-siq"}, "fid.rate": {"queue": "fid-rate"}, "fid.fair": {"queue": "fid-fair"},
+        "fid.window": {"queue": "fid-window"},
+    },
+)  # fmt: skip
 _clients: dict[int, redis.Redis] = {}
 
 
@@ -66,3 +70,11 @@ def fair_task(self: Any, tenant: str, n: int) -> None:
     d = self.request.siq_decision
     _record("fid:fair", {"tenant": tenant, "n": n, "t": t, "start_us": d.now_us, "slot_us": d.slot_us,
                          "ticket": d.ticket})  # fmt: skip
+
+
+@app.task(name="fid.window", base=IntervalTask, interval="50ms", quota="50/10s", interval_queue="window", bind=True)
+def window_task(self: Any, n: int) -> None:
+    """bench/window_workers.py: a call under spacing and a window quota."""
+    t = time.time()
+    d = self.request.siq_decision
+    _record("fid:window", {"n": n, "t": t, "start_us": d.now_us, "slot_us": d.slot_us, "ticket": d.ticket})

@@ -780,19 +780,22 @@ def body_may_begin(line: Line, decision: Decision) -> bool:
 
 def begin_body(
     line: Line, names: Sequence[str], ledger_id: str, wait: Callable[[], Decision],
-    before_report: Callable[[], None] | None = None,
+    begun: Callable[[], None] | None = None,
 ) -> Decision:  # fmt: skip
     """Wait for a start (``wait()``, asked with ``reports``) and let its body begin: its
-    lease held (renewed while the body runs), ``before_report`` run, then the report, the
-    last step before the body (:func:`body_may_begin`). A start overtaken while this
-    process stood still is given back (:func:`give_back_late_start`) and the wait begins
-    again, for a fresh slot. Returns the start the body begins on."""
+    lease held (renewed while the body runs), then the report, the last step before the
+    body (:func:`body_may_begin`), then ``begun()``: work for another thread (a fair
+    queue's next release) is asked for only then, since a thread woken before the report
+    takes the GIL as the report is sent, and the body waits for it after the store placed
+    its start. A start overtaken while this process stood still is given back
+    (:func:`give_back_late_start`) and the wait begins again, for a fresh slot. Returns the
+    start the body begins on."""
     while True:
         decision = wait()
         KEEPER.hold(line.backend, names, decision.lease)
-        if before_report is not None:
-            before_report()
         if body_may_begin(line, decision):
+            if begun is not None:
+                begun()  # the woken thread waits for the GIL: this thread holds it into the body
             return decision
         KEEPER.drop(line.backend, names, decision.lease)
         give_back_late_start(line, ledger_id, decision)

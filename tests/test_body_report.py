@@ -7,6 +7,7 @@ error or a refusal then means it does not begin."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import pytest
@@ -64,7 +65,11 @@ def test_a_report_sent_slowly_is_sent_again_until_one_goes_quickly(pool: bool) -
     assert len(line.reports) == REPORTS
 
 
-def test_a_report_that_fails_in_time_lets_the_body_begin(pool: bool, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_report_that_fails_in_time_lets_the_body_begin(
+    pool: bool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logging.getLogger("siq_celery"), "propagate", True)  # whatever an earlier test set
+    caplog.set_level(logging.WARNING, logger="siq_celery")
     line = FakeLine([REPORT_AGAIN_S / 2], error=ConnectionError("reset by peer"))
     assert body_may_begin(line, decision(asked_at=99.99))  # type: ignore[arg-type]
     assert len(line.reports) == 1 and "could not report a body's start: ConnectionError" in caplog.text

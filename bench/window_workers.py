@@ -1,0 +1,101 @@
+"""A window quota under real workers, on the bodies' clock: what a provider that counts
+requests per window sees.
+
+    python bench/window_workers.py [--runs 10] [--tasks 120] [--busy 2]
+
+3 nodes x ``-c 2`` (prefork) on a private Redis (broker and store), one queue at 50 ms with
+a quota of 50 in any 10 s (``fid.window`` in bench/fidelity_app.py); ``--tasks`` calls
+published at once. Per run, on the bodies' clock (the ``time.time()`` each body records
+first) and on the store's (the authorizations): the most starts in any half-open window of
+10 s (bound 50), the smallest gap between starts (bound 50 ms), and how long after the first
+start the last came (120 tasks: 50 in the first window, 50 in the second, 20 in the third, so
+about 20 s). ``--busy 2`` runs two busy loops beside the workers (a loaded host,
+bench/load.py). Prints one Markdown table row per run, then a summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import itertools
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.fidelity import bench_env, collect  # noqa: E402
+from bench.load import busy  # noqa: E402
+from siq_celery.backends import backend_from_url  # noqa: E402
+from siq_celery.embedded import EmbeddedRedis  # noqa: E402
+from siq_celery.workers import WorkerProcess  # noqa: E402
+
+KEY = "fid:window"
+WINDOW_S, QUOTA, INTERVAL_S = 10.0, 50, 0.05
+
+
+def most_in_window(times: list[float], window: float) -> int:
+    """The most of ``times`` (sorted) in any half-open window ``[t, t + window)``."""
+    return max(bisect.bisect_left(times, t + window) - i for i, t in enumerate(times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--tasks", type=int, default=120)
+    parser.add_argument("--busy", type=int, default=0, help="busy loops beside the workers (a loaded host)")
+    args = parser.parse_args()
+    host = f"{args.busy} busy loops beside" if args.busy else "idle"
+    print(f"# window quota, 3 nodes x -c 2 (prefork), 50 ms and {QUOTA}/{WINDOW_S:.0f}s, {args.tasks} tasks, "
+          f"Redis broker and store, {host}, {time.strftime('%Y-%m-%d')}\n")  # fmt: skip
+    print(f"| run | most in 10 s: bodies / store | tightest {QUOTA + 1} starts: bodies / store "
+          "| smallest gap: bodies / store | first to last start: bodies |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|", flush=True)
+    failed = 0
+    with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp, busy(args.busy):
+        env = bench_env(server.port)
+        from bench.fidelity_app import app
+
+        record = redis.Redis.from_url(env["SIQ_BENCH_RECORD"])
+        store = backend_from_url(env["SIQ_BENCH_STORE"])
+        task = app.tasks["fid.window"]
+        for run in range(1, args.runs + 1):
+            workers = [
+                WorkerProcess("bench.fidelity_app", f"window{i}@bench", Path(tmp) / f"w{run}-{i}.log",
+                              concurrency=2, env=env, cwd=ROOT, extra_args=["-Q", "fid-window"]).start()
+                for i in range(3)
+            ]  # fmt: skip
+            try:
+                for w in workers:
+                    w.wait_ready()
+                for n in range(args.tasks):
+                    task.delay(n)
+                rows = collect(record, KEY, args.tasks, timeout=60 + args.tasks)
+                if len(rows) < args.tasks:
+                    raise SystemExit(f"run {run}: {len(rows)} of {args.tasks} tasks started within the timeout")
+                bodies = sorted(r["t"] for r in rows)
+                store_times = sorted(r["start_us"] / 1e6 for r in rows)
+                most = most_in_window(bodies, WINDOW_S), most_in_window(store_times, WINDOW_S)
+                gaps = [min(b - a for a, b in itertools.pairwise(ts)) * 1e3 for ts in (bodies, store_times)]
+                tightest = [min(b - a for a, b in zip(ts, ts[QUOTA:], strict=False)) for ts in (bodies, store_times)]
+                span = bodies[-1] - bodies[0]
+                failed += most[0] > QUOTA or gaps[0] < 0.99 * INTERVAL_S * 1e3
+                print(f"| {run} | {most[0]} / {most[1]} | {tightest[0]:.4f} / {tightest[1]:.4f} s | {gaps[0]:.2f} / "
+                      f"{gaps[1]:.2f} ms | {span:.2f} s |", flush=True)  # fmt: skip
+            finally:
+                for w in workers:
+                    w.stop(10)
+                store.delete("window")
+                redis.Redis.from_url(env["SIQ_BENCH_BROKER"]).flushdb()
+                record.delete(KEY)
+        store.close()
+    print(f"\nSUMMARY window {host}: {args.runs - failed} of {args.runs} runs with at most {QUOTA} bodies in any "
+          f"{WINDOW_S:.0f} s and no two closer than {0.99 * INTERVAL_S * 1e3:.1f} ms")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
