@@ -173,31 +173,49 @@ class ReleaseAfterStart:
     trip plus a publish per ticket handed out (its bodies began p50 2.5-6 ms, p99 16-43 ms
     after their authorization when the start made it). Asks for one queue of one app
     coalesce while one is pending; a release this process never makes (it died) is made
-    by the next start or by a worker's upkeep."""
+    by the next start or by a worker's upkeep.
+
+    An ask comes just before a body begins, and waking a thread there is a point where a
+    loaded host's scheduler may give the CPU to another task after the store placed the
+    start. So while asks keep coming (within :data:`IDLE_AFTER_S` of the last) the thread
+    looks for them every :data:`POLL_S` and an ask does not wake it; only the first ask
+    after a quiet spell does. The lookahead a release tops up is a quarter second of slots:
+    a release a few tens of milliseconds later hands out the same tickets."""
+
+    #: How often the thread looks for asks while they keep coming.
+    POLL_S = 0.02
+    #: After this long without an ask the thread sleeps until the next one wakes it.
+    IDLE_AFTER_S = 2.0
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
         self._pid = 0
         self._pending: dict[tuple[int, str], tuple[Any, IntervalQueue, str]] = {}  # by app and queue
         self._thread: threading.Thread | None = None
+        self._asleep = False  #: the thread waits for a wake-up (no asks for IDLE_AFTER_S)
 
     def ask(self, app: Any, queue: IntervalQueue, who: str) -> None:
         """Release ``queue``'s due tasks soon, in the background (see :func:`release_fair`)."""
         with self._lock:
             if self._pid != os.getpid():  # a forked child: the parent's thread is not here
-                self._pid, self._pending, self._thread = os.getpid(), {}, None
+                self._pid, self._pending, self._thread, self._asleep = os.getpid(), {}, None, False
             self._pending[id(app), queue.name] = (app, queue, who)  # two apps' queues of one name are two
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="siq-fair-release", daemon=True)
                 self._thread.start()
-            self._lock.notify()
+            elif self._asleep:
+                self._lock.notify()
 
     def _run(self) -> None:
+        last = time.monotonic()
         while True:
             with self._lock:
                 while not self._pending:
-                    self._lock.wait()
+                    self._asleep = time.monotonic() - last > self.IDLE_AFTER_S
+                    self._lock.wait(None if self._asleep else self.POLL_S)
+                self._asleep = False
                 asked, self._pending = list(self._pending.values()), {}
+            last = time.monotonic()
             for app, queue, who in asked:
                 release_fair(app, queue, who)  # logs what it could not do; never raises (the thread lives on)
 

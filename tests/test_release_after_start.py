@@ -1,0 +1,83 @@
+"""The fair release after a start, made by a thread (parking.ReleaseAfterStart): while asks
+keep coming the thread looks for them on its own and an ask wakes no thread (a wake-up just
+before a body is where a loaded host's scheduler may take the CPU from it); the first ask
+after a quiet spell wakes it. Every ask is released, coalesced per app and queue."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from siq_celery import parking
+from siq_celery.parking import ReleaseAfterStart
+
+
+class Queue:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+@pytest.fixture
+def released(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float]]:
+    done: list[tuple[str, float]] = []
+    monkeypatch.setattr(parking, "release_fair", lambda app, queue, who: done.append((queue.name, time.monotonic())))
+    return done
+
+
+def wait_for(released: list[Any], count: int, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(released) < count and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert len(released) >= count, released
+
+
+def test_asks_that_keep_coming_wake_no_thread_and_are_all_released(
+    released: list[tuple[str, float]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keeper = ReleaseAfterStart()
+    wakes: list[float] = []
+    notify = keeper._lock.notify
+    monkeypatch.setattr(keeper._lock, "notify", lambda n=1: (wakes.append(time.monotonic()), notify(n)))
+    app = object()
+    keeper.ask(app, Queue("a"), "t")  # starts the thread
+    wait_for(released, 1)
+    for i in range(5):  # a start every 30 ms
+        asked = time.monotonic()
+        keeper.ask(app, Queue("a"), "t")
+        wait_for(released, 2 + i)
+        assert released[-1][1] - asked < ReleaseAfterStart.POLL_S * 5
+        time.sleep(0.03)
+    assert wakes == [], "an ask while the thread polls must not wake it"
+
+
+def test_the_first_ask_after_a_quiet_spell_wakes_the_thread(
+    released: list[tuple[str, float]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ReleaseAfterStart, "IDLE_AFTER_S", 0.1)
+    keeper = ReleaseAfterStart()
+    app = object()
+    keeper.ask(app, Queue("a"), "t")
+    wait_for(released, 1)
+    deadline = time.monotonic() + 2
+    while not keeper._asleep and time.monotonic() < deadline:  # quiet past IDLE_AFTER_S: it sleeps
+        time.sleep(0.01)
+    assert keeper._asleep
+    asked = time.monotonic()
+    keeper.ask(app, Queue("b"), "t")
+    wait_for(released, 2)
+    assert released[-1][0] == "b" and released[-1][1] - asked < 0.5
+
+
+def test_asks_of_one_queue_coalesce_and_two_apps_queues_of_one_name_are_two(
+    released: list[tuple[str, float]],
+) -> None:
+    keeper = ReleaseAfterStart()
+    first, second = object(), object()
+    with keeper._lock:  # the thread cannot take the asks until all four are in
+        for app in (first, first, second, second):
+            keeper.ask(app, Queue("same"), "t")
+    wait_for(released, 2)
+    time.sleep(ReleaseAfterStart.POLL_S * 3)
+    assert [name for name, _ in released] == ["same", "same"]
