@@ -35,11 +35,10 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.fidelity import bench_env  # noqa: E402
+from bench.fidelity import bench_env, three_nodes  # noqa: E402
 from bench.load import busy, percentiles  # noqa: E402
 from siq_celery.backends import backend_from_url  # noqa: E402
 from siq_celery.embedded import EmbeddedRedis  # noqa: E402
-from siq_celery.workers import WorkerProcess  # noqa: E402
 
 KEY = "fid:fair"
 
@@ -77,14 +76,8 @@ def main() -> None:
         store = backend_from_url(env["SIQ_BENCH_STORE"])
         fair = app.tasks["fid.fair"]
         for run, scenario in itertools.product(range(1, args.runs + 1), args.scenarios.split(",")):
-            workers = [
-                WorkerProcess("bench.fidelity_app", f"fair{i}@bench", Path(tmp) / f"{scenario}{i}.log",
-                              concurrency=2, env=env, cwd=ROOT, extra_args=["-Q", "fid-fair"]).start()
-                for i in range(3)
-            ]  # fmt: skip
+            workers = three_nodes(f"{scenario}{run}-", "fid-fair", Path(tmp), env)
             try:
-                for w in workers:
-                    w.wait_ready()
                 if scenario == "backlog":
                     for n in range(args.backlog):
                         fair.delay("A", n)

@@ -50,6 +50,19 @@ def bench_env(port: int) -> dict[str, str]:
     return env
 
 
+def three_nodes(name: str, queue: str, logs: Path, env: dict[str, str]) -> list[WorkerProcess]:
+    """3 nodes x ``-c 2`` (prefork) of bench/fidelity_app.py consuming ``queue``, started and
+    ready (bench/fair_workers.py, bench/window_workers.py)."""
+    workers = [
+        WorkerProcess("bench.fidelity_app", f"{name}{i}@bench", logs / f"{name}{i}.log", concurrency=2, env=env,
+                      cwd=ROOT, extra_args=["-Q", queue]).start()
+        for i in range(3)
+    ]  # fmt: skip
+    for w in workers:
+        w.wait_ready()
+    return workers
+
+
 def collect(client: redis.Redis, key: str, count: int, timeout: float) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while client.llen(key) < count and time.monotonic() < deadline:

@@ -28,11 +28,10 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.fidelity import bench_env, collect  # noqa: E402
+from bench.fidelity import bench_env, collect, three_nodes  # noqa: E402
 from bench.load import busy  # noqa: E402
 from siq_celery.backends import backend_from_url  # noqa: E402
 from siq_celery.embedded import EmbeddedRedis  # noqa: E402
-from siq_celery.workers import WorkerProcess  # noqa: E402
 
 KEY = "fid:window"
 WINDOW_S, QUOTA, INTERVAL_S = 10.0, 50, 0.05
@@ -64,14 +63,8 @@ def main() -> None:
         store = backend_from_url(env["SIQ_BENCH_STORE"])
         task = app.tasks["fid.window"]
         for run in range(1, args.runs + 1):
-            workers = [
-                WorkerProcess("bench.fidelity_app", f"window{i}@bench", Path(tmp) / f"w{run}-{i}.log",
-                              concurrency=2, env=env, cwd=ROOT, extra_args=["-Q", "fid-window"]).start()
-                for i in range(3)
-            ]  # fmt: skip
+            workers = three_nodes(f"window{run}-", "fid-window", Path(tmp), env)
             try:
-                for w in workers:
-                    w.wait_ready()
                 for n in range(args.tasks):
                     task.delay(n)
                 rows = collect(record, KEY, args.tasks, timeout=60 + args.tasks)
