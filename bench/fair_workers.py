@@ -76,43 +76,40 @@ def main() -> None:
         store = backend_from_url(env["SIQ_BENCH_STORE"])
         fair = app.tasks["fid.fair"]
         for run, scenario in itertools.product(range(1, args.runs + 1), args.scenarios.split(",")):
-            workers = three_nodes(f"{scenario}{run}-", "fid-fair", Path(tmp), env)
             try:
-                if scenario == "backlog":
-                    for n in range(args.backlog):
-                        fair.delay("A", n)
-                    time.sleep(args.b_after)
-                    status = store.status("fair")
-                    handed = status.state.ticket if status else 0
-                    for n in range(10):
-                        fair.delay("B", n)
-                    rows = wait(record, lambda rs: sum(r["tenant"] == "B" for r in rs) == 10)
-                    everything = wait(record, lambda rs: len(rs) == args.backlog + 10)  # the gaps of every start
-                    b = sorted(r["ticket"] for r in rows if r["tenant"] == "B")
-                    a = [r["n"] for r in rows if r["tenant"] == "A"]
-                    result = (f"{handed} handed out when B published; B's 10 on tickets {b[0]}-{b[-1]}: within "
-                              f"{b[-1] - handed} slots; A's {len(a)} in order: {a == sorted(a)}")  # fmt: skip
-                    rows = everything
-                else:
-                    for n in range(200):
-                        for tenant in ("gold", "B", "C"):
-                            fair.delay(tenant, n)
-                    rows = wait(record, lambda rs: len(rs) >= 300)[:300]
-                    shares = Counter(r["tenant"] for r in rows)
-                    result = f"first 300 starts: gold {shares['gold']}, B {shares['B']}, C {shares['C']}"
-                gaps = [(b["start_us"] - a["start_us"]) / 1000 for a, b in itertools.pairwise(rows)]
-                bodies = sorted(r["t"] for r in rows)
-                body_gaps = [(b - a) * 1000 for a, b in itertools.pairwise(bodies)]
-                late = percentiles([(r["start_us"] - r["slot_us"]) / 1000 for r in rows])
-                after = percentiles([r["t"] * 1000 - r["start_us"] / 1000 for r in rows])
-                print(f"| {run} | {scenario} | {result} | {min(gaps):.3f} / {min(body_gaps):.3f} ms | "
-                      f"{' / '.join(f'{x:.2f}' for x in late)} ms | {' / '.join(f'{x:.2f}' for x in after)} ms |",
-                      flush=True)  # fmt: skip
+                with three_nodes(f"{scenario}{run}-", "fid-fair", Path(tmp), env):
+                    if scenario == "backlog":
+                        for n in range(args.backlog):
+                            fair.delay("A", n)
+                        time.sleep(args.b_after)
+                        status = store.status("fair")
+                        handed = status.state.ticket if status else 0
+                        for n in range(10):
+                            fair.delay("B", n)
+                        rows = wait(record, lambda rs: sum(r["tenant"] == "B" for r in rs) == 10)
+                        everything = wait(record, lambda rs: len(rs) == args.backlog + 10)  # the gaps of every start
+                        b = sorted(r["ticket"] for r in rows if r["tenant"] == "B")
+                        a = [r["n"] for r in rows if r["tenant"] == "A"]
+                        result = (f"{handed} handed out when B published; B's 10 on tickets {b[0]}-{b[-1]}: within "
+                                  f"{b[-1] - handed} slots; A's {len(a)} in order: {a == sorted(a)}")  # fmt: skip
+                        rows = everything
+                    else:
+                        for n in range(200):
+                            for tenant in ("gold", "B", "C"):
+                                fair.delay(tenant, n)
+                        rows = wait(record, lambda rs: len(rs) >= 300)[:300]
+                        shares = Counter(r["tenant"] for r in rows)
+                        result = f"first 300 starts: gold {shares['gold']}, B {shares['B']}, C {shares['C']}"
+                    gaps = [(b["start_us"] - a["start_us"]) / 1000 for a, b in itertools.pairwise(rows)]
+                    bodies = sorted(r["t"] for r in rows)
+                    body_gaps = [(b - a) * 1000 for a, b in itertools.pairwise(bodies)]
+                    late = percentiles([(r["start_us"] - r["slot_us"]) / 1000 for r in rows])
+                    after = percentiles([r["t"] * 1000 - r["start_us"] / 1000 for r in rows])
+                    print(f"| {run} | {scenario} | {result} | {min(gaps):.3f} / {min(body_gaps):.3f} ms | "
+                          f"{' / '.join(f'{x:.2f}' for x in late)} ms | {' / '.join(f'{x:.2f}' for x in after)} ms |",
+                          flush=True)  # fmt: skip
             finally:
-                for w in workers:
-                    w.stop(10)
                 store.delete("fair")
-                redis.Redis.from_url(env["SIQ_BENCH_BROKER"]).flushdb()
                 record.delete(KEY)
         store.close()
 

@@ -24,6 +24,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +52,24 @@ def bench_env(port: int) -> dict[str, str]:
     return env
 
 
-def three_nodes(name: str, queue: str, logs: Path, env: dict[str, str]) -> list[WorkerProcess]:
+@contextmanager
+def three_nodes(name: str, queue: str, logs: Path, env: dict[str, str]) -> Iterator[list[WorkerProcess]]:
     """3 nodes x ``-c 2`` (prefork) of bench/fidelity_app.py consuming ``queue``, started and
-    ready (bench/fair_workers.py, bench/window_workers.py)."""
+    ready for the block; stopped after it, and the broker's database emptied
+    (bench/fair_workers.py, bench/window_workers.py)."""
     workers = [
         WorkerProcess("bench.fidelity_app", f"{name}{i}@bench", logs / f"{name}{i}.log", concurrency=2, env=env,
                       cwd=ROOT, extra_args=["-Q", queue]).start()
         for i in range(3)
     ]  # fmt: skip
-    for w in workers:
-        w.wait_ready()
-    return workers
+    try:
+        for w in workers:
+            w.wait_ready()
+        yield workers
+    finally:
+        for w in workers:
+            w.stop(10)
+        redis.Redis.from_url(env["SIQ_BENCH_BROKER"]).flushdb()
 
 
 def collect(client: redis.Redis, key: str, count: int, timeout: float) -> list[dict[str, Any]]:

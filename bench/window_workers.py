@@ -63,28 +63,25 @@ def main() -> None:
         store = backend_from_url(env["SIQ_BENCH_STORE"])
         task = app.tasks["fid.window"]
         for run in range(1, args.runs + 1):
-            workers = three_nodes(f"window{run}-", "fid-window", Path(tmp), env)
             try:
-                for n in range(args.tasks):
-                    task.delay(n)
-                rows = collect(record, KEY, args.tasks, timeout=60 + args.tasks)
-                if len(rows) < args.tasks:
-                    raise SystemExit(f"run {run}: {len(rows)} of {args.tasks} tasks started within the timeout")
-                bodies = sorted(r["t"] for r in rows)
-                store_times = sorted(r["start_us"] / 1e6 for r in rows)
-                most = most_in_window(bodies, WINDOW_S), most_in_window(store_times, WINDOW_S)
-                gaps = [min(b - a for a, b in itertools.pairwise(ts)) * 1e3 for ts in (bodies, store_times)]
-                tightest = [min(b - a for a, b in zip(ts, ts[QUOTA:], strict=False)) for ts in (bodies, store_times)]
-                span = bodies[-1] - bodies[0]
-                failed += most[0] > QUOTA or gaps[0] < 0.99 * INTERVAL_S * 1e3
-                print(f"| {run} | {most[0]} / {most[1]} | {tightest[0]:.4f} / {tightest[1]:.4f} s | {gaps[0]:.2f} / "
-                      f"{gaps[1]:.2f} ms | {span:.2f} s |", flush=True)  # fmt: skip
+                with three_nodes(f"window{run}-", "fid-window", Path(tmp), env):
+                    for n in range(args.tasks):
+                        task.delay(n)
+                    rows = collect(record, KEY, args.tasks, timeout=60 + args.tasks)
             finally:
-                for w in workers:
-                    w.stop(10)
                 store.delete("window")
-                redis.Redis.from_url(env["SIQ_BENCH_BROKER"]).flushdb()
                 record.delete(KEY)
+            if len(rows) < args.tasks:
+                raise SystemExit(f"run {run}: {len(rows)} of {args.tasks} tasks started within the timeout")
+            bodies = sorted(r["t"] for r in rows)
+            store_times = sorted(r["start_us"] / 1e6 for r in rows)
+            most = most_in_window(bodies, WINDOW_S), most_in_window(store_times, WINDOW_S)
+            gaps = [min(b - a for a, b in itertools.pairwise(ts)) * 1e3 for ts in (bodies, store_times)]
+            tightest = [min(b - a for a, b in zip(ts, ts[QUOTA:], strict=False)) for ts in (bodies, store_times)]
+            span = bodies[-1] - bodies[0]
+            failed += most[0] > QUOTA or gaps[0] < 0.99 * INTERVAL_S * 1e3
+            print(f"| {run} | {most[0]} / {most[1]} | {tightest[0]:.4f} / {tightest[1]:.4f} s | {gaps[0]:.2f} / "
+                  f"{gaps[1]:.2f} ms | {span:.2f} s |", flush=True)  # fmt: skip
         store.close()
     print(f"\nSUMMARY window {host}: {args.runs - failed} of {args.runs} runs with at most {QUOTA} bodies in any "
           f"{WINDOW_S:.0f} s and no two closer than {0.99 * INTERVAL_S * 1e3:.1f} ms")  # fmt: skip
