@@ -61,6 +61,11 @@ class CombinedQueue:
         self.primary = max(queues, key=pace_us)
         self._nap, self._monotonic = queues[0]._nap, queues[0]._monotonic
 
+    @property
+    def queue_names(self) -> list[str]:
+        """The store queues a start is recorded in: every queue of the limit."""
+        return [q.name for q in self.queues]
+
     def __repr__(self) -> str:
         return f"<CombinedQueue {[q.name for q in self.queues]!r} primary={self.primary.name!r}>"
 
@@ -132,9 +137,9 @@ class CombinedQueue:
     ) -> Iterator[Decision]:
         """Block until every queue lets this caller start, then run the ``with`` body."""
         ledger_id = task_id or secrets.token_hex(16)
-        record, names = StartRecord.here(name, ledger_id), [q.name for q in self.queues]
+        record = StartRecord.here(name, ledger_id)
         decision = begin_body(
-            self, names, ledger_id,
+            self, ledger_id,
             lambda: self.wait_for_turn(task_id=task_id, timeout=timeout, record=record, cost=cost, reports=True),
         )  # fmt: skip
         outcome = "FAILURE"
@@ -142,7 +147,7 @@ class CombinedQueue:
             yield decision
             outcome = "SUCCESS"
         finally:
-            KEEPER.drop(self.backend, names, decision.lease)
+            KEEPER.drop(self.backend, self.queue_names, decision.lease)
             try:
                 self.finish(ledger_id, outcome, remember=task_id is not None, lease=decision.lease)
             except StoreUnavailableError as exc:  # the body ran; only its record is missing

@@ -112,7 +112,7 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
             RELEASE_AFTER_START.ask(task.app, queue, task.name)
 
     try:
-        decision = begin_body(line, _names(line), task_id, next_wait, release_after_start)
+        decision = begin_body(line, task_id, next_wait, release_after_start)
         request.siq_lease = decision.lease
         return decision
     except DeferralNeeded as deferral:
@@ -154,10 +154,6 @@ def join_fair_line(task: IntervalTaskLike, queue: IntervalQueue, task_id: str, c
     raise Ignore()
 
 
-def _names(line: IntervalQueue | CombinedQueue) -> list[str]:
-    return [q.name for q in line.queues] if isinstance(line, CombinedQueue) else [line.name]
-
-
 def _lease(task: IntervalTaskLike) -> str:
     """The concurrency lease the running body holds ("" none)."""
     return getattr(task.request, "siq_lease", "") or ""
@@ -167,7 +163,7 @@ def _dropped(task: IntervalTaskLike, line: IntervalQueue | CombinedQueue) -> Non
     """The run's lease was given back (or left to expire): no longer renewed here."""
     lease = _lease(task)
     if lease:
-        KEEPER.drop(line.backend, _names(line), lease)
+        KEEPER.drop(line.backend, line.queue_names, lease)
         task.request.siq_lease = ""
 
 
@@ -271,7 +267,7 @@ def record_finish(task: IntervalTaskLike, status: str, task_id: str, args: Any, 
         logger.warning("%s[%s]: could not record the finish yet; trying again every %.1fs, its lease kept: %s",
                        task.name, task_id, FINISH_RETRY_S, exc)  # fmt: skip
         KEEPER.finish_later(PendingFinish(
-            line.backend, _names(line), lease or task_id, lambda: line.finish(task_id, outcome, lease=lease),
+            line.backend, line.queue_names, lease or task_id, lambda: line.finish(task_id, outcome, lease=lease),
             f"the finish of {task.name}[{task_id}]",
         ))  # fmt: skip
         task.request.siq_lease = ""  # the keeper holds it now

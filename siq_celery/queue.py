@@ -574,7 +574,7 @@ class IntervalQueue:
         ledger_id = task_id or secrets.token_hex(16)
         record, cost = StartRecord.here(name, ledger_id), validate_cost(cost)
         decision = begin_body(
-            self, [self.name], ledger_id,
+            self, ledger_id,
             lambda: self.wait_for_turn(task_id=task_id, timeout=timeout, record=record, cost=cost, reports=True),
         )  # fmt: skip
         outcome = "FAILURE"
@@ -582,7 +582,7 @@ class IntervalQueue:
             yield decision
             outcome = "SUCCESS"
         finally:
-            KEEPER.drop(self.backend, [self.name], decision.lease)
+            KEEPER.drop(self.backend, self.queue_names, decision.lease)
             if remember or self.backend.ledger_max or decision.lease:
                 try:
                     self.backend.finish(self.name, ledger_id, outcome, remember=remember, lease=decision.lease)
@@ -602,12 +602,20 @@ class IntervalQueue:
     def close(self) -> None:
         self.backend.close()
 
+    @property
+    def queue_names(self) -> list[str]:
+        """The store queues a start of this line is recorded in (its lease held in each)."""
+        return [self.name]
+
 
 class Line(Protocol):
     """What :func:`wait_in_line` needs: an IntervalQueue, or a CombinedQueue of several."""
 
     name: str
     backend: Backend
+
+    @property
+    def queue_names(self) -> list[str]: ...
 
     @property
     def max_lost_deliveries(self) -> int: ...
@@ -779,9 +787,8 @@ def body_may_begin(line: Line, decision: Decision) -> bool:
 
 
 def begin_body(
-    line: Line, names: Sequence[str], ledger_id: str, wait: Callable[[], Decision],
-    begun: Callable[[], None] | None = None,
-) -> Decision:  # fmt: skip
+    line: Line, ledger_id: str, wait: Callable[[], Decision], begun: Callable[[], None] | None = None
+) -> Decision:
     """Wait for a start (``wait()``, asked with ``reports``) and let its body begin: its
     lease held (renewed while the body runs), then the report, the last step before the
     body (:func:`body_may_begin`), then ``begun()``: work for another thread (a fair
@@ -792,12 +799,12 @@ def begin_body(
     start the body begins on."""
     while True:
         decision = wait()
-        KEEPER.hold(line.backend, names, decision.lease)
+        KEEPER.hold(line.backend, line.queue_names, decision.lease)
         if body_may_begin(line, decision):
             if begun is not None:
                 begun()  # the woken thread waits for the GIL: this thread holds it into the body
             return decision
-        KEEPER.drop(line.backend, names, decision.lease)
+        KEEPER.drop(line.backend, line.queue_names, decision.lease)
         give_back_late_start(line, ledger_id, decision)
 
 
