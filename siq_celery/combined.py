@@ -91,9 +91,9 @@ class CombinedQueue:
             begin_wait_us=BEGIN_WAIT_US if reports else 0,
         )  # fmt: skip
 
-    def began(self, decision: Decision, *, wait: bool = False) -> bool:
+    def began(self, decision: Decision, *, wait: bool = False, task_id: str = "") -> bool:
         """As :meth:`IntervalQueue.began`, in every queue (the start has one time in all)."""
-        return all([q.began(decision, wait=wait) for q in self.queues])
+        return all([q.began(decision, wait=wait, task_id=task_id) for q in self.queues])
 
     def wait_for_turn(
         self,

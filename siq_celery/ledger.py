@@ -5,11 +5,11 @@ Redis: the same script, into a capped stream with the queue's hash tag; on SQLit
 row in the same transaction), and the finish record with the finish. ``siq export``
 turns them into rows of the schema below, which ``siq audit`` reads.
 
-Schema version 4 (``v``), one row per authorized start; times are integer microseconds
+Schema version 5 (``v``), one row per authorized start; times are integer microseconds
 since the Unix epoch on the store's clock:
 
 ======================  ======================================================
-``v``                   schema version (4)
+``v``                   schema version (5)
 ``queue``               interval queue
 ``epoch``               life of the queue's state the ticket belongs to
 ``ticket``              ticket number (ticket order is start order); a start of cost c holds
@@ -43,11 +43,16 @@ since the Unix epoch on the store's clock:
 ``fair_tag``            its virtual start tag: where the fair order served it when it was
                         handed its ticket (-1: not a fair task)
 ``fair_weight``         its key's weight then (0: not a fair task)
+``began_us``            when the body's report that it began reached the store: what the
+                        limits count from (docs/design.md, "The guarantees"); the last
+                        report if it was sent again. Null: no report (a start not asked
+                        with ``reports``, a report lost, a body that did not begin)
 ======================  ======================================================
 
 Version 1 had no ``cost``: a reader takes a missing or null ``cost`` as 1. Version 2 had
 none of ``burst`` .. ``lease_returned``: a reader takes them as 0 or null (no such limit).
 Version 3 had none of the ``fair_`` columns: a reader takes them as not a fair task.
+Version 4 had no ``began_us``: a reader takes it as null (no report).
 
 A start that took a lease is matched to its finish by the lease (a copy of a task still
 running while another copy starts has a lease of its own); otherwise by its task id, the
@@ -64,7 +69,7 @@ from typing import Any
 
 from .types import Limits
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: Default cap on start records kept per queue (finishes are kept alongside). About
 #: 5.5 hours of starts at 200 ms; export more often, or raise ``siq_ledger_max``.
@@ -93,7 +98,7 @@ class StartRecord:
 
 @dataclass
 class LedgerRow:
-    """One row of the exported ledger (schema version 4: see the module docstring)."""
+    """One row of the exported ledger (schema version 5: see the module docstring)."""
 
     queue: str
     epoch: str
@@ -118,6 +123,7 @@ class LedgerRow:
     fair_key: str = ""
     fair_tag: int = -1
     fair_weight: int = 0
+    began_us: int | None = None
     v: int = SCHEMA_VERSION
     #: The lease the start took, as the store wrote it (not exported: it matches the
     #: start with its finish; a store may keep it shortened).
@@ -146,7 +152,8 @@ def arrow_schema() -> Any:
         "finish_us": pa.int64(), "outcome": pa.string(), "deferrals": pa.int32(), "host": pa.string(),
         "pid": pa.int32(), "cost": pa.int32(), "burst": pa.int32(), "quota": pa.int64(),
         "window_us": pa.int64(), "concurrency": pa.int32(), "lease_us": pa.int64(), "lease_returned": pa.bool_(),
-        "fair_key": pa.string(), "fair_tag": pa.int64(), "fair_weight": pa.int32(), "v": pa.int16(),
+        "fair_key": pa.string(), "fair_tag": pa.int64(), "fair_weight": pa.int32(), "began_us": pa.int64(),
+        "v": pa.int16(),
     }  # fmt: skip
     return pa.schema([(name, types[name]) for name in COLUMNS])
 
@@ -163,6 +170,17 @@ class FinishEntry:
     returned: bool = True
 
 
+@dataclass(frozen=True)
+class BeganEntry:
+    """A body's report that it began, as Redis keeps it apart from its start: the start
+    authorized at ``start_us`` (of ``task_id``, None: a start without one) began, as far
+    as the store can tell, at ``began_us``."""
+
+    task_id: str | None
+    start_us: int
+    began_us: int
+
+
 def complete(row: LedgerRow, finish_us: int, outcome: str, returned: bool) -> None:
     """Complete ``row`` with its finish; ``returned``: the finish gave the start's lease back
     (a row without a lease records none)."""
@@ -170,25 +188,37 @@ def complete(row: LedgerRow, finish_us: int, outcome: str, returned: bool) -> No
     row.lease_returned = returned if row.lease_us else None
 
 
-def join_finishes(entries: Iterable[LedgerRow | FinishEntry]) -> Iterator[LedgerRow]:
-    """Rows from a time-ordered stream of start rows and finish entries (as Redis keeps
-    them): a finish that names a lease completes the start that took it; any other
+def join_finishes(entries: Iterable[LedgerRow | FinishEntry | BeganEntry]) -> Iterator[LedgerRow]:
+    """Rows from a time-ordered stream of start rows, reports and finish entries (as Redis
+    keeps them): a report gives the start it names its ``began_us`` (the last report of a
+    start counts); a finish that names a lease completes the start that took it; any other
     completes the latest unfinished start of its task id. A row is yielded when its finish
-    arrives, or at the end of the stream (not finished). A start without a lease that is
-    followed by another start of its task id never finished (its worker died); one with a
-    lease may still be running (a redelivered copy runs beside it) and waits for its own
-    finish. Memory holds only the starts still waiting for their finish."""
+    arrives, or at the end of the stream (not finished); one without a task id at the next
+    start (its report came before it). A start without a lease that is followed by another
+    start of its task id never finished (its worker died); one with a lease may still be
+    running (a redelivered copy runs beside it) and waits for its own finish. Memory holds
+    only the starts still waiting for their finish."""
     waiting: dict[str, list[LedgerRow]] = {}
+    anonymous: LedgerRow | None = None  # the last start without a task id, until the next start
     for entry in entries:
         if isinstance(entry, LedgerRow):
+            if anonymous is not None:
+                yield anonymous
+                anonymous = None
             if entry.task_id is None:
-                yield entry
+                anonymous = entry
                 continue
             earlier = waiting.setdefault(entry.task_id, [])
             if any(r.lease is None for r in earlier):  # started again: those never finished
                 yield from (r for r in earlier if r.lease is None)
                 earlier[:] = [r for r in earlier if r.lease is not None]
             earlier.append(entry)
+        elif isinstance(entry, BeganEntry):
+            candidates = [anonymous] if entry.task_id is None and anonymous else waiting.get(entry.task_id or "", [])
+            for row in reversed(candidates):
+                if row.start_us == entry.start_us:  # a report whose start was trimmed away is dropped
+                    row.began_us = entry.began_us
+                    break
         else:
             rows = waiting.get(entry.task_id)
             if not rows:  # a finish whose start was trimmed away is dropped
@@ -201,6 +231,8 @@ def join_finishes(entries: Iterable[LedgerRow | FinishEntry]) -> Iterator[Ledger
                 del waiting[entry.task_id]
             complete(row, entry.finish_us, entry.outcome, entry.lease is not None and entry.returned)
             yield row
+    if anonymous is not None:
+        yield anonymous
     for rows in waiting.values():
         yield from rows
 

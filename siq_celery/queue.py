@@ -429,16 +429,17 @@ class IntervalQueue:
             begin_wait_us=BEGIN_WAIT_US if reports else 0,
         )
 
-    def began(self, decision: Decision, *, wait: bool = False) -> bool:
-        """The body of the start ``decision`` authorized (asked with ``reports``) begins
-        now: the store places the start at its own time when this report arrives, and later
-        starts stop waiting for it. Sent without waiting for the reply, unless ``wait``;
-        waited for, False means the start is no longer the queue's last pending one (its
-        wait expired and a later start came): the body must not begin now."""
+    def began(self, decision: Decision, *, wait: bool = False, task_id: str = "") -> bool:
+        """The body of the start ``decision`` authorized (asked with ``reports``; of
+        ``task_id``, for the ledger) begins now: the store places the start at its own time
+        when this report arrives, and later starts stop waiting for it. Sent without
+        waiting for the reply, unless ``wait``; waited for, False means the start is no
+        longer the queue's last pending one (its wait expired and a later start came): the
+        body must not begin now."""
         if not wait:
-            self.backend.began_soon(self.name, decision.now_us)
+            self.backend.began_soon(self.name, decision.now_us, task_id)
             return True
-        return self.backend.began(self.name, decision.now_us) is not None
+        return self.backend.began(self.name, decision.now_us, task_id) is not None
 
     def backoff(self, seconds: IntervalLike, *, keep_first: bool = False) -> QueueState:
         """Hold every start of this queue, on every worker, for ``seconds`` from now (a
@@ -630,7 +631,7 @@ class Line(Protocol):
         reports: bool = False,
     ) -> list[Decision]: ...
     def settle(self, decision: Decision, tickets: list[Ticket], round_trip: float) -> Decision: ...
-    def began(self, decision: Decision, *, wait: bool = False) -> bool: ...
+    def began(self, decision: Decision, *, wait: bool = False, task_id: str = "") -> bool: ...
     def finish(self, task_id: str, outcome: str = ..., *, remember: bool = ..., lease: str = ...) -> None: ...
     def _nap(self, seconds: float, deadline: float | None) -> None: ...
     def _monotonic(self) -> float: ...
@@ -752,7 +753,7 @@ REPORT_AGAIN_S = 0.0001
 REPORTS = 10
 
 
-def body_may_begin(line: Line, decision: Decision) -> bool:
+def body_may_begin(line: Line, decision: Decision, task_id: str = "") -> bool:
     """Report that the body of ``decision`` (a wait with ``reports``) begins now; the last
     step before the body. Sent without waiting, unless the authorization may be older than
     :data:`LATE_BEGIN_S` (this process stood still since it asked: a loaded host, a pause):
@@ -766,7 +767,7 @@ def body_may_begin(line: Line, decision: Decision) -> bool:
         for _ in range(REPORTS):
             sent = line._monotonic()
             try:
-                line.began(decision)
+                line.began(decision, task_id=task_id)
             except Exception as exc:  # the start stands as authorized: later starts wait 500 ms at most
                 logger.warning("queue %r: could not report a body's start: %s: %s", line.name, type(exc).__name__, exc)
                 break
@@ -774,7 +775,7 @@ def body_may_begin(line: Line, decision: Decision) -> bool:
                 break
         return True
     try:
-        held = line.began(decision, wait=True)
+        held = line.began(decision, wait=True, task_id=task_id)
     except Exception as exc:  # no answer is no start (fail closed)
         logger.warning("queue %r: could not report a late body's start, waiting again: %s: %s",
                        line.name, type(exc).__name__, exc)  # fmt: skip
@@ -800,7 +801,7 @@ def begin_body(
     while True:
         decision = wait()
         KEEPER.hold(line.backend, line.queue_names, decision.lease)
-        if body_may_begin(line, decision):
+        if body_may_begin(line, decision, ledger_id):
             if begun is not None:
                 begun()  # the woken thread waits for the GIL: this thread holds it into the body
             return decision

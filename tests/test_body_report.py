@@ -32,7 +32,7 @@ class FakeLine:
     def _monotonic(self) -> float:
         return self.now
 
-    def began(self, decision: Decision, *, wait: bool = False) -> bool:
+    def began(self, decision: Decision, *, wait: bool = False, task_id: str = "") -> bool:
         self.reports.append(wait)
         self.now += self.round_trips[min(len(self.reports), len(self.round_trips)) - 1]
         if self.error is not None:
@@ -90,7 +90,7 @@ def test_a_report_sent_again_that_fails_leaves_the_first_one_standing(pool: bool
     line = FakeLine([REPORT_AGAIN_S * 4])
     calls = 0
 
-    def began(decision: Decision, *, wait: bool = False) -> bool:
+    def began(decision: Decision, *, wait: bool = False, task_id: str = "") -> bool:
         nonlocal calls
         calls += 1
         line.now += REPORT_AGAIN_S * 4

@@ -50,7 +50,7 @@ def test_json_lines_one_row_per_start_with_its_finish(store_url: str, tmp_path: 
     rows = [json.loads(line) for line in (tmp_path / "geo.jsonl").read_text().splitlines()]
     assert [r["ticket"] for r in rows] == [1, 2, 3, 4, 5] and tuple(rows[0]) == COLUMNS
     assert [r["outcome"] for r in rows] == ["SUCCESS", "FAILURE", "SUCCESS", "SUCCESS", "SUCCESS"]
-    assert all(r["v"] == 4 and r["cost"] == 1 and r["finish_us"] == r["start_us"] for r in rows)
+    assert all(r["v"] == 5 and r["cost"] == 1 and r["finish_us"] == r["start_us"] for r in rows)
     assert all((r["fair_key"], r["fair_tag"], r["fair_weight"]) == ("", -1, 0) for r in rows)  # no fair share
     assert all(r["quota"] == r["concurrency"] == r["lease_us"] == 0 and r["lease_returned"] is None for r in rows)
 
@@ -188,6 +188,7 @@ def test_a_sqlite_ledger_from_before_costs_were_recorded_reads_as_cost_1(tmp_pat
     clock.now_us = t0 + I
     assert q.start(ticket, task_id="y", record=StartRecord("job", "y", "h", 1), cost=4).authorized
     assert [(r.epoch, r.ticket, r.cost) for r in q.ledger()] == [("old", 7, 1), (ticket.epoch, 1, 4)]
-    old = next(iter(q.ledger()))  # and no limits, no lease (ledger schema 3's columns), no fair share (4's)
+    old = next(iter(q.ledger()))  # and no limits, no lease (ledger schema 3's columns), no fair share (4's),
     assert (old.burst, old.quota, old.window_us, old.concurrency, old.lease_us) == (0, 0, 0, 0, 0)
     assert old.lease_returned is None and (old.fair_key, old.fair_tag, old.fair_weight) == ("", -1, 0)
+    assert old.began_us is None  # no report (5's)

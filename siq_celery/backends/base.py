@@ -239,19 +239,22 @@ class Backend(ABC):
         """Move the queue's last start from ``started_us`` to now if it is still the last
         start of ``epoch`` (see :func:`siq_celery.model.restamp`); the new time or None."""
 
-    def began(self, queue: str, started_us: int) -> int | None:
-        """The body of the start authorized at ``started_us`` begins now: place that start
-        at now (store time), if it is still the queue's last, pending start (see
-        :func:`siq_celery.model.began`); its new time, or None if it is not."""
+    def began(self, queue: str, started_us: int, task_id: str = "", *, soon: bool = False) -> int | None:
+        """The body of the start authorized at ``started_us`` (of ``task_id``) begins now:
+        place that start at now (store time), if it is still the queue's last, pending
+        start (see :func:`siq_celery.model.began`); its new time, or None if it is not.
+        The ledger records the report's time as the start's ``began_us`` when the body
+        begins: when the start still held, or, ``soon`` (:meth:`began_soon`: the body did
+        not wait for the answer), in any case."""
         raise ConfigurationError(f"{type(self).__name__} does not take reports of bodies that began")
 
-    def began_soon(self, queue: str, started_us: int) -> None:
+    def began_soon(self, queue: str, started_us: int, task_id: str = "") -> None:
         """:meth:`began`, sent now and not waited for: the body begins while the report
         travels, and the store places the start when the report arrives. Best effort: a
         report lost leaves later starts waiting until the start's wait expires
         (:data:`siq_celery.model.BEGIN_WAIT_US`). The base implementation reports at once."""
         with contextlib.suppress(SiqError):
-            self.began(queue, started_us)
+            self.began(queue, started_us, task_id, soon=True)
 
     def restamp_soon(self, queue: str, epoch: str, started_us: int) -> None:
         """:meth:`restamp`, sent now and not waited for (a green pool's body starts at once:
@@ -579,6 +582,11 @@ class Transaction(ABC):
         """Number the parked tasks 1..n in their order (a reset's new life); n."""
 
     @abstractmethod
+    def record_began(self, task_id: str, start_us: int, began_us: int) -> None:
+        """Give the latest ledger row of ``task_id`` ("": a start without one) authorized at
+        ``start_us`` its ``began_us``."""
+
+    @abstractmethod
     def record_finish(self, task_id: str, outcome: str, lease: str = "", returned: bool = False) -> None:
         """Complete the ledger row of the start that took ``lease`` (if any, still
         unfinished), else the latest ledger row of ``task_id`` if unfinished; ``returned``:
@@ -798,11 +806,14 @@ class ModelBackend(Backend):
                 return None
             return model.restamp(tx.state, epoch, started_us, tx.now_us, self._window(tx, tx.state))
 
-    def began(self, queue: str, started_us: int) -> int | None:
+    def began(self, queue: str, started_us: int, task_id: str = "", *, soon: bool = False) -> int | None:
         with self.transaction(queue) as tx:
             if tx.state is None:
                 return None
-            return model.began(tx.state, started_us, tx.now_us, self._window(tx, tx.state))
+            at = model.began(tx.state, started_us, tx.now_us, self._window(tx, tx.state))
+            if self.ledger_max and (at is not None or soon):
+                tx.record_began(task_id, started_us, tx.now_us if at is None else at)
+            return at
 
     def finish(
         self, queue: str, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = ""

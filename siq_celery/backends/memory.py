@@ -127,6 +127,12 @@ class _MemoryTransaction(Transaction):
     def start_counts(self) -> dict[str, int]:
         return dict(self._store.start_counts.get(self._queue, {}))
 
+    def record_began(self, task_id: str, start_us: int, began_us: int) -> None:
+        for row in reversed(self._store.ledgers.get(self._queue, ())):
+            if row.start_us == start_us and (row.task_id or "") == task_id:
+                row.began_us = began_us
+                return
+
     def record_finish(self, task_id: str, outcome: str, lease: str = "", returned: bool = False) -> None:
         rows = self._store.ledgers.get(self._queue, ())
         if lease:  # the start that took it (ledger.join_finishes: the same rules)

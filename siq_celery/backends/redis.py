@@ -33,7 +33,7 @@ from ..errors import (
     redacted_url,
 )
 from ..keys import QueueKeys
-from ..ledger import FinishEntry, LedgerRow, StartRecord, join_finishes
+from ..ledger import BeganEntry, FinishEntry, LedgerRow, StartRecord, join_finishes
 from ..lru import LRUCache
 from ..model import counts_from_fields, fair_check
 from ..types import (
@@ -324,10 +324,12 @@ def _sources(reply: Sequence[Any]) -> IntervalSources:
     )  # fmt: skip
 
 
-def _ledger_entry(queue: str, raw: Mapping[bytes, bytes]) -> LedgerRow | FinishEntry:
+def _ledger_entry(queue: str, raw: Mapping[bytes, bytes]) -> LedgerRow | FinishEntry | BeganEntry:
     f = {k.decode(): v.decode() for k, v in raw.items()}
     if f.get("e") == "f":
         return FinishEntry(f["id"], int(f["ft"]), f["o"], f.get("l"), f.get("x") != "1")
+    if f.get("e") == "b":
+        return BeganEntry(f["id"] or None, int(f["st"]), int(f["bt"]))
     return LedgerRow(
         queue, f["ep"], int(f["t"]), f["id"] or None, f["n"], int(f["sl"]), int(f["st"]), int(f["iv"]),
         deferrals=int(f["d"]), host=f["h"], pid=int(f["p"]), cost=int(f.get("c", 1)), burst=int(f.get("b", 0)),
@@ -752,7 +754,7 @@ class RedisBackend(Backend):
         lost = self._lost_args(task_id)
         member = self.lease_member(task_id, record, lease)  # the run's: the caller's task id
         if record is not None and self.ledger_max:
-            ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
+            ledger = [3 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
         else:
             ledger = [0, "", "", 0, record.deferrals if record is not None else 0]  # deferrals: counted anyway
@@ -852,7 +854,7 @@ class RedisBackend(Backend):
         lost = self._lost_args(task_id)
         member = self.lease_member(task_id, record, lease)  # the run's: the caller's task id
         if record is not None and self.ledger_max:
-            ledger = [2 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
+            ledger = [3 * self.ledger_max, record.task_name, record.host, record.pid, record.deferrals]
             task_id = task_id or record.task_id
         else:
             ledger = [0, "", "", 0, record.deferrals if record is not None else 0]  # deferrals: counted anyway
@@ -892,17 +894,18 @@ class RedisBackend(Backend):
         k = self.keys(queue)
         self._soon("restamp", [k.state, k.window], [epoch, started_us])
 
-    def began(self, queue: str, started_us: int) -> int | None:
+    def began(self, queue: str, started_us: int, task_id: str = "", *, soon: bool = False) -> int | None:
         k = self.keys(queue)
-        at = int(self._run("began", queue, [k.state, k.window], [started_us]))
+        args = [started_us, 3 * self.ledger_max, task_id, int(soon)]
+        at = int(self._run("began", queue, [k.state, k.window, k.ledger], args))
         return at or None
 
-    def began_soon(self, queue: str, started_us: int) -> None:
+    def began_soon(self, queue: str, started_us: int, task_id: str = "") -> None:
         if isinstance(self.client, RedisCluster):
-            super().began_soon(queue, started_us)
+            super().began_soon(queue, started_us, task_id)
             return
         k = self.keys(queue)
-        self._soon("began", [k.state, k.window], [started_us])
+        self._soon("began", [k.state, k.window, k.ledger], [started_us, 3 * self.ledger_max, task_id, 1])
 
     def _soon(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
         """Write script ``name`` on a connection of this process's own and return (a
@@ -953,7 +956,7 @@ class RedisBackend(Backend):
             "finish", queue,
             [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.unfinished,
              k.refused, k.window, k.leases, k.fair],
-            [task_id, self.finished_retention_us, self.finished_max, 2 * self.ledger_max, outcome, int(remember),
+            [task_id, self.finished_retention_us, self.finished_max, 3 * self.ledger_max, outcome, int(remember),
              self.idle_expiry_us(queue), lease or task_id],  # a run's lease is named by its task id
         )  # fmt: skip
 
@@ -974,7 +977,9 @@ class RedisBackend(Backend):
             if not isinstance(entry, LedgerRow) or low <= entry.start_us < high
         )
 
-    def _stream(self, queue: str, key: str, first: str, batch: int = 10_000) -> Iterator[LedgerRow | FinishEntry]:
+    def _stream(
+        self, queue: str, key: str, first: str, batch: int = 10_000
+    ) -> Iterator[LedgerRow | FinishEntry | BeganEntry]:
         while True:
             try:
                 entries = self.client.xrange(key, min=first, max="+", count=batch)

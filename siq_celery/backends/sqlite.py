@@ -55,7 +55,7 @@ CREATE TABLE IF NOT EXISTS siq_ledger (
     host TEXT NOT NULL, pid INTEGER NOT NULL, cost INTEGER NOT NULL DEFAULT 1, burst INTEGER NOT NULL DEFAULT 0,
     quota INTEGER NOT NULL DEFAULT 0, window_us INTEGER NOT NULL DEFAULT 0, concurrency INTEGER NOT NULL DEFAULT 0,
     lease_us INTEGER NOT NULL DEFAULT 0, lease_returned INTEGER, lease TEXT, fair_key TEXT NOT NULL DEFAULT '',
-    fair_tag INTEGER NOT NULL DEFAULT -1, fair_weight INTEGER NOT NULL DEFAULT 0
+    fair_tag INTEGER NOT NULL DEFAULT -1, fair_weight INTEGER NOT NULL DEFAULT 0, began_us INTEGER
 );
 CREATE INDEX IF NOT EXISTS siq_ledger_by_start ON siq_ledger (prefix, queue, start_us);
 CREATE INDEX IF NOT EXISTS siq_ledger_by_task ON siq_ledger (prefix, queue, task_id);
@@ -145,15 +145,15 @@ CREATE UNIQUE INDEX IF NOT EXISTS siq_fair_tasks_by_id ON siq_fair_tasks (prefix
 _LEDGER_COLUMNS = (
     "queue", "epoch", "ticket", "task_id", "task_name", "slot_us", "start_us", "interval_us", "finish_us",
     "outcome", "deferrals", "host", "pid", "cost", "burst", "quota", "window_us", "concurrency", "lease_us",
-    "lease_returned", "lease", "fair_key", "fair_tag", "fair_weight",
+    "lease_returned", "lease", "fair_key", "fair_tag", "fair_weight", "began_us",
 )  # fmt: skip
-#: Ledger columns added after the table was first made, with their definitions (ledger schema 2, 3 and 4).
+#: Ledger columns added after the table was first made, with their definitions (ledger schema 2 to 5).
 _LEDGER_ADDED = {
     "cost": "INTEGER NOT NULL DEFAULT 1", "burst": "INTEGER NOT NULL DEFAULT 0", "quota": "INTEGER NOT NULL DEFAULT 0",
     "window_us": "INTEGER NOT NULL DEFAULT 0", "concurrency": "INTEGER NOT NULL DEFAULT 0",
     "lease_us": "INTEGER NOT NULL DEFAULT 0", "lease_returned": "INTEGER", "lease": "TEXT",
     "fair_key": "TEXT NOT NULL DEFAULT ''", "fair_tag": "INTEGER NOT NULL DEFAULT -1",
-    "fair_weight": "INTEGER NOT NULL DEFAULT 0",
+    "fair_weight": "INTEGER NOT NULL DEFAULT 0", "began_us": "INTEGER",
 }  # fmt: skip
 _FIELDS = ("epoch", "interval_us", "ticket", "current", "anchor_us", "last_start_us", "paused")
 
@@ -233,9 +233,9 @@ def _number_window(conn: sqlite3.Connection) -> None:
 
 def _add_ledger_columns(conn: sqlite3.Connection) -> None:
     """A database made before the ledger recorded each start's cost (schema 2), the limits
-    in force (schema 3) and a fair task's share (schema 4) gets the columns: its rows read
-    as cost 1, no limits, no lease and no fair share (as do the rows a process of an earlier
-    version goes on writing). Another process may add them first."""
+    in force (schema 3), a fair task's share (schema 4) and its body's report (schema 5)
+    gets the columns: its rows read as cost 1, no limits, no lease, no fair share and no
+    report (as do the rows a process of an earlier version goes on writing). Another process may add them first."""
     have = {row[1] for row in conn.execute("PRAGMA table_info(siq_ledger)")}
     for name, definition in _LEDGER_ADDED.items():
         if name in have:
@@ -393,6 +393,13 @@ class _SqliteTransaction(Transaction):
         self._c.execute(
             f"INSERT INTO siq_ledger (prefix, {', '.join(_LEDGER_COLUMNS)}) VALUES (?{', ?' * len(values)})",
             (self._b.key_prefix, *values),
+        )
+
+    def record_began(self, task_id: str, start_us: int, began_us: int) -> None:
+        self._c.execute(
+            "UPDATE siq_ledger SET began_us=? WHERE rowid = (SELECT rowid FROM siq_ledger WHERE prefix=? AND "
+            "queue=? AND start_us=? AND task_id IS ? ORDER BY rowid DESC LIMIT 1)",
+            (began_us, *self._key, start_us, task_id or None),
         )
 
     def record_finish(self, task_id: str, outcome: str, lease: str = "", returned: bool = False) -> None:

@@ -23,7 +23,8 @@ def ledger_schema() -> Any:
         T.StructField("window_us", T.LongType()), T.StructField("concurrency", T.IntegerType()),
         T.StructField("lease_us", T.LongType()), T.StructField("lease_returned", T.BooleanType()),
         T.StructField("fair_key", T.StringType()), T.StructField("fair_tag", T.LongType()),
-        T.StructField("fair_weight", T.IntegerType()), T.StructField("v", T.ShortType()),
+        T.StructField("fair_weight", T.IntegerType()), T.StructField("began_us", T.LongType()),
+        T.StructField("v", T.ShortType()),
     ])  # fmt: skip
 
 
@@ -31,7 +32,8 @@ def read_ledger_files(spark: Any, paths: Sequence[str], fmt: str | None = None) 
     """One DataFrame of the ledger files in ``paths``, Parquet and JSON Lines mixed (each by
     its extension, or all as ``fmt``), read with :func:`ledger_schema`: a column an older
     schema version lacks (``cost``, before version 2; the limits and the lease, before
-    version 3; the fair share, before version 4) reads as null."""
+    version 3; the fair share, before version 4; the body's report, before version 5) reads
+    as null."""
     frames = []
     for kind in ("parquet", "json"):
         chosen = [p for p in paths if (fmt or format_of(p)) == kind]

@@ -238,6 +238,11 @@ def _bursting(rng: Any, queue: str, interval: int, limits: Limits, n: int, overr
     return {"k": k, "slot": start.copy(), "start": start, "ticket": k + 1, "task": k.copy(), "finish": start + 5_000}
 
 
+#: Each synthetic body reports this long after its authorization (every start moves by the
+#: same: the gaps between the bodies are those between the authorizations).
+BEGAN_AFTER_US = 400
+
+
 def _table(queue: str, interval: int, limits: Limits, c: dict[str, Any]) -> Any:
     import numpy as np
     import pyarrow as pa
@@ -264,6 +269,7 @@ def _table(queue: str, interval: int, limits: Limits, c: dict[str, Any]) -> Any:
         "concurrency": np.full(count, limits.concurrency, dtype=np.int32),
         "lease_us": lease_us if leased else np.zeros(count, dtype=np.int64), "lease_returned": returned,
         "fair_key": pa.array(np.full(count, "")), "fair_tag": np.full(count, -1, dtype=np.int64),
-        "fair_weight": np.zeros(count, dtype=np.int32), "v": np.full(count, SCHEMA_VERSION, dtype=np.int16),
+        "fair_weight": np.zeros(count, dtype=np.int32), "began_us": c["start"] + BEGAN_AFTER_US,
+        "v": np.full(count, SCHEMA_VERSION, dtype=np.int16),
     }  # fmt: skip
     return pa.table(columns, schema=arrow_schema())

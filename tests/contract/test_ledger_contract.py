@@ -9,10 +9,12 @@ import pytest
 
 from siq_celery import IntervalQueue
 from siq_celery.ledger import StartRecord
+from siq_celery.model import BEGIN_WAIT_US
 from siq_celery.types import Verdict
 from tests.conftest import Store
 
 I = 100_000
+MS = 1_000
 S = 1_000_000
 
 
@@ -37,8 +39,50 @@ def test_only_authorized_starts_are_recorded_with_every_field(store: Store) -> N
         "slot_us": t0 + I, "start_us": t0 + I + 7, "interval_us": I, "finish_us": None, "outcome": None,
         "deferrals": 2, "host": "node1@host", "pid": 4242, "cost": 1, "burst": 0, "quota": 0, "window_us": 0,
         "concurrency": 0, "lease_us": 0, "lease_returned": None, "fair_key": "", "fair_tag": -1, "fair_weight": 0,
-        "v": 4,
+        "began_us": None, "v": 5,
     }  # fmt: skip
+
+
+def test_a_start_records_when_its_body_began_as_the_store_placed_it(store: Store) -> None:
+    """The ledger keeps the body's report beside the authorization (schema 5): the store's
+    time of the last report, the time later starts count from; none without a report. A
+    late report the body waited for (refused: the body does not begin) records nothing;
+    one it did not wait for (the body began anyway) records its time."""
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    first, second, third = q.claim_many(3)
+    store.clock.now_us = t0 + I
+    one = q.start(first, task_id="a", record=rec("a"), reports=True)
+    store.clock.advance(us=30 * MS)
+    assert q.began(one, wait=True, task_id="a")
+    store.clock.advance(us=2 * MS)
+    assert q.began(one, wait=True, task_id="a")  # sent again: the start moves again, and the ledger with it
+    store.clock.now_us = t0 + 3 * I
+    two = q.start(second, task_id="b", record=rec("b"), reports=True)  # its body never reports
+    store.clock.advance(us=BEGIN_WAIT_US)
+    three = q.start(third, task_id="c", record=rec("c"), reports=True)
+    assert three.authorized  # b's wait expired
+    assert not q.began(two, wait=True, task_id="b")  # refused, and b's body does not begin
+    store.clock.advance(us=MS)
+    assert q.began(three, wait=True, task_id="c")
+    rows = {r.task_id: r for r in q.ledger()}
+    assert (rows["a"].start_us, rows["a"].began_us) == (t0 + I, t0 + I + 32 * MS)
+    assert rows["b"].began_us is None
+    assert rows["c"].began_us == three.now_us + MS
+    store.backend().began("q", two.now_us, "b", soon=True)  # not waited for: b's body began, late
+    assert {r.task_id: r.began_us for r in q.ledger()}["b"] == three.now_us + MS
+
+
+def test_a_report_without_a_task_id_completes_its_start(store: Store) -> None:
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    store.clock.now_us = t0 + I
+    one = q.start(q.claim(), record=StartRecord("slot"), reports=True)
+    store.clock.advance(us=MS)
+    assert q.began(one, wait=True)
+    store.clock.advance(us=I)
+    assert q.start(q.claim(), record=StartRecord("slot")).authorized
+    assert [(r.task_id, r.began_us) for r in q.ledger()] == [(None, one.now_us + MS), (None, None)]
 
 
 def two_limits(store: Store) -> tuple[Any, Any, Any]:
@@ -187,7 +231,7 @@ def test_a_start_records_the_limits_in_force_and_the_finish_the_lease_it_gave_ba
     rows = {r.task_id: r for r in q.ledger()}
     assert {k: v for k, v in rows["a"].as_dict().items() if k in LIMIT_FIELDS} == {
         "burst": 2, "quota": 5, "window_us": 2 * S, "concurrency": 2, "lease_us": 3 * S, "finish_us": t0 + I + 700,
-        "lease_returned": True, "v": 4,
+        "lease_returned": True, "v": 5,
     }  # fmt: skip
     assert (rows["b"].finish_us, rows["b"].lease_us, rows["b"].lease_returned) == (None, 3 * S, None)
 

@@ -8,8 +8,11 @@ rates at 20, 10, 5 and 2 ms are measured in bench/ (BENCHMARKS.md), not asserted
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
+from siq_celery import IntervalQueue
 from tests.integration.conftest import CeleryRun, gaps_ms, inversions, overtaken_on_time
 from tests.timing import HOST_CLOCK_RERUNS, host_clock, host_gaps_at_least
 
@@ -57,6 +60,12 @@ def test_two_prefork_nodes_share_one_interval(celery_run: CeleryRun) -> None:
     assert_fidelity(starts, celery_run.preruns())
     assert {r["node"] for r in starts} == {"node0@siq-test", "node1@siq-test"}
     assert all(r["header_ticket"] == r["ticket"] for r in starts)  # the producer's tickets, none re-claimed
+    # The ledger keeps each body's report beside its authorization (schema 5), on the store's
+    # clock: the bodies' starts there are an interval apart, as the authorizations are.
+    ledger = list(IntervalQueue("geo", url=celery_run.env["SIQ_TEST_STORE"]).ledger())
+    assert len(ledger) == TASKS and all(r.began_us is not None and r.began_us >= r.start_us for r in ledger)
+    began = sorted(r.began_us for r in ledger)
+    assert min(b - a for a, b in itertools.pairwise(began)) >= INTERVAL_MS * 1000
 
 
 @pytest.mark.rabbitmq

@@ -37,7 +37,7 @@ def test_a_million_rows_with_injected_faults_are_counted_exactly(spark: Any, tmp
     html = (tmp_path / "audit" / "report.html").read_text()
     assert html.startswith("<!doctype html>") and html.count("<svg") == 6 and "synthetic:fast" in html
     on_disk = json.loads((tmp_path / "audit" / "report.json").read_text())
-    assert on_disk["rows"] == injected.rows and on_disk["schema_version"] == 4
+    assert on_disk["rows"] == injected.rows and on_disk["schema_version"] == 5
 
 
 def ledger_rows(count: int, interval_us: int = 20_000, t0: int = 1_790_000_000_000_000) -> list[LedgerRow]:
@@ -82,9 +82,9 @@ def test_spark_submit_reads_json_lines_and_parquet_together(tmp_path: Path) -> N
 
 
 def test_a_newer_schema_is_refused(spark: Any, tmp_path: Path) -> None:
-    row = ledger_rows(1)[0].as_dict() | {"v": 5}
+    row = ledger_rows(1)[0].as_dict() | {"v": 6}
     (tmp_path / "future.jsonl").write_text(json.dumps(row) + "\n")
-    with pytest.raises(ValueError, match="schema version 5 is newer"):
+    with pytest.raises(ValueError, match="schema version 6 is newer"):
         run_audit(spark, [str(tmp_path / "future.jsonl")], str(tmp_path / "audit"), log=lambda _: None)
 
 
