@@ -21,6 +21,12 @@ read: local, HDFS, S3 with the cluster's connector; globs work) and writes, per 
 * ``gaps``: the gap histogram (gap / interval, bins of 0.05); ``rate``: starts over time
   in about 60 buckets; ``workers``: starts per worker host and process;
 * ``violations`` and ``duplicates``: the offending rows themselves;
+* on the bodies' clock (ledger schema 5: ``began_us``, when each body's report reached the
+  store), the same checks with each start placed by its report: in ``summary``,
+  ``reported_starts`` (the rest had no report recorded), ``body_violations`` (a body less
+  than the interval after the one before it, or beyond a burst's allowance) and
+  ``body_limit_violations`` (a window quota or a concurrency cap broken between the bodies'
+  reports and their finishes); ``body_violations`` and ``body_limit_violations``, those rows;
 * of the fair tasks' rows (ledger schema 4; :mod:`siq_celery.spark.fair`): ``fair_keys`` and
   ``fair_hours``, each key's starts, units, weight, share of its queue's units and the
   share its weight gives it, over the ledger and per hour; ``fair_order``, per queue and
@@ -28,8 +34,9 @@ read: local, HDFS, S3 with the cluster's connector; globs work) and writes, per 
   rows themselves.
 
 Each is a Parquet table under DIR, in full; ``report.json`` holds all but ``violations``,
-``limit_violations`` and ``duplicates`` (and of ``unfair`` each queue's first
-rows), and ``report.html`` shows them with charts, self-contained (no scripts, no network).
+``limit_violations``, ``body_violations``, ``body_limit_violations`` and ``duplicates`` (and
+of ``unfair`` each queue's first rows), and ``report.html`` shows them with charts,
+self-contained (no scripts, no network).
 
 The audit runs in stages: the census (:func:`census`, one pass that also checks the
 schema), the start order (:func:`ordered_starts`), the tables (:func:`audit`, each made in
@@ -97,15 +104,16 @@ REPORT_ROWS_MAX = 10_000
 def read_ledger(spark: Any, paths: Sequence[str], fmt: str | None = None) -> Any:
     """One DataFrame of every ledger row in ``paths`` (Parquet and JSON Lines may be mixed);
     ValueError if a row has a newer schema version than this audit reads."""
-    df, counted, _, _ = _read_and_check(spark, paths, fmt)
+    df, counted, _, _, _ = _read_and_check(spark, paths, fmt)
     counted.unpersist()
     return df
 
 
-def _read_and_check(spark: Any, paths: Sequence[str], fmt: str | None) -> tuple[Any, Any, int, bool]:
+def _read_and_check(spark: Any, paths: Sequence[str], fmt: str | None) -> tuple[Any, Any, int, bool, bool]:
     """The ledger, its census (cached: :func:`census`), how many of its rows cannot be
-    audited (no queue or no start), and whether any row records a limit beyond the
-    interval, in one pass that also refuses a newer schema."""
+    audited (no queue or no start), whether any row records a limit beyond the interval
+    and whether any records its body's report, in one pass that also refuses a newer
+    schema."""
     from pyspark.sql import functions as F
 
     df = read_ledger_files(spark, paths, fmt)
@@ -114,11 +122,12 @@ def _read_and_check(spark: Any, paths: Sequence[str], fmt: str | None) -> tuple[
         F.max("newest").alias("newest"),
         F.sum(F.when(F.col("queue").isNull() | F.col("hour_n").isNull(), F.col("n"))).alias("unplaced"),
         _limited().alias("limits"),
+        F.sum("reported").alias("reported"),
     ).collect()
     if check["newest"] is not None and check["newest"] > SCHEMA_VERSION:
         counted.unpersist()
         raise ValueError(f"ledger schema version {check['newest']} is newer than this siq audit ({SCHEMA_VERSION})")
-    return df, counted, int(check["unplaced"] or 0), bool(check["limits"])
+    return df, counted, int(check["unplaced"] or 0), bool(check["limits"]), bool(check["reported"])
 
 
 def _limited() -> Any:
@@ -147,6 +156,7 @@ def census(df: Any) -> Any:
         F.max("v").alias("newest"),
         *(F.max(c).alias(c) for c in LIMITS),
         F.max("fair_weight").alias("fair_weight"),  # > 0: some row is a fair task's
+        F.count("began_us").alias("reported"),  # rows whose body's report is recorded (schema 5)
     )
 
 
@@ -257,6 +267,59 @@ def swept_starts(
     return limits.swept_starts(auditable(df), limited, _per_queue(census_table), rows_per_piece, cached)
 
 
+# The bodies' clock (ledger schema 5): the same checks, each start placed by its body's report.
+
+
+def body_starts(df: Any) -> Any:
+    """The auditable rows of ``df`` whose body's report is recorded, each placed by it:
+    ``began_us`` as its ``start_us`` (what later starts counted from, on the store's
+    clock), so that every check of the authorizations runs on the bodies' clock as is."""
+    from pyspark.sql import functions as F
+
+    return auditable(df).filter(F.col("began_us").isNotNull()).withColumn("start_us", F.col("began_us"))
+
+
+def body_work(
+    df: Any, tolerance_us: int, rows_per_piece: int, cached: list[Any] | None, limited: bool
+) -> tuple[Any, Any]:
+    """(:func:`ordered_starts`, :func:`swept_starts` or None when not ``limited``) of
+    :func:`body_starts`: the bodies' own sorts, which :func:`run_audit` writes once."""
+    rows = body_starts(df)
+    body_census = kept(census(rows), cached)
+    ordered = ordered_starts(rows, tolerance_us, rows_per_piece, cached, body_census, limited)
+    return ordered, swept_starts(rows, rows_per_piece, cached, body_census) if limited else None
+
+
+def body_tables(
+    df: Any, tolerance_us: int, ordered: Any, swept: Any, census_table: Any, cached: list[Any] | None
+) -> dict[str, Any]:
+    """The checks on the bodies' clock, from :func:`body_work`'s ``ordered`` and ``swept``:
+    ``body_violations`` (bodies too soon after the body before them, or beyond a burst's
+    allowance: :func:`siq_celery.spark.audit_tables.violations` with ``began_us`` and
+    ``prev_began_us``), ``body_limit_violations`` (bodies that broke a window quota or a
+    concurrency cap, counted from their reports to their finishes) and ``bodies``, per queue
+    the starts whose report is recorded and the counts of both (for the summary)."""
+    from pyspark.sql import functions as F
+
+    rows = body_starts(df)
+    flagged = audit_tables.flagged(limits.verdicts(swept, tolerance_us), cached) if swept is not None else None
+    spacing = audit_tables.violations(ordered, rows, cached, flagged)
+    over = audit_tables.limit_violations(flagged, rows)
+    per_queue = _placed(census_table).groupBy("queue").agg(F.sum("reported").cast("long").alias("reported_starts"))
+    bodies = (
+        per_queue.join(spacing.groupBy("queue").agg(F.count("*").alias("body_violations")), "queue", "left")
+        .join(over.groupBy("queue").agg(F.count("*").alias("body_limit_violations")), "queue", "left")
+        .fillna(0, ["body_violations", "body_limit_violations"])
+    )
+    return {
+        "body_violations": spacing.withColumnRenamed("start_us", "began_us").withColumnRenamed(
+            "prev_start_us", "prev_began_us"
+        ),
+        "body_limit_violations": over.withColumnRenamed("start_us", "began_us"),
+        "bodies": bodies,
+    }
+
+
 def audit(
     df: Any,
     tolerance_us: int = 1000,
@@ -266,14 +329,16 @@ def audit(
     swept: Any = None,
     limited: bool | None = None,
     rows_per_piece: int = ROWS_PER_PIECE,
+    bodies: tuple[Any, Any] | None = None,
 ) -> dict[str, Any]:
     """Every audit table of ``df`` (ledger rows), as Spark DataFrames, by name. They are
     read from ``ordered`` (:func:`ordered_starts`, made here if not given), ``swept``
     (:func:`swept_starts`, likewise, when ``limited``: some row records a limit beyond the
-    interval; None: found out here) and ``census_table`` (:func:`census` of ``df``,
-    likewise); how each is made: :mod:`siq_celery.spark.audit_tables`, and the fair
-    shares' :mod:`siq_celery.spark.fair` (in pieces of ``rows_per_piece``). The small
-    tables it caches go on ``cached``, for the caller to unpersist when done.
+    interval; None: found out here), ``bodies`` (:func:`body_work`, likewise) and
+    ``census_table`` (:func:`census` of ``df``, likewise); how each is made:
+    :mod:`siq_celery.spark.audit_tables`, :func:`body_tables` and the fair shares'
+    :mod:`siq_celery.spark.fair` (in pieces of ``rows_per_piece``). The small tables it
+    caches go on ``cached``, for the caller to unpersist when done.
     """
     if census_table is None:
         census_table = kept(census(df), cached)
@@ -283,6 +348,9 @@ def audit(
         ordered = ordered_starts(df, tolerance_us, cached=cached, census_table=census_table, bursts=limited)
     if limited and swept is None:
         swept = swept_starts(df, cached=cached, census_table=census_table)
+    if bodies is None:
+        bodies = body_work(df, tolerance_us, rows_per_piece, cached, limited)
+    body = body_tables(df, tolerance_us, *bodies, census_table, cached)
     ledger = auditable(df)
     placed = _placed(census_table)
     checked = limits.verdicts(swept, tolerance_us).withColumn("hour_n", _hour_of()) if limited else None
@@ -291,8 +359,9 @@ def audit(
     hours = audit_tables.per_hour(ordered.withColumn("hour_n", _hour_of()), placed, cached, limit_hours)
     duplicates = audit_tables.duplicates(ordered, ledger, cached)
     missing = audit_tables.missing_tickets(ordered)
+    summary = audit_tables.summary(audit_tables.figures(hours, "queue"), missing, duplicates)
     return {
-        "summary": audit_tables.summary(audit_tables.figures(hours, "queue"), missing, duplicates),
+        "summary": summary.join(body.pop("bodies"), "queue", "left"),
         "by_day": audit_tables.figures(hours, "queue", "day"),
         "by_hour": audit_tables.figures(hours, "queue", "hour"),
         "gaps": audit_tables.gap_histogram(hours.gaps),
@@ -300,6 +369,7 @@ def audit(
         "workers": audit_tables.workers(placed),
         "violations": audit_tables.violations(ordered, ledger, cached, flagged),
         "limit_violations": audit_tables.limit_violations(flagged, ledger),
+        **body,
         "duplicates": duplicates,
         **fair.tables(ledger.withColumn("hour_n", _hour_of()), fair.recorded(census_table), rows_per_piece, cached),
     }
@@ -326,13 +396,15 @@ def run_audit(
     def done(stage: str) -> None:
         log(f"  {stage:<10} written ({time.monotonic() - started:.1f} s)")
 
-    df, counted, unaudited, limited = _read_and_check(spark, paths, fmt)
+    df, counted, unaudited, limited, reported = _read_and_check(spark, paths, fmt)
     done("(census)")
     # Every start in queue order with its gap and flags, written once (a narrow table) and
     # read back by the tables that need it: a second pass over Parquet costs less than
     # keeping it in memory, and nothing is sorted twice. The queues with limits beyond the
-    # interval are swept once more (their events), written and read back the same way.
+    # interval are swept once more (their events), written and read back the same way; and
+    # the starts whose body reported, placed by their reports, are sorted and swept again.
     work, sweep = f"{out}/_ordered", f"{out}/_limits"
+    body_work_dir, body_sweep = f"{out}/_bodies", f"{out}/_body_limits"
     cached: list[Any] = [counted]  # the small tables kept while they are read, dropped at the end
     try:
         write_table(ordered_starts(df, tolerance_us, rows_per_piece, cached, counted, limited), work)
@@ -342,7 +414,11 @@ def run_audit(
             write_table(swept_starts(df, rows_per_piece, cached, counted), sweep)
             swept = read_table(spark, sweep)
             done("(limits)")
-        tables = audit(df, tolerance_us, read_table(spark, work), cached, counted, swept, limited, rows_per_piece)
+        bodies = _body_work_written(spark, df, tolerance_us, rows_per_piece, cached, limited, reported,
+                                    body_work_dir, body_sweep, done)  # fmt: skip
+        tables = audit(
+            df, tolerance_us, read_table(spark, work), cached, counted, swept, limited, rows_per_piece, bodies
+        )
         report: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -353,14 +429,30 @@ def run_audit(
     finally:
         for small in cached:
             small.unpersist()
-        remove(spark, work)
-        remove(spark, sweep)
+        for path in (work, sweep, body_work_dir, body_sweep):
+            remove(spark, path)
     report["rows"] = int(read_table(spark, f"{out}/summary").agg({"starts": "sum"}).first()[0] or 0)
     report["unaudited_rows"] = unaudited
     report["seconds"] = round(time.monotonic() - started, 1)
     report["rows_per_second"] = round(report["rows"] / max(report["seconds"], 0.1))
     _write_report(spark, out, report)
     return report
+
+
+def _body_work_written(
+    spark: Any, df: Any, tolerance_us: int, rows_per_piece: int, cached: list[Any], limited: bool, reported: bool,
+    work: str, sweep: str, done: Any,
+) -> tuple[Any, Any] | None:  # fmt: skip
+    """:func:`body_work`, written under ``work`` and ``sweep`` and read back when some row
+    records its body's report (None: none does, and :func:`audit` finds nothing to sort)."""
+    if not reported:
+        return None
+    ordered, swept = body_work(df, tolerance_us, rows_per_piece, cached, limited)
+    write_table(ordered, work)
+    if swept is not None:
+        write_table(swept, sweep)
+    done("(bodies)")
+    return read_table(spark, work), read_table(spark, sweep) if swept is not None else None
 
 
 def _write_tables(spark: Any, tables: dict[str, Any], out: str, report: dict[str, Any], done: Any) -> None:

@@ -75,6 +75,9 @@ def _print_report(report: dict[str, Any], out: str) -> None:
         if q.get("max_in_flight") is not None:
             limits += f", {q['concurrency_violations']} over the concurrency cap (at most {q['max_in_flight']} at once)"
         # a queue with one start (a per-key queue's often) has no gap and no rate
+        if q.get("reported_starts"):
+            limits += (f", on the bodies' clock ({q['reported_starts']:,} reported) {q['body_violations']} "
+                       f"violations and {q['body_limit_violations']} of the quota or cap")  # fmt: skip
         rate = "-" if q["rate_pct"] is None else f"{q['rate_pct']}%"
         gap = "-" if q["min_gap_ms"] is None else f"{q['min_gap_ms']:.2f} ms"
         print(

@@ -14,6 +14,8 @@ _SUMMARY_COLUMNS = (
     ("gap_p01_ms", "gap p1 ms"), ("lateness_p50_ms", "late p50 ms"), ("lateness_p99_ms", "late p99 ms"),
     ("inversions", "inversions"), ("duplicate_starts", "duplicate starts"), ("missing_tickets", "never started"),
     ("unfinished", "unfinished"), ("failures", "failures"), ("epochs", "epochs"), ("worker_hosts", "hosts"),
+    ("reported_starts", "bodies reported"), ("body_violations", "body violations"),
+    ("body_limit_violations", "bodies over quota or cap"),
 )  # fmt: skip
 #: Shown when some queue has a window quota or a concurrency cap.
 _LIMIT_COLUMNS = (

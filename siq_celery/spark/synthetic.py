@@ -4,10 +4,17 @@ Two queues (20 ms and 50 ms) unless told otherwise. A queue without limits beyon
 interval has one start per slot plus up to 0.2 ms of jitter, and, at positions at least
 4 rows apart from each other:
 
-* ``violations``: a start moved to half an interval after the one before it;
+* ``violations``: a start moved to half an interval after the one before it (its body
+  still began an interval after the body before it);
 * ``inversions``: two neighbouring starts with their tickets swapped;
 * ``duplicates``: a start carrying the task id of the start before it;
-* ``missing``: a ticket removed (claimed, never started).
+* ``missing``: a ticket removed (claimed, never started);
+* ``body_violations``: on time on the store's clock, but the body's report came half an
+  interval late (after the next start was authorized), and the next body began less than
+  an interval after it: one violation on the bodies' clock, none on the authorizations';
+* ``unreported``: a start with no report recorded (``began_us`` null).
+
+Every other body reports :data:`BEGAN_AFTER_US` after its authorization.
 
 A queue given one limit (``(name, interval_us, Limits(...))``) follows that limit to the
 edge, and takes the faults of its kind:
@@ -23,7 +30,11 @@ edge, and takes the faults of its kind:
   half an interval after that start (the start N places on has N others in flight);
 * a **burst** B: groups of B + 1 starts within microseconds, each group after GCRA gave
   the whole credit back (a spacing check without burst would count B violations a group).
-  ``burst_overruns``: a group of B + 2 (its last start is beyond the allowance).
+  ``burst_overruns``: a group of B + 2 (its last start is beyond the allowance; its body
+  began an interval and 1 ms after the group's first, within the allowance).
+  ``body_burst_overruns``: on time on the store's clock, but the last body of a group
+  began with the next group (its report came late): that group holds B + 2 bodies, its
+  last beyond the allowance on the bodies' clock.
 
 Each injection changes exactly one of the audit's counts by exactly one; for the kinds of
 the limits, ``Injected.expected`` names the task ids of the starts the audit must report.
@@ -48,8 +59,9 @@ T0_US = 1_790_000_000_000_000  # 2026-09-21
 #: The lease time to live of the synthetic concurrency queue's bodies that finish in time.
 LEASE_US = 60_000_000
 
-_PLAIN_FAULTS = ("violations", "inversions", "duplicates", "missing")
-_LIMIT_FAULTS = {"window_overruns": "quota", "concurrency_overruns": "concurrency", "burst_overruns": "burst"}
+_PLAIN_FAULTS = ("violations", "inversions", "duplicates", "missing", "body_violations", "unreported")
+_LIMIT_FAULTS = {"window_overruns": "quota", "concurrency_overruns": "concurrency", "burst_overruns": "burst",
+                 "body_burst_overruns": "burst"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -62,7 +74,10 @@ class Injected:
     window_overruns: int = 0
     concurrency_overruns: int = 0
     burst_overruns: int = 0
-    #: per kind (``window``, ``concurrency``, ``burst``), the task ids the audit must report
+    body_violations: int = 0
+    unreported: int = 0
+    body_burst_overruns: int = 0
+    #: per kind (``window``, ``concurrency``, ``burst``, ``body_burst``), the task ids the audit must report
     expected: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
@@ -77,6 +92,9 @@ def write_synthetic_ledger(
     window_overruns: int = 0,
     concurrency_overruns: int = 0,
     burst_overruns: int = 0,
+    body_violations: int = 0,
+    unreported: int = 0,
+    body_burst_overruns: int = 0,
     seed: int = 7,
     queues: Sequence[tuple[str, int] | tuple[str, int, Limits]] = QUEUES,
 ) -> Injected:
@@ -92,12 +110,13 @@ def write_synthetic_ledger(
     specs = [(q[0], q[1], q[2] if len(q) > 2 else NO_LIMITS) for q in queues]
     faults = {"violations": violations, "inversions": inversions, "duplicates": duplicates, "missing": missing,
               "window_overruns": window_overruns, "concurrency_overruns": concurrency_overruns,
-              "burst_overruns": burst_overruns}  # fmt: skip
+              "burst_overruns": burst_overruns, "body_violations": body_violations,
+              "unreported": unreported, "body_burst_overruns": body_burst_overruns}  # fmt: skip
     takers = {kind: [i for i, s in enumerate(specs) if _kind_of(s[2]) == _LIMIT_FAULTS.get(kind)] for kind in faults}
     for kind, n in faults.items():
         if n and not takers[kind]:
             raise ValueError(f"{n} {kind}: no queue of that kind among {[s[0] for s in specs]}")
-    expected: dict[str, list[str]] = {"window": [], "concurrency": [], "burst": []}
+    expected: dict[str, list[str]] = {"window": [], "concurrency": [], "burst": [], "body_burst": []}
     with pq.ParquetWriter(path, arrow_schema()) as writer:
         nq = len(specs)
         for i, (queue, interval, limits) in enumerate(specs):
@@ -116,10 +135,12 @@ def write_synthetic_ledger(
                 columns = _capped(rng, queue, interval, limits, kept, share["concurrency_overruns"],
                                   expected["concurrency"])  # fmt: skip
             else:
-                columns = _bursting(rng, queue, interval, limits, kept, share["burst_overruns"], expected["burst"])
+                columns = _bursting(rng, queue, interval, limits, kept, share["burst_overruns"], expected["burst"],
+                                    share["body_burst_overruns"], expected["body_burst"])  # fmt: skip
             writer.write_table(_table(queue, interval, limits, columns))
     return Injected(rows, violations, inversions, duplicates, missing, window_overruns, concurrency_overruns,
-                    burst_overruns, {k: tuple(v) for k, v in expected.items()})  # fmt: skip
+                    burst_overruns, body_violations, unreported, body_burst_overruns,
+                    {k: tuple(v) for k, v in expected.items()})  # fmt: skip
 
 
 def _kind_of(limits: Limits) -> str | None:
@@ -160,10 +181,16 @@ def _plain(rng: Any, queue: str, interval: int, kept: int, share: dict[str, int]
     ticket[s], ticket[s + 1] = ticket[s + 1].copy(), ticket[s].copy()
     d = chosen["duplicates"]
     task[d] = task[d - 1]
+    began = start + BEGAN_AFTER_US
+    began[v] = began[v - 1] + interval  # its body waited for the body before it: no violation on the bodies' clock
+    b = chosen["body_violations"]
+    began[b - 1] = start[b - 1] + interval // 2  # reported late: the next body began half an interval after
+    unreported = np.zeros(n, dtype=bool)
+    unreported[chosen["unreported"]] = True
     keep = np.ones(n, dtype=bool)
     keep[chosen["missing"]] = False
     return {"k": k[keep], "slot": slot[keep], "start": start[keep], "ticket": ticket[keep], "task": task[keep],
-            "finish": start[keep] + 5_000}  # fmt: skip
+            "finish": start[keep] + 5_000, "began": began[keep], "unreported": unreported[keep]}  # fmt: skip
 
 
 def _windowed(rng: Any, queue: str, interval: int, limits: Limits, n: int, overruns: int, out: list[str]) -> Any:
@@ -214,10 +241,15 @@ def _capped(rng: Any, queue: str, interval: int, limits: Limits, n: int, overrun
             "lost": lost, "lease_us": lease_us, "returned": returned}  # fmt: skip
 
 
-def _bursting(rng: Any, queue: str, interval: int, limits: Limits, n: int, overruns: int, out: list[str]) -> Any:
+def _bursting(
+    rng: Any, queue: str, interval: int, limits: Limits, n: int, overruns: int, out: list[str],
+    body_overruns: int = 0, body_out: list[str] | None = None,
+) -> Any:  # fmt: skip
     """Groups of B + 1 starts a few microseconds apart, each after GCRA gave the whole
     credit back (B + 4 intervals after the group before: one more than the most a group
-    needs); an overrun is a group of B + 2."""
+    needs); an overrun is a group of B + 2, whose last body began an interval and 1 ms
+    after the group's first; a body overrun, the last body of a group beginning with the
+    next group's second."""
     import numpy as np
 
     b = limits.burst
@@ -234,8 +266,18 @@ def _bursting(rng: Any, queue: str, interval: int, limits: Limits, n: int, overr
     g = np.repeat(np.arange(len(sizes)), sizes)
     j = k - first[g]
     start = group_start[g] + j * 7 + rng.integers(0, 5, n)
-    out.extend(f"{queue}-{first[x] + sizes[x] - 1}" for x in range(len(sizes)) if sizes[x] == b + 2)
-    return {"k": k, "slot": start.copy(), "start": start, "ticket": k + 1, "task": k.copy(), "finish": start + 5_000}
+    began = start + BEGAN_AFTER_US
+    grown = np.flatnonzero(sizes == b + 2)
+    began[first[grown] + b + 1] = began[first[grown]] + interval + 1_000
+    out.extend(f"{queue}-{first[x] + sizes[x] - 1}" for x in grown)
+    # whole groups of b + 1 whose neighbours are too, away from the ends
+    whole = np.flatnonzero((sizes[1:-2] == b + 1) & (sizes[:-3] == b + 1) & (sizes[2:-1] == b + 1)) + 1
+    late = _spots(rng, whole[whole % 3 == 0], body_overruns, "body burst overruns")
+    began[first[late] + b] = began[first[late + 1]] + 1  # with the next group's first body
+    if body_out is not None:
+        body_out.extend(f"{queue}-{first[x + 1] + b}" for x in late)
+    return {"k": k, "slot": start.copy(), "start": start, "ticket": k + 1, "task": k.copy(), "finish": start + 5_000,
+            "began": began}  # fmt: skip
 
 
 #: Each synthetic body reports this long after its authorization (every start moves by the
@@ -269,7 +311,8 @@ def _table(queue: str, interval: int, limits: Limits, c: dict[str, Any]) -> Any:
         "concurrency": np.full(count, limits.concurrency, dtype=np.int32),
         "lease_us": lease_us if leased else np.zeros(count, dtype=np.int64), "lease_returned": returned,
         "fair_key": pa.array(np.full(count, "")), "fair_tag": np.full(count, -1, dtype=np.int64),
-        "fair_weight": np.zeros(count, dtype=np.int32), "began_us": c["start"] + BEGAN_AFTER_US,
+        "fair_weight": np.zeros(count, dtype=np.int32),
+        "began_us": pa.array(c.get("began", c["start"] + BEGAN_AFTER_US), mask=c.get("unreported")),
         "v": np.full(count, SCHEMA_VERSION, dtype=np.int16),
     }  # fmt: skip
     return pa.table(columns, schema=arrow_schema())

@@ -9,6 +9,7 @@ import json
 import math
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +197,24 @@ def test_a_burst_within_its_allowance_is_no_violation_and_one_beyond_it_is_found
         assert {r["task_id"] for r in found} == set(injected.expected["burst"])
         assert all(r["gap_us"] < r["required_gap_us"] - TOLERANCE for r in found)
         assert summary["min_gap_ms"] < 0.02  # the starts of a group come microseconds apart
+        assert (summary["reported_starts"], summary["body_violations"]) == (20_000, 0), ledger
+
+
+def test_a_body_that_began_with_the_next_burst_is_found_on_the_bodies_clock(spark: Any, tmp_path: Path) -> None:
+    """Every start within the burst's allowance on the store's clock, but the last body of
+    some groups began with the next group (its report came late): that group holds B + 2
+    bodies, and its last body, only it, is beyond the allowance on the bodies' clock."""
+    queue = [("synthetic:burst", I, LIMIT_QUEUES[2][2])]
+    burst = LIMIT_QUEUES[2][2].burst
+    injected = write_synthetic_ledger(str(tmp_path / "late.parquet"), 20_000, body_burst_overruns=17, queues=queue)
+    bodies = [replace(r, start_us=r.began_us) for r in read_rows(tmp_path / "late.parquet")]
+    assert window_bound_broken(bodies, burst) == set(injected.expected["body_burst"])
+    assert len(injected.expected["body_burst"]) == 17
+    report = run_audit(spark, [str(tmp_path / "late.parquet")], str(tmp_path / "audit"), TOLERANCE, log=lambda _: None)
+    [summary] = report["summary"]
+    assert (summary["violations"], summary["body_violations"], summary["body_limit_violations"]) == (0, 17, 0)
+    found = spark.read.parquet(str(tmp_path / "audit" / "body_violations")).collect()
+    assert {r["task_id"] for r in found} == set(injected.expected["body_burst"])
 
 
 def window_bound_broken(rows: list[LedgerRow], burst: int) -> set[str]:
