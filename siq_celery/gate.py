@@ -111,6 +111,8 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
         if task.siq_fair and not eager:
             RELEASE_AFTER_START.ask(task.app, queue, task.name)
 
+    if task.siq_fair and not eager:
+        RELEASE_AFTER_START.ready()  # its thread made or woken now, not as the body is about to begin
     try:
         decision = begin_body(line, task_id, next_wait, release_after_start)
         request.siq_lease = decision.lease

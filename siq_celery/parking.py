@@ -178,9 +178,12 @@ class ReleaseAfterStart:
     An ask comes just before a body begins, and waking a thread there is a point where a
     loaded host's scheduler may give the CPU to another task after the store placed the
     start. So while asks keep coming (within :data:`IDLE_AFTER_S` of the last) the thread
-    looks for them every :data:`POLL_S` and an ask does not wake it; only the first ask
-    after a quiet spell does. The lookahead a release tops up is a quarter second of slots:
-    a release a few tens of milliseconds later hands out the same tickets."""
+    looks for them every :data:`POLL_S` and an ask does not wake it; and a fair start, as
+    its wait begins, makes the thread (the first in a process) or wakes it after a quiet
+    spell (:meth:`ready`), so that the ask after its report finds it looking. Only an ask
+    after a wait longer than the quiet spell wakes it there. The lookahead a release tops
+    up is a quarter second of slots: a release a few tens of milliseconds later hands out
+    the same tickets."""
 
     #: How often the thread looks for asks while they keep coming.
     POLL_S = 0.02
@@ -193,25 +196,43 @@ class ReleaseAfterStart:
         self._pending: dict[tuple[int, str], tuple[Any, IntervalQueue, str]] = {}  # by app and queue
         self._thread: threading.Thread | None = None
         self._asleep = False  #: the thread waits for a wake-up (no asks for IDLE_AFTER_S)
+        self._awake_until = 0.0  #: a start is waited for: the thread looks for asks until then
+
+    def ready(self) -> None:
+        """A fair start is about to be waited for: its ask comes after its report, just
+        before its body, so the thread is made now (the first in this process), or woken
+        now if it sleeps, and looks for asks for :data:`IDLE_AFTER_S` from now."""
+        with self._lock:
+            self._here()
+            self._awake_until = time.monotonic() + self.IDLE_AFTER_S
+            self._wake()
 
     def ask(self, app: Any, queue: IntervalQueue, who: str) -> None:
         """Release ``queue``'s due tasks soon, in the background (see :func:`release_fair`)."""
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent's thread is not here
-                self._pid, self._pending, self._thread, self._asleep = os.getpid(), {}, None, False
+            self._here()
             self._pending[id(app), queue.name] = (app, queue, who)  # two apps' queues of one name are two
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="siq-fair-release", daemon=True)
-                self._thread.start()
-            elif self._asleep:
-                self._lock.notify()
+            self._wake()
+
+    def _here(self) -> None:
+        """In a forked child, the parent's thread and asks are not here (lock held)."""
+        if self._pid != os.getpid():
+            self._pid, self._pending, self._thread, self._asleep, self._awake_until = os.getpid(), {}, None, False, 0.0
+
+    def _wake(self) -> None:
+        """The thread, made if this process has none, woken if it sleeps (lock held)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="siq-fair-release", daemon=True)
+            self._thread.start()
+        elif self._asleep:
+            self._lock.notify()
 
     def _run(self) -> None:
         last = time.monotonic()
         while True:
             with self._lock:
                 while not self._pending:
-                    self._asleep = time.monotonic() - last > self.IDLE_AFTER_S
+                    self._asleep = time.monotonic() > max(last + self.IDLE_AFTER_S, self._awake_until)
                     self._lock.wait(None if self._asleep else self.POLL_S)
                 self._asleep = False
                 asked, self._pending = list(self._pending.values()), {}
