@@ -54,6 +54,24 @@ def wait(record: redis.Redis, done: Any, timeout: float = 120) -> list[dict[str,
         time.sleep(0.05)
 
 
+def explain(rows: list[dict[str, Any]], store: Any, late_ms: float = 20.0) -> None:
+    """The bodies that began more than ``late_ms`` after their authorization: whether each
+    was its process's first, and when its report reached the store (the ledger's began_us)."""
+    began = {r.start_us: r.began_us for r in store.ledger("fair")}
+    seen: Counter[int] = Counter()
+    for r in sorted(rows, key=lambda r: r["t"]):
+        seen[r["pid"]] += 1
+        after = r["t"] * 1000 - r["start_us"] / 1000
+        if after > late_ms:
+            b = began.get(r["start_us"])
+            report = "no report" if b is None else f"report {(b - r['start_us']) / 1000:.2f} ms after"
+            print(
+                f"  ticket {r['ticket']} pid {r['pid']} body #{seen[r['pid']]} of its process: "
+                f"{after:.2f} ms after its authorization, {report}",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
@@ -61,6 +79,7 @@ def main() -> None:
     parser.add_argument("--b-after", type=float, default=0.0, help="seconds between A's calls and B's")
     parser.add_argument("--busy", type=int, default=0, help="busy loops beside the workers (a loaded host)")
     parser.add_argument("--scenarios", default="backlog,shares")
+    parser.add_argument("--explain", action="store_true", help="list the bodies that began late, with the ledger")
     args = parser.parse_args()
     host = f"{args.busy} busy loops beside" if args.busy else "idle"
     print(f"# fair shares, 3 nodes x -c 2 (prefork), 50 ms, Redis broker and store, {host}, "
@@ -108,6 +127,8 @@ def main() -> None:
                     print(f"| {run} | {scenario} | {result} | {min(gaps):.3f} / {min(body_gaps):.3f} ms | "
                           f"{' / '.join(f'{x:.2f}' for x in late)} ms | {' / '.join(f'{x:.2f}' for x in after)} ms |",
                           flush=True)  # fmt: skip
+                    if args.explain:
+                        explain(rows, store)
             finally:
                 store.delete("fair")
                 record.delete(KEY)

@@ -69,7 +69,7 @@ def fair_task(self: Any, tenant: str, n: int) -> None:
     t = time.time()
     d = self.request.siq_decision
     _record("fid:fair", {"tenant": tenant, "n": n, "t": t, "start_us": d.now_us, "slot_us": d.slot_us,
-                         "ticket": d.ticket})  # fmt: skip
+                         "ticket": d.ticket, "pid": os.getpid()})  # fmt: skip
 
 
 @app.task(name="fid.window", base=IntervalTask, interval="50ms", quota="50/10s", interval_queue="window", bind=True)
