@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from tests.integration.conftest import ROOT, CeleryRun, gaps_ms, inversions
+from tests.integration.conftest import ROOT, CeleryRun, gaps_ms, inversions, overtaken_on_time
 from tests.timing import HOST_CLOCK_RERUNS, host_clock, host_gaps_at_least
 
 # Real processes timed on the host clock of a 2-core shared machine: a rare scheduling
@@ -30,7 +30,7 @@ def publish(run: CeleryRun, count: int, task: str = "geo.record", **kwargs: obje
 def test_pause_and_resume_from_the_cli_mid_run(celery_run: CeleryRun) -> None:
     # 50 ms: at 20 ms, with every task deferred by the pause, a resumed backlog of ~190 on
     # 2 x -c 2 here started 2-17 % of its tickets out of order (docs/design.md, "The model": pause and resume)
-    celery_run.env.update(SIQ_TEST_INTERVAL="50ms")
+    celery_run.env.update(SIQ_TEST_INTERVAL="50ms", SIQ_TEST_TRACE_PRERUN="1")  # when each task reached the gate
     celery_run.start_workers(2, 2, "prefork")
     publish(celery_run, 120)  # 6 s at 50 ms: the CLI takes a second or two to start on a busy host
     celery_run.wait_for(lambda s: len(s) >= 30, 30, "30 starts")
@@ -70,7 +70,14 @@ def test_pause_and_resume_from_the_cli_mid_run(celery_run: CeleryRun) -> None:
     # 42, 50 ms apart). Bounded here at 2 % of the resumed starts; none before the pause.
     bound = max(1, len(after) // 50)
     assert inversions(after) <= bound, f"the rest started in ticket order: {dump}"
-    assert inversions(starts) == inversions(after), "none before the pause, nor across it"
+    # None across the pause. Before it, only a ticket whose task reached the gate after the
+    # overtaking start was authorized (a head delivered late: by design, docs/design.md, "The
+    # guarantees") may be overtaken: on a loaded CI host, the first ticket of a run, delivered
+    # to a pool process still starting, was overtaken by the second.
+    before = [s for s in starts if s["t"] < paused_at]
+    assert inversions(starts) == inversions(before) + inversions(after), "none across the pause"
+    wrong = overtaken_on_time(before, celery_run.preruns())
+    host_clock(not wrong, "overtaken at the gate before the pause:\n" + "\n".join(wrong))
     host_gaps_at_least(gaps_ms(starts), 45.0)
 
 
