@@ -108,7 +108,7 @@ def main() -> None:
                         rows = wait(record, lambda rs: sum(r["tenant"] == "B" for r in rs) == 10)
                         everything = wait(record, lambda rs: len(rs) == args.backlog + 10)  # the gaps of every start
                         b = sorted(r["ticket"] for r in rows if r["tenant"] == "B")
-                        a = [r["n"] for r in rows if r["tenant"] == "A"]
+                        a = [r["n"] for r in sorted(rows, key=lambda r: r["start_us"]) if r["tenant"] == "A"]
                         result = (f"{handed} handed out when B published; B's 10 on tickets {b[0]}-{b[-1]}: within "
                                   f"{b[-1] - handed} slots; A's {len(a)} in order: {a == sorted(a)}")  # fmt: skip
                         rows = everything
