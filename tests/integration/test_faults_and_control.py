@@ -71,9 +71,9 @@ def test_pause_and_resume_from_the_cli_mid_run(celery_run: CeleryRun) -> None:
     bound = max(1, len(after) // 50)
     assert inversions(after) <= bound, f"the rest started in ticket order: {dump}"
     # None across the pause. Before it, only a ticket whose task reached the gate after the
-    # overtaking start was authorized (a head delivered late: by design, docs/design.md, "The
-    # guarantees") may be overtaken: on a loaded CI host, the first ticket of a run, delivered
-    # to a pool process still starting, was overtaken by the second.
+    # overtaking start was authorized may be overtaken (a head delivered late: by design,
+    # docs/design.md, "The guarantees"): on a loaded CI host, the first ticket of a run,
+    # delivered to a pool process still starting, was overtaken by the second.
     before = [s for s in starts if s["t"] < paused_at]
     assert inversions(starts) == inversions(before) + inversions(after), "none across the pause"
     wrong = overtaken_on_time(before, celery_run.preruns())
