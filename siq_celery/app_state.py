@@ -85,7 +85,7 @@ class SiqState:
 
     def queue(
         self, name: str, interval: IntervalLike | Limit | None, *, per_key: bool = False, burst: int | None = None,
-        quota: QuotaLike | None = None, concurrency: int | None = None,
+        quota: QuotaLike | None = None, concurrency: int | None = None, margin: IntervalLike | None = None,
     ) -> IntervalQueue:  # fmt: skip
         """The IntervalQueue ``name``; ``interval`` (or siq_default_interval), ``burst`` and
         ``quota`` (or siq_default_burst, siq_default_quota) are the code's declaration,
@@ -96,7 +96,7 @@ class SiqState:
         if self._queues is None or self._by_declaration is None:
             self._queues = LRUCache(self.settings.key_cache_size)
             self._by_declaration = LRUCache(self.settings.key_cache_size)
-        declaration = (name, interval, burst, quota, concurrency)
+        declaration = (name, interval, burst, quota, concurrency, margin)
         cached = self._by_declaration.get(declaration)
         if cached is not None:  # the publish path: no parsing, no validation
             if per_key:  # the store client's own bounded memory of it may have let it go
@@ -109,7 +109,8 @@ class SiqState:
             burst = s.default_burst if burst is None else burst
             quota = s.default_quota if quota is None else quota
             concurrency = s.default_concurrency if concurrency is None else concurrency
-            limits = limits_of(burst, quota, concurrency)
+            margin = s.default_margin if margin is None else margin
+            limits = limits_of(burst, quota, concurrency, margin)
             interval_us = parse_interval(interval) if interval is not None else s.default_interval_us
             if interval_us is None and (limits.quota or limits.concurrency):
                 interval_us = Limit(quota=quota, concurrency=concurrency).resolve()[0]  # no spacing of its own

@@ -3,7 +3,8 @@
     siq --url redis://localhost:6379/0 status [QUEUE...] [--json]
     siq --url ... pause QUEUE | resume QUEUE | reset QUEUE [--yes]
     siq --url ... set-interval QUEUE 250ms | set-interval QUEUE --clear
-    siq --url ... set-limits QUEUE [--burst N] [--quota 100/1m|none] [--concurrency N|none] | --clear
+    siq --url ... set-limits QUEUE [--burst N] [--quota 100/1m|none] [--concurrency N|none]
+                             [--margin 5ms|none] | --clear
     siq --url ... export [QUEUE...] --out ledger.parquet [--since 2h --until ...]
     siq --url ... exporter [PATTERN...] [--port 9808] [--max-queues 1000] [--fair-top 10]
     siq --url ... top [PATTERN]
@@ -351,20 +352,22 @@ def set_interval_command(store: StoreOptions, queue: str, interval: str | None, 
 @click.option("--burst", help="Starts that may come closer than the interval (0: strict spacing).")
 @click.option("--quota", help="At most N cost units in any sliding window: 100/1m, 10000/d; none lifts it.")
 @click.option("--concurrency", help="At most N bodies running at once across every node; none lifts the cap.")
+@click.option("--margin", help="Added to the spacing and to the quota's window: 5ms; none (or 0) lifts it.")
 @click.option("--clear", is_flag=True, help="Remove every override of the limits: back to what the code declares.")
 @click.pass_obj
 def set_limits_command(
-    store: StoreOptions, queue: str, burst: str | None, quota: str | None, concurrency: str | None, clear: bool
-) -> None:
+    store: StoreOptions, queue: str, burst: str | None, quota: str | None, concurrency: str | None,
+    margin: str | None, clear: bool,
+) -> None:  # fmt: skip
     """Override QUEUE's limits at runtime, for every worker, from the next start.
 
     Each kind given replaces what the code declares; the others keep theirs. An override
     of a kind holds across worker restarts whose code declares the same value for it; a
     deploy that declares another replaces it. --clear returns to the declarations."""
-    given = burst is not None or quota is not None or concurrency is not None
+    given = burst is not None or quota is not None or concurrency is not None or margin is not None
     if clear == given:
-        raise click.UsageError("give --burst, --quota or --concurrency, or --clear (not both)")
-    override = _value(limits_override, burst, quota, concurrency)
+        raise click.UsageError("give --burst, --quota, --concurrency or --margin, or --clear (not both)")
+    override = _value(limits_override, burst, quota, concurrency, margin)
     with one_line_errors():
         state = store.backend.set_limits(queue, None if clear else override, who())
     if clear:

@@ -1,4 +1,4 @@
-"""The limit kinds beyond spacing, as users write them: ``burst=``, ``quota=`` and ``concurrency=``.
+"""The limit kinds beyond spacing, as users write them: ``burst=``, ``quota=``, ``concurrency=``, ``margin=``.
 
 * ``burst=B`` (a whole number, 0 to 10 000; default 0): up to B starts may come closer than
   the interval to catch up after lateness or idleness. In any half-open window of length W
@@ -10,6 +10,9 @@
 * ``concurrency=N`` (a whole number, 1 to 100 000; default None: no cap): at most N bodies of
   the queue running at once across every node. A start takes a lease, the end of its body
   gives it back; a lease of a process that died expires after ``siq_lease_timeout``.
+* ``margin="5ms"`` (a duration, 0 to 60 s; default 0): added to the spacing and to the
+  quota's window, for what lies between a body's start and the provider's count of it
+  (connection set-up, the network, a process preempted after its report).
 
 :class:`Limit` bundles an interval with them, for one queue of several limits
 (``interval_queue={"{geo}api": Limit(interval="100ms", quota="10000/d")}``). A limit with a
@@ -35,6 +38,7 @@ NO_SPACING_US = 1
 MAX_BURST = 10_000
 MAX_QUOTA = 10_000_000
 MAX_CONCURRENCY = 100_000
+MAX_MARGIN_US = 60_000_000  # 60 s
 MIN_WINDOW_US = 1_000  # 1 ms
 MAX_WINDOW_US = 31 * 86_400_000_000  # 31 days
 #: In a mapping of several limits, an interval written as a rate whose period is longer than
@@ -78,13 +82,28 @@ def validate_concurrency(value: object) -> int:
     return value
 
 
-def limits_of(burst: int | None, quota: QuotaLike | None, concurrency: int | None = None) -> Limits:
-    """The store's :class:`Limits` for ``burst=``, ``quota=`` and ``concurrency=`` (None: none)."""
-    if burst is None and quota is None and concurrency is None:
+def validate_margin(value: object) -> int:
+    """A margin (a duration: ``"5ms"``, seconds, a timedelta) in microseconds, 0 to 60 s."""
+    try:
+        margin_us = parse_duration(value)  # type: ignore[arg-type]
+    except InvalidIntervalError:
+        margin_us = -1
+    if isinstance(value, bool) or not 0 <= margin_us <= MAX_MARGIN_US:
+        raise ConfigurationError(f"margin {value!r}: a duration from 0 to 60 s, like '5ms' or 0.005")
+    return margin_us
+
+
+def limits_of(
+    burst: int | None, quota: QuotaLike | None, concurrency: int | None = None, margin: IntervalLike | None = None
+) -> Limits:
+    """The store's :class:`Limits` for ``burst=``, ``quota=``, ``concurrency=`` and
+    ``margin=`` (None: none)."""
+    if burst is None and quota is None and concurrency is None and margin is None:
         return NO_LIMITS
     count, window_us = parse_quota(quota) if quota is not None else (0, 0)
     cap = validate_concurrency(concurrency) if concurrency is not None else 0
-    return Limits(validate_burst(burst or 0), count, window_us, cap)
+    margin_us = validate_margin(margin) if margin is not None else 0
+    return Limits(validate_burst(burst or 0), count, window_us, cap, margin_us)
 
 
 #: What lifts a kind in an override (``siq set-limits q --quota none``).
@@ -92,11 +111,15 @@ NONE = "none"
 
 
 def limits_override(
-    burst: int | str | None = None, quota: QuotaLike | None = None, concurrency: int | str | None = None
+    burst: int | str | None = None,
+    quota: QuotaLike | None = None,
+    concurrency: int | str | None = None,
+    margin: IntervalLike | None = None,
 ) -> LimitsOverride:
     """An operator's override of some kinds (None: that kind is not overridden): ``burst``
     0 to 10 000; ``quota`` ``"N/period"``, or ``"none"`` for no quota; ``concurrency`` 1 to
-    100 000, or ``"none"`` for no cap. Text from a command line is read as numbers."""
+    100 000, or ``"none"`` for no cap; ``margin`` a duration (``"5ms"``; 0 or ``"none"``: no
+    margin). Text from a command line is read as numbers."""
     b = validate_burst(_whole(burst, "burst")) if burst is not None else None
     if quota is None:
         n, window = None, 0
@@ -110,7 +133,13 @@ def limits_override(
         c = 0
     else:
         c = validate_concurrency(_whole(concurrency, "concurrency"))
-    return LimitsOverride(b, n, window, c)
+    if margin is None:
+        m = None
+    elif isinstance(margin, str) and margin.strip().lower() == NONE:
+        m = 0
+    else:
+        m = validate_margin(margin)
+    return LimitsOverride(b, n, window, c, m)
 
 
 def _whole(value: object, kind: str) -> object:
@@ -134,6 +163,8 @@ def format_limits(limits: Limits) -> str:
         parts.append(f"quota {limits.quota}/{format_interval(limits.window_us)}")
     if limits.concurrency:
         parts.append(f"concurrency {limits.concurrency}")
+    if limits.margin_us:
+        parts.append(f"margin {format_interval(limits.margin_us)}")
     return ", ".join(parts) or "none"
 
 
@@ -147,6 +178,8 @@ def format_override(override: LimitsOverride) -> str:
         parts.append(f"quota {quota}")
     if override.concurrency is not None:
         parts.append(f"concurrency {override.concurrency or NONE}")
+    if override.margin_us is not None:
+        parts.append(f"margin {format_interval(override.margin_us) if override.margin_us else NONE}")
     return ", ".join(parts)
 
 
@@ -168,13 +201,15 @@ def check_not_a_quota(value: object, where: str) -> None:
 class Limit:
     """One queue's limits: an ``interval`` (spacing: seconds, ``"100ms"``, a rate
     ``"10/s"``; None with a quota or a concurrency cap: no spacing), a ``burst``, a window
-    ``quota`` (``"10000/d"``) and a ``concurrency`` cap. A value of ``interval_queue={name:
-    ...}``, or of IntervalQueue's ``interval=``."""
+    ``quota`` (``"10000/d"``), a ``concurrency`` cap and a ``margin`` (added to the spacing
+    and the window). A value of ``interval_queue={name: ...}``, or of IntervalQueue's
+    ``interval=``."""
 
     interval: IntervalLike | None = None
     burst: int | None = None
     quota: QuotaLike | None = None
     concurrency: int | None = None
+    margin: IntervalLike | None = None
 
     def __post_init__(self) -> None:
         if self.interval is None and self.quota is None and self.concurrency is None:
@@ -184,7 +219,7 @@ class Limit:
     def resolve(self, default_interval_us: int | None = None) -> tuple[int | None, Limits]:
         """(interval in microseconds, or ``default_interval_us`` if none, or no spacing
         with a quota or a concurrency cap; the store's Limits)."""
-        limits = limits_of(self.burst, self.quota, self.concurrency)
+        limits = limits_of(self.burst, self.quota, self.concurrency, self.margin)
         if self.interval is not None:
             try:
                 return parse_interval(self.interval), limits
@@ -194,15 +229,19 @@ class Limit:
 
 
 def interval_and_limits(
-    interval: IntervalLike | Limit | None, burst: int | None, quota: QuotaLike | None, concurrency: int | None = None
+    interval: IntervalLike | Limit | None,
+    burst: int | None,
+    quota: QuotaLike | None,
+    concurrency: int | None = None,
+    margin: IntervalLike | None = None,
 ) -> tuple[int | None, Limits]:
     """An IntervalQueue's interval (None: the stored one) and limits, from its options. A
     quota or a concurrency cap without an interval means no spacing."""
     if isinstance(interval, Limit):
-        if burst is not None or quota is not None or concurrency is not None:
-            raise ConfigurationError("give burst=, quota= and concurrency= inside the Limit, or without one")
+        if burst is not None or quota is not None or concurrency is not None or margin is not None:
+            raise ConfigurationError("give burst=, quota=, concurrency= and margin= inside the Limit, or without one")
         return interval.resolve()
-    limits = limits_of(burst, quota, concurrency)
+    limits = limits_of(burst, quota, concurrency, margin)
     if isinstance(interval, timedelta | int | float | str):
         return parse_interval(interval), limits
     return (NO_SPACING_US if limits.quota or limits.concurrency else None), limits

@@ -308,21 +308,29 @@ def new_state(now_us: int, interval_us: int, epoch: str, limits: Limits = NO_LIM
     # wiped) cannot know when the last start happened, so the first start waits one
     # interval. That is the whole cost of surviving a lost state without a burst. With a
     # burst, the credit starts spent (T = now + (burst + 1) intervals): still one interval.
-    last = now_us + limits.burst * interval_us
-    return QueueState(epoch, interval_us, 0, 0, now_us, last, False, 0, 0, *_limit_fields(limits))
+    state = QueueState(epoch, interval_us, 0, 0, now_us, now_us, False, 0, 0)
+    set_limits(state, limits)
+    state.last_start_us = now_us + state.burst * state.interval_us
+    return state
 
 
-def _limit_fields(limits: Limits) -> tuple[int, int, int, int]:
+def _limit_fields(limits: Limits) -> tuple[int, int, int, int, int]:
     quota = limits.quota if limits.window_us > 0 else 0
-    return max(limits.burst, 0), max(quota, 0), limits.window_us if quota > 0 else 0, max(limits.concurrency, 0)
+    return (max(limits.burst, 0), max(quota, 0), limits.window_us if quota > 0 else 0, max(limits.concurrency, 0),
+            max(limits.margin_us, 0))  # fmt: skip
 
 
 def set_limits(state: QueueState, limits: Limits) -> None:
     """The code declares other limits (mutates ``state``). A smaller burst takes its
     credit away at once (the theoretical arrival time is kept, so the cap moves later),
     a larger one gives credit as the line runs. A smaller concurrency cap holds new starts
-    until enough running bodies give their leases back; none is taken away."""
-    state.burst, state.quota, state.window_us, state.concurrency = _limit_fields(limits)
+    until enough running bodies give their leases back; none is taken away. The margin is
+    added to the interval and the window in force (``interval_us``, ``window_us``): every
+    decision spaces starts and counts windows with it."""
+    interval = state.declared_interval_us
+    state.burst, state.quota, window, state.concurrency, state.margin_us = _limit_fields(limits)
+    state.interval_us = interval + state.margin_us
+    state.window_us = window + state.margin_us if state.quota else 0
 
 
 def cap(state: QueueState) -> int:
@@ -869,6 +877,7 @@ def strictest(declared: Sequence[Limits]) -> Limits:
         min(n for n, _ in quotas) if quotas else 0,
         max(w for _, w in quotas) if quotas else 0,
         min(caps, default=0),
+        max(d.margin_us for d in declared),
     )
 
 
@@ -892,7 +901,7 @@ def apply_sources(state: QueueState, sources: IntervalSources, now_us: int) -> N
     """The state runs at what its sources give (mutates ``state``): the effective interval
     (:func:`effective_interval`; none: the stored one stays) and limits
     (:func:`effective_limits`)."""
-    state.interval_us = effective_interval(sources, now_us) or state.interval_us
+    state.interval_us = (effective_interval(sources, now_us) or state.declared_interval_us) + state.margin_us
     set_limits(state, effective_limits(sources, now_us, state.limits))
 
 
@@ -920,6 +929,7 @@ def _kinds_changed(old: Limits | None, new: Limits) -> LimitsOverride:
         0 if old is None or (old.quota, old.window_us) != (new.quota, new.window_us) else None,
         0,
         0 if old is None or old.concurrency != new.concurrency else None,
+        0 if old is None or old.margin_us != new.margin_us else None,
     )
 
 
@@ -930,12 +940,14 @@ def _drop_kinds(override: LimitsOverride, kinds: LimitsOverride) -> tuple[Limits
         override.quota if kinds.quota is None else None,
         override.window_us if kinds.quota is None else 0,
         override.concurrency if kinds.concurrency is None else None,
+        override.margin_us if kinds.margin_us is None else None,
     )
     dropped = LimitsOverride(
         None if kinds.burst is None else override.burst,
         None if kinds.quota is None else override.quota,
         0 if kinds.quota is None or override.quota is None else override.window_us,
         None if kinds.concurrency is None else override.concurrency,
+        None if kinds.margin_us is None else override.margin_us,
     )
     return keep, dropped
 
@@ -951,7 +963,8 @@ def _normal_override(override: LimitsOverride | None) -> LimitsOverride | None:
         quota, window = None, 0
     elif quota is not None and (quota == 0 or window <= 0):
         quota, window = 0, 0
-    return LimitsOverride(burst, quota, window if quota is not None else 0, concurrency)
+    margin = override.margin_us if override.margin_us is not None and override.margin_us >= 0 else None
+    return LimitsOverride(burst, quota, window if quota is not None else 0, concurrency, margin)
 
 
 def declare(
@@ -1059,7 +1072,7 @@ def reset(state: QueueState, now_us: int, epoch: str, interval_us: int | None = 
     (so a reset never allows a burst), finished-task records are kept (so a reset never
     lets a finished task run again). The limits, the window's starts and the leases stay
     (they happened; their bodies still run)."""
-    fresh = new_state(now_us, interval_us or state.interval_us, epoch, state.limits)
+    fresh = new_state(now_us, interval_us or state.declared_interval_us, epoch, state.limits)
     # Ticket 1 of the new life is due at once, subject to the kept rate cap.
     return replace(
         fresh,

@@ -43,7 +43,7 @@ from .intervals import MAX_BACKOFF_US, IntervalLike, format_interval, parse_dura
 from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
 from .leases import KEEPER
 from .ledger import LedgerRow, StartRecord
-from .limits import Limit, QuotaLike, interval_and_limits, limits_override
+from .limits import Limit, QuotaLike, format_limits, interval_and_limits, limits_override
 from .model import BEGIN_WAIT_US
 from .types import US, ClaimResult, Decision, Declared, FairTask, QueueState, QueueStatus, Ticket, Verdict
 
@@ -137,7 +137,9 @@ class IntervalQueue:
     interval, to catch up after lateness or idleness. ``quota`` (``"10000/d"``): at most N
     cost units start in any sliding window of the period (limits.py). ``concurrency`` (N):
     at most N bodies running at once (a start takes a lease, :meth:`finish` gives it back;
-    :meth:`slot` does both). Without an interval a quota or a concurrency cap has no spacing
+    :meth:`slot` does both). ``margin`` (a duration, ``"5ms"``; default 0): added to the
+    spacing and to the quota's window, for what lies between a body's start and the
+    provider's count of it. Without an interval a quota or a concurrency cap has no spacing
     of its own. ``interval`` may also be a :class:`Limit` of all of them.
     Like the interval they are declared by :meth:`declare` (a worker start) and used to
     create the queue's state.
@@ -152,6 +154,7 @@ class IntervalQueue:
         burst: int | None = None,
         quota: QuotaLike | None = None,
         concurrency: int | None = None,
+        margin: IntervalLike | None = None,
         backend: Backend | None = None,
         key_prefix: str = DEFAULT_KEY_PREFIX,
         clock: Callable[[], int] | None = None,
@@ -162,7 +165,7 @@ class IntervalQueue:
     ) -> None:
         self.name = validate_queue_name(name)
         self.interval_us: int | None
-        self.interval_us, self.limits = interval_and_limits(interval, burst, quota, concurrency)
+        self.interval_us, self.limits = interval_and_limits(interval, burst, quota, concurrency, margin)
         if backend is None:
             if url is None:
                 raise ConfigurationError(
@@ -189,6 +192,8 @@ class IntervalQueue:
             extra += f" quota={self.limits.quota}/{format_interval(self.limits.window_us)}"
         if self.limits.concurrency:
             extra += f" concurrency={self.limits.concurrency}"
+        if self.limits.margin_us:
+            extra += f" margin={format_interval(self.limits.margin_us)}"
         return f"<IntervalQueue {self.name!r} interval={interval}{extra} backend={type(self.backend).__name__}>"
 
     # -- state ----------------------------------------------------------------------
@@ -213,16 +218,13 @@ class IntervalQueue:
                 raise QueueExistsError(f"queue {self.name!r} already exists (fail_if_exists=True)")
             if state.limits != self.limits:
                 raise IntervalMismatchError(
-                    f"queue {self.name!r} is stored with burst {state.burst}, quota "
-                    f"{state.quota}/{format_interval(state.window_us) if state.quota else '-'} and concurrency "
-                    f"{state.concurrency or '-'}, not burst {self.limits.burst}, quota {self.limits.quota}/"
-                    f"{format_interval(self.limits.window_us) if self.limits.quota else '-'} and concurrency "
-                    f"{self.limits.concurrency or '-'}; the stored ones stay in force. A worker start with this "
+                    f"queue {self.name!r} is stored with {format_limits(state.limits)}, not "
+                    f"{format_limits(self.limits)}; the stored ones stay in force. A worker start with this "
                     f"code (or declare()) makes them the queue's"
                 )
-            if state.interval_us != interval_us:
+            if state.declared_interval_us != interval_us:
                 raise IntervalMismatchError(
-                    f"queue {self.name!r} is stored with interval {format_interval(state.interval_us)}, "
+                    f"queue {self.name!r} is stored with interval {format_interval(state.declared_interval_us)}, "
                     f"not {format_interval(interval_us)}; the stored one stays in force. Change it "
                     f"for every worker with set_interval({format_interval(interval_us)!r}) or "
                     f"`celery siq set-interval {self.name} {format_interval(interval_us)}`"
@@ -272,19 +274,21 @@ class IntervalQueue:
 
     def set_limits(
         self, *, burst: int | str | None = None, quota: QuotaLike | None = None, concurrency: int | str | None = None,
-        clear: bool = False, origin: str | None = None,
+        margin: IntervalLike | None = None, clear: bool = False, origin: str | None = None,
     ) -> QueueState:  # fmt: skip
         """Override some of the shared limits at runtime, for every worker, from the next
         start (recorded with ``origin``, by default this user, host and process): the kinds
         given (``burst``; ``quota`` ``"100/1m"``, or ``"none"``; ``concurrency`` N, or
-        ``"none"``) replace the declared ones, the others keep theirs (an earlier override
-        of them stays). Each kind's override holds across worker restarts whose code
-        declares the same value for it; a deploy that declares another replaces it.
+        ``"none"``; ``margin`` ``"5ms"``, or ``"none"``) replace the declared ones, the
+        others keep theirs (an earlier override of them stays). Each kind's override holds
+        across worker restarts whose code declares the same value for it; a deploy that
+        declares another replaces it.
         ``clear=True`` removes every override of the limits: back to the declarations."""
-        override = limits_override(burst, quota, concurrency)
+        override = limits_override(burst, quota, concurrency, margin)
         if clear == bool(override):
             raise ConfigurationError(
-                f"queue {self.name!r}: set_limits() takes burst=, quota= or concurrency=, or clear=True (not both)"
+                f"queue {self.name!r}: set_limits() takes burst=, quota=, concurrency= or margin=, or clear=True "
+                f"(not both)"
             )
         return self.backend.set_limits(self.name, None if clear else override, origin or who())
 
@@ -389,10 +393,15 @@ class IntervalQueue:
         return tickets
 
     def note_stored_interval(self, interval_us: int) -> None:
-        """Say once, in this process, that the queue runs at another interval than this
-        object declares: a claim never rewrites the stored interval (a producer with old
-        code must not undo a deploy), worker starts and ``siq sync`` do."""
-        if interval_us != self.interval_us and self.interval_us and not self._noted_interval:
+        """Say once, in this process, that the queue runs at another interval (``interval_us``,
+        the spacing in force: the interval and the margin) than this object declares: a claim
+        never rewrites the stored interval (a producer with old code must not undo a
+        deploy), worker starts and ``siq sync`` do."""
+        if (
+            interval_us != (self.interval_us or 0) + self.limits.margin_us
+            and self.interval_us
+            and not self._noted_interval
+        ):
             self._noted_interval = True
             logger.info(
                 "queue %r runs at %s (the store's effective interval: see `siq status %s`); this process "

@@ -5,6 +5,8 @@
 * ``siq_default_burst`` (0) and ``siq_default_quota`` (``None``, or ``"N/period"``): burst
   and window quota of tasks that set none (limits.py).
 * ``siq_default_concurrency`` (``None``: no cap): concurrency cap of tasks that set none.
+* ``siq_default_margin`` (``None``: 0): margin of tasks that set none, a duration added to
+  the spacing and to the quota's window (limits.py).
 * ``siq_lease_timeout`` (10 s): every start with a task id takes a lease (a concurrency cap
   counts them): while it is live a redelivered copy of the task is not started. A lease of
   a body whose process died (SIGKILL, a hard time limit, a revoke that terminates) expires
@@ -80,7 +82,7 @@ from .errors import ConfigurationError, redacted_url
 from .intervals import parse_interval
 from .keys import DEFAULT_KEY_PREFIX
 from .ledger import DEFAULT_LEDGER_MAX
-from .limits import parse_quota, validate_burst, validate_concurrency
+from .limits import parse_quota, validate_burst, validate_concurrency, validate_margin
 from .retry_after import DEFAULT_BACKOFF_S, MAX_HOLD_S
 
 REDIS_BROKER_SCHEMES = {"redis", "rediss", "unix"}
@@ -113,6 +115,7 @@ class SiqSettings:
     default_burst: int | None = None
     default_quota: Any = None
     default_concurrency: int | None = None
+    default_margin: Any = None
     lease_timeout: float = 10.0
     store_replicas: int = 0
     store_replica_timeout: float = 1.0
@@ -172,6 +175,7 @@ class SiqSettings:
             default_burst=_checked_setting(conf, "siq_default_burst", validate_burst),
             default_quota=_checked_setting(conf, "siq_default_quota", parse_quota),
             default_concurrency=_checked_setting(conf, "siq_default_concurrency", validate_concurrency),
+            default_margin=_checked_setting(conf, "siq_default_margin", validate_margin),
             lease_timeout=_seconds(conf, "siq_lease_timeout", 10.0, minimum=1.0),
             store_replicas=_count(conf, "siq_store_replicas", 0, maximum=16),
             store_replica_timeout=_seconds(conf, "siq_store_replica_timeout", 1.0, minimum=0.001),

@@ -30,7 +30,7 @@ from .errors import ConfigurationError, InvalidQueueNameError, LostDeliveriesErr
 from .gate import authorize, back_off, paused_countdown, record_finish, record_retry, release_leftover_lease
 from .intervals import IntervalLike, parse_interval
 from .keys import validate_queue_name
-from .limits import Limit, check_not_a_quota, parse_quota, validate_burst, validate_concurrency
+from .limits import Limit, check_not_a_quota, parse_quota, validate_burst, validate_concurrency, validate_margin
 from .messages import DEFERRALS, KEEP_TICKET
 from .model import MAX_FAIR_WEIGHT
 from .publish import publish, publish_many, put_ticket_in_headers
@@ -81,6 +81,12 @@ class IntervalTask(Task):  # type: ignore[misc]
     #: Falls back to ``app.conf.siq_default_concurrency``; several limits: a mapping value
     #: ``Limit(concurrency=5)``.
     concurrency: int | None = None
+
+    #: Added to the spacing and to the quota's window (a duration: ``"5ms"``, 0 to 60 s), for
+    #: what lies between a body's start and the provider's count of it (connection set-up,
+    #: the network). Falls back to ``app.conf.siq_default_margin``, then 0; several limits:
+    #: a mapping value ``Limit(interval="100ms", margin="5ms")``.
+    margin: str | float | None = None
 
     #: Slots one start takes (a search that costs 10 points of a 100-point budget): the
     #: next start of the queue waits ``cost`` intervals. A whole number >= 1, or a callable
@@ -143,13 +149,15 @@ class IntervalTask(Task):  # type: ignore[misc]
             for queue, value in declared.items():
                 check_not_a_quota(value, f"task {name}: interval_queue[{queue!r}]")
         several = isinstance(declared, (Mapping, list, tuple)) and len(declared) > 1
-        for option in ("burst", "quota", "concurrency"):
+        for option in ("burst", "quota", "concurrency", "margin"):
             if several and cls.__dict__.get(option) is not None:  # it would bind no queue
                 raise ConfigurationError(
                     f"task {name}: {option}= applies to one interval queue, not to several: give each "
                     f"queue its own in the mapping, interval_queue={{'name': Limit(interval=..., {option}=...)}}"
                 )
-        for option, check in (("burst", validate_burst), ("quota", parse_quota), ("concurrency", validate_concurrency)):
+        checks = (("burst", validate_burst), ("quota", parse_quota), ("concurrency", validate_concurrency),
+                  ("margin", validate_margin))  # fmt: skip
+        for option, check in checks:
             if cls.__dict__.get(option) is not None:
                 try:
                     check(cls.__dict__[option])
@@ -192,13 +200,15 @@ class IntervalTask(Task):  # type: ignore[misc]
         state = siq_state(self.app)
         if isinstance(name, Mapping):  # one queue, named with its limit
             ((name, limit),) = name.items()
-            return state.queue(name, limit, burst=self.burst, quota=self.quota, concurrency=self.concurrency)
+            return state.queue(name, limit, burst=self.burst, quota=self.quota, concurrency=self.concurrency,
+                               margin=self.margin)  # fmt: skip
         if callable(name):
             return state.queue(_per_call(self, "interval_queue", name, args, kwargs), self.interval, per_key=True,
-                               burst=self.burst, quota=self.quota, concurrency=self.concurrency)  # fmt: skip
+                               burst=self.burst, quota=self.quota, concurrency=self.concurrency,
+                               margin=self.margin)  # fmt: skip
         return state.queue(
             self.name if name is None else name, self.interval, burst=self.burst, quota=self.quota,
-            concurrency=self.concurrency,
+            concurrency=self.concurrency, margin=self.margin,
         )  # fmt: skip
 
     def siq_limits(self, args: Any = None, kwargs: Any = None) -> CombinedQueue | None:

@@ -47,7 +47,9 @@ def has_interval_tasks(app: Any) -> bool:
 #: The options of an interval task (IntervalTask's attributes). Celery's task decorator
 #: makes options class attributes of any base, so on another base they are read by no one
 #: and the task runs unlimited: :func:`check_interval_options` refuses them.
-INTERVAL_OPTIONS = ("interval", "interval_queue", "burst", "quota", "concurrency", "cost", "fair_key", "fair_weight")
+INTERVAL_OPTIONS = (
+    "interval", "interval_queue", "burst", "quota", "concurrency", "margin", "cost", "fair_key", "fair_weight",
+)  # fmt: skip
 
 
 def check_interval_options(app: Any) -> None:

@@ -55,13 +55,21 @@ class QueueState:
     quota: int = 0
     window_us: int = 0
     concurrency: int = 0
+    margin_us: int = 0
     # Not compared, nor shown by the status: what a start waits for, not what the queue is.
     pending_us: int = field(default=0, compare=False)
     pending_due_us: int = field(default=0, compare=False)
 
     @property
     def limits(self) -> Limits:
-        return Limits(self.burst, self.quota, self.window_us, self.concurrency)
+        """The limits as declared: the window without the margin (``window_us`` holds both)."""
+        return Limits(self.burst, self.quota, self.window_us - self.margin_us if self.quota else 0, self.concurrency,
+                      self.margin_us)  # fmt: skip
+
+    @property
+    def declared_interval_us(self) -> int:
+        """The interval without the margin (``interval_us``, the spacing in force, holds both)."""
+        return self.interval_us - self.margin_us
 
     @property
     def backlog(self) -> int:
@@ -81,6 +89,8 @@ class Limits:
     quota: int = 0
     window_us: int = 0
     concurrency: int = 0
+    #: Added to the spacing and to the quota's window (docs/design.md, "Margin").
+    margin_us: int = 0
 
 
 NO_LIMITS = Limits()
@@ -97,16 +107,21 @@ class LimitsOverride:
     quota: int | None = None
     window_us: int = 0
     concurrency: int | None = None
+    margin_us: int | None = None
 
     def __bool__(self) -> bool:
-        return self.burst is not None or self.quota is not None or self.concurrency is not None
+        return (
+            self.burst is not None or self.quota is not None or self.concurrency is not None
+            or self.margin_us is not None
+        )  # fmt: skip
 
     def merged(self, other: LimitsOverride) -> LimitsOverride:
         """This override with the kinds ``other`` sets replaced by ``other``'s."""
         burst = self.burst if other.burst is None else other.burst
         quota, window = (self.quota, self.window_us) if other.quota is None else (other.quota, other.window_us)
         concurrency = self.concurrency if other.concurrency is None else other.concurrency
-        return LimitsOverride(burst, quota, window, concurrency)
+        margin = self.margin_us if other.margin_us is None else other.margin_us
+        return LimitsOverride(burst, quota, window, concurrency, margin)
 
     def apply(self, limits: Limits) -> Limits:
         """``limits`` with the overridden kinds replaced."""
@@ -115,6 +130,7 @@ class LimitsOverride:
             limits.quota if self.quota is None else self.quota,
             limits.window_us if self.quota is None else self.window_us,
             limits.concurrency if self.concurrency is None else self.concurrency,
+            limits.margin_us if self.margin_us is None else self.margin_us,
         )
 
 
@@ -260,7 +276,7 @@ class QueueStatus:
         s, src = self.state, self.sources
         return {
             "queue": self.queue,
-            "interval_s": s.interval_us / US,
+            "interval_s": s.declared_interval_us / US,
             "ticket": s.ticket,
             "current": s.current,
             "backlog": s.backlog,
@@ -285,10 +301,11 @@ class QueueStatus:
             "declarations": {n.node: n.interval_us / US for n in src.live(self.now_us)},
             "burst": s.burst,
             "quota": s.quota or None,
-            "window_s": s.window_us / US if s.quota else None,
+            "window_s": s.limits.window_us / US if s.quota else None,
             "window_used": self.window_used if s.quota else None,
             "concurrency": s.concurrency or None,
             "in_flight": self.in_flight if s.concurrency else None,
+            "margin_s": s.margin_us / US if s.margin_us else None,
             "declared_limits": _limits_dict(src.declared_limits),
             "limits_override": _override_dict(src.limits_override),
             "limits_override_by": src.limits_override_by or None,
@@ -307,6 +324,7 @@ def _limits_dict(limits: Limits | None) -> dict[str, object] | None:
         "quota": limits.quota or None,
         "window_s": limits.window_us / US if limits.quota else None,
         "concurrency": limits.concurrency or None,
+        **({"margin_s": limits.margin_us / US} if limits.margin_us else {}),
     }
 
 
@@ -322,6 +340,8 @@ def _override_dict(override: LimitsOverride) -> dict[str, object] | None:
         out["window_s"] = override.window_us / US if override.quota else None
     if override.concurrency is not None:
         out["concurrency"] = override.concurrency
+    if override.margin_us is not None:
+        out["margin_s"] = override.margin_us / US
     return out
 
 

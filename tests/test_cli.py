@@ -314,7 +314,7 @@ def test_set_limits_overrides_some_kinds_status_shows_where_limits_come_from_and
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["set-limits", "geo"], 2, "give --burst, --quota or --concurrency, or --clear"),
+        (["set-limits", "geo"], 2, "give --burst, --quota, --concurrency or --margin, or --clear"),
         (["set-limits", "geo", "--burst", "1", "--clear"], 2, "(not both)"),
         # a bad value is a usage error (2), as set-interval's, backoff's and resume's are
         (["set-limits", "geo", "--burst", "-1"], 2, "burst -1: a whole number of starts from 0 to 10000"),

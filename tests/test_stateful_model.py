@@ -568,14 +568,14 @@ class SourcesReference:
     live node declaration, else the last declaration, else what the state was created with."""
 
     interval: int
-    limits: tuple[int, int, int, int]
+    limits: tuple[int, int, int, int, int]  # burst, quota, window, cap, margin
     declared: int = 0
-    declared_limits: tuple[int, int, int, int] | None = None
+    declared_limits: tuple[int, int, int, int, int] | None = None
     override: int = 0
-    lim_override: dict[str, object] = field(default_factory=dict)  # burst, quota (n, w), conc
-    nodes: dict[str, tuple[int, tuple[int, int, int, int], int]] = field(default_factory=dict)
+    lim_override: dict[str, object] = field(default_factory=dict)  # burst, quota (n, w), conc, margin
+    nodes: dict[str, tuple[int, tuple[int, int, int, int, int], int]] = field(default_factory=dict)
 
-    def live(self, now: int) -> dict[str, tuple[int, tuple[int, int, int, int], int]]:
+    def live(self, now: int) -> dict[str, tuple[int, tuple[int, int, int, int, int], int]]:
         return {n: d for n, d in self.nodes.items() if d[2] > now}
 
     def apply(self, now: int) -> None:
@@ -583,13 +583,14 @@ class SourcesReference:
         self.interval = self.override or max((d[0] for d in live.values()), default=self.declared) or self.interval
         if live:
             lims = [d[1] for d in live.values()]
-            quotas = [(q, w) for _, q, w, _ in lims if q]
-            caps = [c for *_, c in lims if c]
+            quotas = [(q, w) for _, q, w, _, _ in lims if q]
+            caps = [c for *_, c, _ in lims if c]
             base = (min(b for b, *_ in lims), min((q for q, _ in quotas), default=0),
-                    max((w for _, w in quotas), default=0), min(caps, default=0))  # fmt: skip
+                    max((w for _, w in quotas), default=0), min(caps, default=0),
+                    max(m for *_, m in lims))  # fmt: skip
         else:
             base = self.declared_limits if self.declared_limits is not None else self.limits
-        b, q, w, c = base
+        b, q, w, c, m = base
         o = self.lim_override
         if "burst" in o:
             b = o["burst"]  # type: ignore[assignment]
@@ -597,10 +598,12 @@ class SourcesReference:
             q, w = o["quota"]  # type: ignore[misc]
         if "conc" in o:
             c = o["conc"]  # type: ignore[assignment]
-        self.limits = (b, q, w, c)
+        if "margin" in o:
+            m = o["margin"]  # type: ignore[assignment]
+        self.limits = (b, q, w, c, m)
 
     def declare(
-        self, now: int, node: str, ttl: int, announce: bool, interval: int, lim: tuple[int, int, int, int]
+        self, now: int, node: str, ttl: int, announce: bool, interval: int, lim: tuple[int, int, int, int, int]
     ) -> None:
         self.nodes = self.live(now)
         if node and ttl:
@@ -615,7 +618,7 @@ class SourcesReference:
         if (announce and lim != old) or old is None:
             self.declared_limits = lim
             if announce:
-                for kind, i in (("burst", [0]), ("quota", [1, 2]), ("conc", [3])):
+                for kind, i in (("burst", [0]), ("quota", [1, 2]), ("conc", [3]), ("margin", [4])):
                     if old is None or any(old[j] != lim[j] for j in i):
                         self.lim_override.pop(kind, None)
         self.apply(now)
@@ -650,10 +653,11 @@ class SourcesAgree(RuleBasedStateMachine):
         node=st.sampled_from(NODES), ttl=st.sampled_from([0, 1_000_000, 3_000_000]), announce=st.booleans(),
         interval=st.sampled_from(INTERVALS), burst=st.sampled_from([0, 1, 3]),
         quota=st.sampled_from([(0, 0), (5, 1_000_000), (10, 10_000_000)]), conc=st.sampled_from([0, 1, 4]),
+        margin=st.sampled_from([0, 0, 2_000, 5_000]),
     )  # fmt: skip
     def declare(self, node: str, ttl: int, announce: bool, interval: int, burst: int, quota: tuple[int, int],
-                conc: int) -> None:  # fmt: skip
-        lim = (burst, *quota, conc)
+                conc: int, margin: int) -> None:  # fmt: skip
+        lim = (burst, *quota, conc, margin)
         for s in self.stores:
             s.declare("q", interval, "e1", node=node, ttl_us=ttl, origin="o", announce=announce, limits=Limits(*lim))
         now = self.clock.now_us
@@ -664,19 +668,21 @@ class SourcesAgree(RuleBasedStateMachine):
     @precondition(lambda self: self.ref is not None)
     @rule(
         burst=st.sampled_from([None, 0, 2]), quota=st.sampled_from([None, (0, 0), (3, 20_000_000)]),
-        conc=st.sampled_from([None, 0, 2]),
+        conc=st.sampled_from([None, 0, 2]), margin=st.sampled_from([None, 0, 3_000]),
     )  # fmt: skip
-    def set_limits(self, burst: int | None, quota: tuple[int, int] | None, conc: int | None) -> None:
+    def set_limits(
+        self, burst: int | None, quota: tuple[int, int] | None, conc: int | None, margin: int | None
+    ) -> None:
         from siq_celery.types import LimitsOverride
 
-        override = LimitsOverride(burst, *(quota or (None, 0)), conc)  # type: ignore[arg-type]
+        override = LimitsOverride(burst, *(quota or (None, 0)), conc, margin)  # type: ignore[arg-type]
         for s in self.stores:
             s.set_limits("q", override if override else None, "op")
         ref = self.ref
         assert ref is not None
         if not override:
             ref.lim_override = {}
-        for kind, value in (("burst", burst), ("quota", quota), ("conc", conc)):
+        for kind, value in (("burst", burst), ("quota", quota), ("conc", conc), ("margin", margin)):
             if value is not None:
                 ref.lim_override[kind] = value
         ref.nodes = ref.live(self.clock.now_us)
@@ -706,11 +712,14 @@ class SourcesAgree(RuleBasedStateMachine):
             assert status is not None
             src, state = status.sources, status.state
             o = src.limits_override
+            # the margin in force is in the spacing and the window the decisions use
+            margin, window = ref.limits[4], ref.limits[2]
+            assert (state.interval_us, state.window_us) == (ref.interval + margin, window + margin if window else 0)
             got = (
-                state.interval_us, tuple(vars(state.limits).values()), src.declared_us,
+                state.declared_interval_us, tuple(vars(state.limits).values()), src.declared_us,
                 None if src.declared_limits is None else tuple(vars(src.declared_limits).values()), src.override_us,
                 {k: v for k, v in (("burst", o.burst), ("quota", None if o.quota is None else (o.quota, o.window_us)),
-                                   ("conc", o.concurrency)) if v is not None},
+                                   ("conc", o.concurrency), ("margin", o.margin_us)) if v is not None},
                 sorted((n.node, n.interval_us, tuple(vars(n.limits).values()), n.expires_us) for n in src.nodes),
             )  # fmt: skip
             expected = (

@@ -339,7 +339,31 @@ def test_an_empty_interval_queue_is_refused_not_taken_for_the_task_name() -> Non
         lookup2.delay()
 
 
-@pytest.mark.parametrize("option", [{"quota": "100/d"}, {"burst": 3}])
+@pytest.mark.celery(siq_default_interval="250ms", siq_default_margin="2ms")
+def test_a_tasks_margin_and_the_apps_default_margin_reach_its_queue(celery_app: Celery, siq_store: SiqStore) -> None:
+    @celery_app.task(base=IntervalTask, shared=False, name="pkg.call", margin="5ms")
+    def call() -> None: ...
+
+    @celery_app.task(base=IntervalTask, shared=False, name="pkg.other")
+    def other() -> None: ...
+
+    assert (call.siq_queue().limits.margin_us, other.siq_queue().limits.margin_us) == (5_000, 2_000)
+    call.delay()
+    state = call.siq_queue().status().state
+    assert (state.interval_us, state.margin_us) == (255_000, 5_000)
+
+
+def test_a_tasks_margin_that_is_not_a_duration_is_refused_at_definition() -> None:
+    app = make_app(siq_url="memory://")
+    with pytest.raises(ConfigurationError, match=r"task .*margin 'soon': a duration from 0 to 60 s"):
+
+        @app.task(base=IntervalTask, shared=False, interval="1s", margin="soon")
+        def bad() -> None: ...
+
+        bad.name  # noqa: B018 (the task is defined when the app finalizes it)
+
+
+@pytest.mark.parametrize("option", [{"quota": "100/d"}, {"burst": 3}, {"margin": "5ms"}])
 @pytest.mark.parametrize("queues", [["{g}a", "{g}b"], {"{g}a": "1s", "{g}b": "10ms"}])
 def test_a_task_wide_burst_or_quota_on_several_queues_is_refused_at_definition(queues: Any, option: Any) -> None:
     app = make_app(siq_url="memory://")
@@ -353,7 +377,7 @@ def test_a_task_wide_burst_or_quota_on_several_queues_is_refused_at_definition(q
 
 INTERVAL_OPTIONS = [
     {"interval": "1s"}, {"interval_queue": "plain"}, {"burst": 2}, {"quota": "10/s"}, {"concurrency": 2},
-    {"cost": 2}, {"fair_key": lambda args, kwargs: "k"}, {"fair_weight": {"k": 2}},
+    {"margin": "5ms"}, {"cost": 2}, {"fair_key": lambda args, kwargs: "k"}, {"fair_weight": {"k": 2}},
 ]  # fmt: skip
 
 

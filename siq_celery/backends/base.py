@@ -1070,6 +1070,7 @@ def sources_from_json(text: str | None, queue: str = "", where: str = "") -> Int
             LimitsOverride(
                 _maybe_int(override.get("burst")), _maybe_int(override.get("quota")),
                 int(override.get("window_us") or 0), _maybe_int(override.get("concurrency")),
+                _maybe_int(override.get("margin_us")),
             ),
             str(raw.get("limits_override_by") or ""), int(raw.get("limits_override_at_us") or 0),
         )  # fmt: skip
@@ -1086,7 +1087,8 @@ def _limits(raw: Any) -> Limits | None:
     """Stored limits (None: none stored, as a record of an earlier version has)."""
     if raw is None:
         return None
-    return Limits(int(raw["burst"]), int(raw["quota"]), int(raw["window_us"]), int(raw["concurrency"]))
+    return Limits(int(raw["burst"]), int(raw["quota"]), int(raw["window_us"]), int(raw["concurrency"]),
+                  int(raw.get("margin_us") or 0))  # fmt: skip
 
 
 def match_names(names: Iterator[str] | list[str], pattern: str) -> list[str]:

@@ -246,7 +246,7 @@ def redis_client_from_url(url: str, **options: Any) -> Any:
 
 
 #: Values of siq_reply (the state, the store time, the status-only times, the limits).
-STATE_REPLY = 14
+STATE_REPLY = 15
 
 
 def _claim_result(reply: Sequence[Any]) -> ClaimResult:
@@ -270,7 +270,7 @@ def _resp(*args: str | int | bytes, count: int | None = -1) -> bytes:
 
 
 def _limit_args(limits: Limits) -> list[int]:
-    return [limits.burst, limits.quota, limits.window_us, limits.concurrency]
+    return [limits.burst, limits.quota, limits.window_us, limits.concurrency, limits.margin_us]
 
 
 def _decision(reply: Sequence[Any]) -> Decision:
@@ -287,40 +287,40 @@ def _text(value: Any) -> str:
 
 
 def _limits(values: Sequence[Any]) -> Limits | None:
-    """siq_limits_reply: four values, -1 each for none."""
-    burst, quota, window, conc = (int(v) for v in values)
-    return None if burst < 0 else Limits(burst, quota, window, conc)
+    """siq_limits_reply: five values, -1 each for none."""
+    burst, quota, window, conc, margin = (int(v) for v in values)
+    return None if burst < 0 else Limits(burst, quota, window, conc, margin)
 
 
 def _override(values: Sequence[Any]) -> LimitsOverride:
-    """siq_override_reply: burst, quota, window, concurrency; -1: that kind not overridden."""
-    burst, quota, window, conc = (int(v) for v in values)
+    """siq_override_reply: burst, quota, window, concurrency, margin; -1: that kind not overridden."""
+    burst, quota, window, conc, margin = (int(v) for v in values)
     return LimitsOverride(
         None if burst < 0 else burst, None if quota < 0 else quota, window if quota >= 0 else 0,
-        None if conc < 0 else conc,
+        None if conc < 0 else conc, None if margin < 0 else margin,
     )  # fmt: skip
 
 
 #: Values of siq_sources_reply before its nodes, and per node.
-_SOURCES_FIXED, _SOURCES_PER_NODE = 16, 7
+_SOURCES_FIXED, _SOURCES_PER_NODE = 18, 8
 
 
 def _sources(reply: Sequence[Any]) -> IntervalSources:
     """siq_sources_reply: six interval fields, the declared limits, the limits override, its
-    origin and time; then (node, interval, expires, four limits) per live node."""
+    origin and time; then (node, interval, expires, five limits) per live node."""
     text = [v.decode() if isinstance(v, bytes) else str(v) for v in reply]
     nodes = tuple(
         sorted(
             (
-                NodeDeclaration(text[i], int(text[i + 1]), int(text[i + 2]), _limits(text[i + 3 : i + 7]))
+                NodeDeclaration(text[i], int(text[i + 1]), int(text[i + 2]), _limits(text[i + 3 : i + 8]))
                 for i in range(_SOURCES_FIXED, len(text), _SOURCES_PER_NODE)
             ),
             key=lambda n: n.node,
         )
     )
     return IntervalSources(
-        int(text[0]), text[1], int(text[2]), int(text[3]), text[4], int(text[5]), nodes, _limits(text[6:10]),
-        _override(text[10:14]), text[14], int(text[15]),
+        int(text[0]), text[1], int(text[2]), int(text[3]), text[4], int(text[5]), nodes, _limits(text[6:11]),
+        _override(text[11:16]), text[16], int(text[17]),
     )  # fmt: skip
 
 
@@ -627,10 +627,11 @@ class RedisBackend(Backend):
     def _state(reply: Sequence[Any]) -> tuple[QueueState, int]:
         epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         numbers = [int(v) for v in reply[1:STATE_REPLY]]
-        interval, ticket, current, anchor, last_start, paused, now, started, held, burst, quota, window, conc = numbers
+        (interval, ticket, current, anchor, last_start, paused, now, started, held, burst, quota, window, conc,
+         margin) = numbers  # fmt: skip
         state = QueueState(
             epoch, interval, ticket, current, anchor, last_start, bool(paused), started, held, burst, quota, window,
-            conc,
+            conc, margin,
         )  # fmt: skip
         return state, now
 
@@ -1010,6 +1011,7 @@ class RedisBackend(Backend):
         args = [
             -1 if o.burst is None else o.burst, -1 if o.quota is None else o.quota, o.window_us,
             -1 if o.concurrency is None else o.concurrency, origin, self.idle_expiry_us(queue),
+            -1 if o.margin_us is None else o.margin_us,
         ]  # fmt: skip
         reply = self._run("set_limits", queue, self.keys(queue).all, args)
         log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[STATE_REPLY:]])
@@ -1031,12 +1033,12 @@ class RedisBackend(Backend):
                 *_limit_args(limits)]  # fmt: skip
         reply = self._run("declare", queue, self.keys(queue).all, args)
         created, old_declared, declared, old, interval, replaced, by = reply[:7]
-        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[28:]])
-        old_limits = _limits(reply[15:19]) if not created else NO_LIMITS
+        log_unreadable_sources(queue, self.keys(queue).intervals, [_text(v) for v in reply[33:]])
+        old_limits = _limits(reply[17:22]) if not created else NO_LIMITS
         return Declared(
             bool(created), int(old_declared), int(declared), int(old), int(interval), int(replaced), _text(by),
-            _limits(reply[7:11]), _limits(reply[11:15]), old_limits or NO_LIMITS, _limits(reply[19:23]) or NO_LIMITS,
-            _override(reply[23:27]), _text(reply[27]),
+            _limits(reply[7:12]), _limits(reply[12:17]), old_limits or NO_LIMITS, _limits(reply[22:27]) or NO_LIMITS,
+            _override(reply[27:32]), _text(reply[32]),
         )  # fmt: skip
 
     def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:

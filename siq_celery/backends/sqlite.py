@@ -94,6 +94,12 @@ CREATE INDEX IF NOT EXISTS siq_window_by_time ON siq_window (prefix, queue, t_us
 CREATE TABLE IF NOT EXISTS siq_queue_concurrency (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, concurrency INTEGER NOT NULL, PRIMARY KEY (prefix, queue)
 );
+-- A queue's margin (model.set_limits: already in siq_queues.interval_us and in the window
+-- of siq_queue_limits, the spacing and window in force), in a table of its own as the
+-- concurrency cap is.
+CREATE TABLE IF NOT EXISTS siq_queue_margin (
+    prefix TEXT NOT NULL, queue TEXT NOT NULL, margin_us INTEGER NOT NULL, PRIMARY KEY (prefix, queue)
+);
 CREATE TABLE IF NOT EXISTS siq_leases (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, member TEXT NOT NULL, expires_us INTEGER NOT NULL,
     PRIMARY KEY (prefix, queue, member)
@@ -254,9 +260,10 @@ class _SqliteTransaction(Transaction):
         self.now_us = backend.now_us()
         row = conn.execute(
             f"SELECT {', '.join('q.' + f for f in _FIELDS)}, t.started_us, t.held_until_us, l.burst, l.quota, "
-            f"l.window_us, c.concurrency, p.until_us, p.due_us FROM siq_queues q "
+            f"l.window_us, c.concurrency, m.margin_us, p.until_us, p.due_us FROM siq_queues q "
             f"LEFT JOIN siq_queue_times t USING (prefix, queue) LEFT JOIN siq_queue_limits l USING (prefix, queue) "
-            f"LEFT JOIN siq_queue_concurrency c USING (prefix, queue) LEFT JOIN siq_pending p USING (prefix, queue) "
+            f"LEFT JOIN siq_queue_concurrency c USING (prefix, queue) "
+            f"LEFT JOIN siq_queue_margin m USING (prefix, queue) LEFT JOIN siq_pending p USING (prefix, queue) "
             f"WHERE q.prefix=? AND q.queue=?",
             self._key,
         ).fetchone()
@@ -266,7 +273,7 @@ class _SqliteTransaction(Transaction):
         # hold: a stale row (left by a lost state, or by a delete of an earlier version)
         # must not come back as this state's limits or times.
         self._times: tuple[int, int] | None = None
-        self._limits: tuple[int, int, int, int] | None = None
+        self._limits: tuple[int, int, int, int, int] | None = None
         self._pending: tuple[int, int] | None = None
         self._window: _SqliteWindow | None = None
         self._leases: _SqliteLeases | None = None
@@ -278,10 +285,12 @@ class _SqliteTransaction(Transaction):
                 if not replace_corrupt:
                     raise
             else:
-                self._times = (int(row[-8] or 0), int(row[-7] or 0))
+                self._times = (int(row[-9] or 0), int(row[-8] or 0))
                 self.state.started_us, self.state.held_until_us = self._times
-                self._limits = (int(row[-6] or 0), int(row[-5] or 0), int(row[-4] or 0), int(row[-3] or 0))
-                self.state.burst, self.state.quota, self.state.window_us, self.state.concurrency = self._limits
+                burst, quota, window, cap, margin = (int(v or 0) for v in row[-7:-2])
+                self._limits = (burst, quota, window, cap, margin)
+                self.state.burst, self.state.quota, self.state.window_us = burst, quota, window
+                self.state.concurrency, self.state.margin_us = cap, margin
                 self._pending = (int(row[-2] or 0), int(row[-1] or 0))
                 self.state.pending_us, self.state.pending_due_us = self._pending
 
@@ -498,6 +507,7 @@ class _SqliteTransaction(Transaction):
         self._c.execute("DELETE FROM siq_leases WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_lease_owners WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_queue_concurrency WHERE prefix=? AND queue=?", self._key)
+        self._c.execute("DELETE FROM siq_queue_margin WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_pending WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_fair_vtime WHERE prefix=? AND queue=?", self._key)
         self._c.execute("DELETE FROM siq_fair_keys WHERE prefix=? AND queue=?", self._key)
@@ -531,6 +541,8 @@ class _SqliteTransaction(Transaction):
             self._c.execute(
                 "INSERT OR REPLACE INTO siq_queue_concurrency VALUES (?, ?, ?)", (*self._key, s.concurrency)
             )
+        if self._limits is None or s.margin_us != self._limits[4]:
+            self._c.execute("INSERT OR REPLACE INTO siq_queue_margin VALUES (?, ?, ?)", (*self._key, s.margin_us))
         if self._pending is None or (s.pending_us, s.pending_due_us) != self._pending:
             if s.pending_us:
                 pending = (*self._key, s.pending_us, s.pending_due_us)

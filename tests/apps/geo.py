@@ -5,7 +5,8 @@ build the same app: ``SIQ_TEST_BROKER``, ``SIQ_TEST_STORE`` (siq_url),
 ``SIQ_TEST_RECORD`` (Redis URL where bodies record their starts), ``SIQ_TEST_INTERVAL``,
 ``SIQ_TEST_TRANSPORT`` (JSON broker transport options), ``SIQ_TEST_QUEUE`` (the broker queue),
 ``SIQ_TEST_HORIZON`` and ``SIQ_TEST_RELEASE_EVERY`` (parking), ``SIQ_TEST_MAX_SLEEP``,
-``SIQ_TEST_MARGIN``, ``SIQ_TEST_KEY_PREFIX``, ``SIQ_TEST_DECL_TTL``, ``SIQ_TEST_LEASE_TIMEOUT`` and
+``SIQ_TEST_MARGIN`` (siq_countdown_margin), ``SIQ_TEST_LIMIT_MARGIN`` (siq_default_margin),
+``SIQ_TEST_KEY_PREFIX``, ``SIQ_TEST_DECL_TTL``, ``SIQ_TEST_LEASE_TIMEOUT`` and
 ``SIQ_TEST_STORE_REPLICAS`` (the siq settings of those names), ``SIQ_TEST_CONCURRENCY`` (the cap of ``geo.capped``), and
 ``SIQ_TEST_CLOCK_JUMP``: ``"+180@3"`` moves this process's wall clock 180 s
 ahead 3 s after the app is imported (a host clock jump; see :func:`jump_clock`), and
@@ -71,6 +72,7 @@ def make_app(env: Mapping[str, str], *, this_process: bool = False) -> Celery:
         siq_metrics_port=int(env["SIQ_TEST_METRICS_PORT"]) if env.get("SIQ_TEST_METRICS_PORT") else None,
         **({"siq_lease_timeout": float(env["SIQ_TEST_LEASE_TIMEOUT"])} if env.get("SIQ_TEST_LEASE_TIMEOUT") else {}),
         siq_store_replicas=int(env.get("SIQ_TEST_STORE_REPLICAS", "0")),
+        **({"siq_default_margin": env["SIQ_TEST_LIMIT_MARGIN"]} if env.get("SIQ_TEST_LIMIT_MARGIN") else {}),
     )
     if env.get("SIQ_TEST_CELERY_DEFAULTS"):  # an app that says nothing about durability
         for key in ("task_acks_late", "task_reject_on_worker_lost"):

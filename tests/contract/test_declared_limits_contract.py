@@ -151,7 +151,7 @@ def test_an_override_needs_a_state_and_a_kind(store: Store) -> None:
     q = queue(store)
     q.ensure()
     for bad in ({}, {"burst": 1, "clear": True}):
-        with pytest.raises(ConfigurationError, match="burst=, quota= or concurrency=, or clear=True"):
+        with pytest.raises(ConfigurationError, match="burst=, quota=, concurrency= or margin=, or clear=True"):
             q.set_limits(**bad)
     with pytest.raises(ConfigurationError, match="quota 'lots'"):
         q.set_limits(quota="lots")

@@ -332,3 +332,29 @@ def test_a_concurrency_cap_of_three_on_three_nodes(celery_run: CeleryRun) -> Non
     assert most <= 3, "never more than 3 bodies at once"
     host_clock(rate >= 0.85 * cap_rate, f"throughput {rate:.2f}/s below 85 % of {cap_rate:.0f}/s")
     assert " 0/3 " in status, "every lease given back"
+
+
+def test_a_margin_spaces_two_nodes_starts_by_the_interval_and_the_margin(celery_run: CeleryRun) -> None:
+    """40 ms and a margin of 10 ms (``siq_default_margin``) on 2 nodes x -c 2: the ledger's
+    authorizations and the bodies' reports are exactly 50 ms apart or more, the bodies
+    themselves too (host clock), and the line runs at one start per 50 ms."""
+    from siq_celery import IntervalQueue
+
+    celery_run.env.update(SIQ_TEST_INTERVAL="40ms", SIQ_TEST_LIMIT_MARGIN="10ms")
+    celery_run.start_workers(2, 2)
+    record = celery_run.app.tasks["geo.record"]
+    for n in range(40):
+        record.delay(n)
+    starts = celery_run.wait_for_count(40)
+    queue = IntervalQueue("geo", url=celery_run.env["SIQ_TEST_STORE"])
+    state = queue.status().state
+    assert (state.interval_us, state.declared_interval_us, state.margin_us) == (50_000, 40_000, 10_000)
+    ledger = sorted(queue.ledger(), key=lambda r: r.start_us)
+    assert len(ledger) == 40 and all(r.interval_us == 50_000 for r in ledger)
+    assert min(b.start_us - a.start_us for a, b in itertools.pairwise(ledger)) >= 50_000
+    began = sorted(r.began_us for r in ledger if r.began_us is not None)
+    assert len(began) == 40 and min(b - a for a, b in itertools.pairwise(began)) >= 50_000
+    host_gaps_at_least(gaps_ms(starts), 45.0)
+    span = max(s["t"] for s in starts) - min(s["t"] for s in starts)
+    print(f"40 starts in {span:.3f} s: {span / 39 * 1000:.2f} ms a start at 40 ms + 10 ms")
+    host_clock(span <= 1.1 * 39 * 0.05, f"40 starts took {span:.3f} s (bound {1.1 * 39 * 0.05:.3f} s)")

@@ -14,6 +14,8 @@
 -- w_used, the cost units in the queue's window (a sorted set of starts: siq_units), w_cum
 -- numbering its units (w_seq: an earlier version's numbering of its starts); conc, the concurrency cap (its leases: a sorted set, siq_read_leases).
 -- fair_v (absent means 0): a fair queue's virtual time (siq_fair), kept by a reset.
+-- margin (absent means 0; model.set_limits): the queue's margin, already added to interval_us
+-- and (with a quota) to window_us, the spacing and window in force; siq_declared takes it out.
 -- pend_us and pend_due (absent means 0): a start whose body has not reported that it began
 -- (model.QueueState.pending_us, began.lua): until when later starts wait for it (minus its
 -- authorization once it reported), and the last slot used before it plus the interval then.
@@ -34,7 +36,7 @@ local function siq_load(key)
   local raw = redis.call('HMGET', key, 'epoch', 'interval_us', 'ticket', 'current',
                          'anchor_us', 'last_start_us', 'paused', 'started_us', 'held_until_us',
                          'until_us', 'idle_us', 'burst', 'quota', 'window_us', 'w_used', 'conc', 'pend_us',
-                         'pend_due')
+                         'pend_due', 'margin')
   local present = false
   for i = 1, 7 do
     if raw[i] then present = true end
@@ -60,33 +62,44 @@ local function siq_load(key)
   s.w_used = tonumber(raw[15]) or 0
   s.concurrency = tonumber(raw[16]) or 0
   s.pending_us, s.pending_due_us = tonumber(raw[17]) or 0, tonumber(raw[18]) or 0
+  s.margin_us = tonumber(raw[19]) or 0
   return s, nil
 end
 
 -- A queue's limits beyond the interval, as a table (model.py: Limits, normalized as
--- _limit_fields): burst, quota, window_us (a quota needs both), concurrency; 0 is none.
-local function siq_limits(burst, quota, window, conc)
+-- _limit_fields): burst, quota, window_us (a quota needs both), concurrency, margin_us; 0 is none.
+local function siq_limits(burst, quota, window, conc, margin)
   burst, quota, window = math.max(tonumber(burst) or 0, 0), tonumber(quota) or 0, tonumber(window) or 0
-  conc = math.max(tonumber(conc) or 0, 0)
+  conc, margin = math.max(tonumber(conc) or 0, 0), math.max(tonumber(margin) or 0, 0)
   if window <= 0 then quota = 0 end
   if quota <= 0 then quota, window = 0, 0 end
-  return {burst = burst, quota = quota, window_us = window, concurrency = conc}
+  return {burst = burst, quota = quota, window_us = window, concurrency = conc, margin_us = margin}
 end
 
 local function siq_limits_equal(a, b)
   return a ~= nil and b ~= nil and a.burst == b.burst and a.quota == b.quota and a.window_us == b.window_us
-    and a.concurrency == b.concurrency
+    and a.concurrency == b.concurrency and a.margin_us == b.margin_us
+end
+
+-- The state's limits as declared (model.QueueState.limits): the window without the margin.
+local function siq_declared(s)
+  local window = 0
+  if s.quota > 0 then window = s.window_us - s.margin_us end
+  return siq_limits(s.burst, s.quota, window, s.concurrency, s.margin_us)
 end
 
 -- A state created from nothing waits one interval before its first start: it cannot
 -- know when the last start was, and that is the price of never bursting after a loss.
 -- With a burst the credit starts spent (model.py: new_state): still one interval.
-local function siq_new(now, interval, epoch, burst, quota, window, conc)
-  local l = siq_limits(burst, quota, window, conc)
-  return {epoch = epoch, interval_us = interval, ticket = 0, current = 0,
-          anchor_us = now, last_start_us = now + l.burst * interval, paused = 0, started_us = 0,
-          held_until_us = 0, until_us = 0, idle_us = 0, burst = l.burst, quota = l.quota, window_us = l.window_us,
-          w_used = 0, concurrency = l.concurrency, pending_us = 0, pending_due_us = 0}
+local function siq_new(now, interval, epoch, burst, quota, window, conc, margin)
+  local l = siq_limits(burst, quota, window, conc, margin)
+  local spacing = interval + l.margin_us  -- the margin is in the interval and the window in force
+  local w = 0
+  if l.quota > 0 then w = l.window_us + l.margin_us end
+  return {epoch = epoch, interval_us = spacing, ticket = 0, current = 0,
+          anchor_us = now, last_start_us = now + l.burst * spacing, paused = 0, started_us = 0,
+          held_until_us = 0, until_us = 0, idle_us = 0, burst = l.burst, quota = l.quota, window_us = w,
+          w_used = 0, concurrency = l.concurrency, pending_us = 0, pending_due_us = 0, margin_us = l.margin_us}
 end
 
 -- A state created from nothing forgets the window's starts, as it forgets its last start.
@@ -94,9 +107,14 @@ local function siq_new_window(wkey)
   redis.call('DEL', wkey)
 end
 
--- The state runs at other limits (model.py: set_limits); l: a siq_limits table.
+-- The state runs at other limits (model.py: set_limits); l: a siq_limits table. The margin
+-- goes into the interval and the window in force.
 local function siq_set_limits(s, l)
-  s.burst, s.quota, s.window_us, s.concurrency = l.burst, l.quota, l.window_us, l.concurrency
+  local interval = s.interval_us - s.margin_us
+  s.burst, s.quota, s.concurrency, s.margin_us = l.burst, l.quota, l.concurrency, l.margin_us
+  s.interval_us = interval + l.margin_us
+  s.window_us = 0
+  if l.quota > 0 then s.window_us = l.window_us + l.margin_us end
 end
 
 local function siq_save(key, s)
@@ -105,7 +123,7 @@ local function siq_save(key, s)
              'paused', s.paused, 'started_us', s.started_us, 'held_until_us', s.held_until_us,
              'until_us', s.until_us, 'idle_us', s.idle_us, 'burst', s.burst, 'quota', s.quota,
              'window_us', s.window_us, 'w_used', s.w_used, 'conc', s.concurrency, 'pend_us', s.pending_us,
-             'pend_due', s.pending_due_us)
+             'pend_due', s.pending_due_us, 'margin', s.margin_us)
 end
 
 -- How long a start whose slot came waits before asking again while the last start's body
@@ -115,10 +133,11 @@ local function siq_pending_wait(s, now)
 end
 
 -- The flat reply shared by the control scripts: state fields, the store time, then the
--- times only the status shows, then the limits (14 values: redis.py STATE_REPLY).
+-- times only the status shows, then the limits (15 values: redis.py STATE_REPLY).
 local function siq_reply(s, now)
   return {s.epoch, s.interval_us, s.ticket, s.current, s.anchor_us, s.last_start_us,
-          s.paused, now, s.started_us, s.held_until_us, s.burst, s.quota, s.window_us, s.concurrency}
+          s.paused, now, s.started_us, s.held_until_us, s.burst, s.quota, s.window_us, s.concurrency,
+          s.margin_us}
 end
 
 -- The rate cap (model.py: cap): GCRA's theoretical arrival time less the burst tolerance.
@@ -737,10 +756,11 @@ end
 -- node is dropped); each is listed in .unreadable as 'field value', for the caller's log
 -- (the next save of the sources drops it).
 local SIQ_TEXT_FIELDS = {declared_by = true, override_by = true, limits_by = true}
-local SIQ_NODE_LIMITS = {['b:'] = 'burst', ['q:'] = 'quota', ['w:'] = 'window_us', ['c:'] = 'concurrency'}
+local SIQ_NODE_LIMITS = {['b:'] = 'burst', ['q:'] = 'quota', ['w:'] = 'window_us', ['c:'] = 'concurrency',
+                         ['m:'] = 'margin_us'}
 
 local function siq_node_fields(node)
-  return 'n:' .. node, 'e:' .. node, 'b:' .. node, 'q:' .. node, 'w:' .. node, 'c:' .. node
+  return 'n:' .. node, 'e:' .. node, 'b:' .. node, 'q:' .. node, 'w:' .. node, 'c:' .. node, 'm:' .. node
 end
 
 local function siq_sources(key, now, prune)
@@ -773,18 +793,18 @@ local function siq_sources(key, now, prune)
   end
   if fields.declared_burst then
     src.declared_limits = siq_limits(fields.declared_burst, fields.declared_quota, fields.declared_window_us,
-                                     fields.declared_conc)
+                                     fields.declared_conc, fields.declared_margin)
   end
-  src.override = {burst = fields.override_burst, concurrency = fields.override_conc}
+  src.override = {burst = fields.override_burst, concurrency = fields.override_conc, margin_us = fields.override_margin}
   if fields.override_quota then
-    local q = siq_limits(0, fields.override_quota, fields.override_window_us, 0)
+    local q = siq_limits(0, fields.override_quota, fields.override_window_us, 0, 0)
     src.override.quota, src.override.window_us = q.quota, q.window_us
   end
   for node, interval in pairs(intervals) do
     local e = expires[node]
     if interval > 0 and e and e > now then
       local l = limits[node]
-      if l and l.burst then l = siq_limits(l.burst, l.quota, l.window_us, l.concurrency) else l = nil end
+      if l and l.burst then l = siq_limits(l.burst, l.quota, l.window_us, l.concurrency, l.margin_us) else l = nil end
       src.nodes[node] = {interval, e, l}
     elseif prune then
       redis.call('HDEL', key, siq_node_fields(node))
@@ -816,8 +836,9 @@ end
 -- burst; a quota if any has one, of the smallest N over the longest window among those;
 -- the smallest concurrency cap among those with one.
 local function siq_strictest(list)
-  local burst, quota, window, cap = nil, 0, 0, 0
+  local burst, quota, window, cap, margin = nil, 0, 0, 0, 0
   for _, l in ipairs(list) do
+    if l.margin_us > margin then margin = l.margin_us end
     if burst == nil or l.burst < burst then burst = l.burst end
     if l.quota > 0 then
       if quota == 0 or l.quota < quota then quota = l.quota end
@@ -825,7 +846,7 @@ local function siq_strictest(list)
     end
     if l.concurrency > 0 and (cap == 0 or l.concurrency < cap) then cap = l.concurrency end
   end
-  return siq_limits(burst, quota, window, cap)
+  return siq_limits(burst, quota, window, cap, margin)
 end
 
 -- Kind by kind: the override if set, else the strictest live declaration (nodes of an
@@ -837,13 +858,14 @@ local function siq_effective_limits(src, s)
   end
   local base = src.declared_limits
   if #live > 0 then base = siq_strictest(live) end
-  if base == nil then base = siq_limits(s.burst, s.quota, s.window_us, s.concurrency) end
+  if base == nil then base = siq_declared(s) end
   local o = src.override
-  local burst, quota, window, conc = base.burst, base.quota, base.window_us, base.concurrency
+  local burst, quota, window, conc, margin = base.burst, base.quota, base.window_us, base.concurrency, base.margin_us
   if o.burst then burst = o.burst end
   if o.quota then quota, window = o.quota, o.window_us end
   if o.concurrency then conc = o.concurrency end
-  return siq_limits(burst, quota, window, conc)
+  if o.margin_us then margin = o.margin_us end
+  return siq_limits(burst, quota, window, conc, margin)
 end
 
 -- When the earliest live node declaration expires (0: none live): the effective interval
@@ -860,7 +882,7 @@ end
 -- (none: the stored one stays) and limits; until_us follows the live declarations.
 local function siq_apply_sources(src, s)
   local effective = siq_effective(src)
-  if effective > 0 then s.interval_us = effective end
+  if effective > 0 then s.interval_us = effective + s.margin_us end
   siq_set_limits(s, siq_effective_limits(src, s))
   s.until_us = siq_until(src)
 end
@@ -885,7 +907,7 @@ local function siq_save_sources(key, src)
   local d = src.declared_limits
   if d then
     redis.call('HSET', key, 'declared_burst', d.burst, 'declared_quota', d.quota,
-               'declared_window_us', d.window_us, 'declared_conc', d.concurrency)
+               'declared_window_us', d.window_us, 'declared_conc', d.concurrency, 'declared_margin', d.margin_us)
   end
   local o = src.override
   if o.burst then redis.call('HSET', key, 'override_burst', o.burst)
@@ -894,29 +916,32 @@ local function siq_save_sources(key, src)
   else redis.call('HDEL', key, 'override_quota', 'override_window_us') end
   if o.concurrency then redis.call('HSET', key, 'override_conc', o.concurrency)
   else redis.call('HDEL', key, 'override_conc') end
+  if o.margin_us then redis.call('HSET', key, 'override_margin', o.margin_us)
+  else redis.call('HDEL', key, 'override_margin') end
 end
 
--- Limits as four reply values; -1 for each when there are none (nil).
+-- Limits as five reply values; -1 for each when there are none (nil).
 local function siq_limits_reply(reply, l)
   if l then
-    for _, v in ipairs({l.burst, l.quota, l.window_us, l.concurrency}) do table.insert(reply, v) end
+    for _, v in ipairs({l.burst, l.quota, l.window_us, l.concurrency, l.margin_us}) do table.insert(reply, v) end
   else
-    for _ = 1, 4 do table.insert(reply, -1) end
+    for _ = 1, 5 do table.insert(reply, -1) end
   end
 end
 
--- The limits override as four reply values: each kind's, -1 for one not overridden (the
+-- The limits override as five reply values: each kind's, -1 for one not overridden (the
 -- window: 0 then).
 local function siq_override_reply(reply, o)
   table.insert(reply, o.burst or -1)
   table.insert(reply, o.quota or -1)
   table.insert(reply, o.window_us or 0)
   table.insert(reply, o.concurrency or -1)
+  table.insert(reply, o.margin_us or -1)
 end
 
 -- The sources as a flat reply (redis.py: _sources): the six interval fields, the declared
 -- limits (siq_limits_reply), the limits override (siq_override_reply), limits_by,
--- limits_at_us; then node, interval, expires and its four limits (siq_limits_reply) per
+-- limits_at_us; then node, interval, expires and its five limits (siq_limits_reply) per
 -- live node.
 local function siq_sources_reply(src)
   local reply = {src.declared_us, src.declared_by, src.declared_at_us, src.override_us,

@@ -8,7 +8,7 @@
 -- ARGV[3]  interval in microseconds for a state created here; 0 = do not create
 -- ARGV[4]  epoch for a state created here
 -- ARGV[5]  idle expiry in microseconds (0: never; see siq_touch)
--- ARGV[6..9]  burst, quota, window (microseconds), concurrency for a state created here
+-- ARGV[6..10]  burst, quota, window (microseconds), concurrency, margin for a state created here
 -- Returns {first, count, epoch, base_us, floor_us, interval_us, now_us}: ticket n is
 -- estimated to start at max(base_us + (n - first) * interval_us, floor_us); then, when the
 -- window quota binds any of them, one window slot per ticket (ClaimResult.window_us).
@@ -19,7 +19,7 @@ local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then
   if tonumber(ARGV[3]) <= 0 then return redis.error_reply('SIQNOTFOUND') end
-  s = siq_new(now, tonumber(ARGV[3]), ARGV[4], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+  s = siq_new(now, tonumber(ARGV[3]), ARGV[4], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10])
   siq_new_window(KEYS[10])
 else
   siq_follow_expiry(KEYS[7], s, now)  -- saved below

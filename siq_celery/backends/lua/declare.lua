@@ -14,34 +14,34 @@
 -- ARGV[7]  1: announce (a new declaration replaces the last one, and the override of what
 --          changed); 0: renew
 -- ARGV[8]  idle expiry in microseconds (0: never; see siq_touch)
--- ARGV[9..12]  the declared burst, quota, window (microseconds), concurrency: the node's
+-- ARGV[9..13]  the declared burst, quota, window (microseconds), concurrency, margin: the node's
 --          declaration, the queue's declaration with an announcement, and a state created here's
 -- Returns {created (0|1), old declared_us, declared_us, old interval_us, interval_us,
 -- replaced override_us (0: none), its origin}, then the old and new declared limits, the
--- old and new effective limits (four values each: siq_limits_reply), the kinds of the
+-- old and new effective limits (five values each: siq_limits_reply), the kinds of the
 -- limits override replaced (siq_override_reply) and its origin; then each unreadable field
 -- of the sources as 'field value' (dropped here: siq_sources).
 local now = siq_now(ARGV[1])
 local interval = tonumber(ARGV[2])
 local node, ttl, origin, announce = ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7] == '1'
-local limits = siq_limits(ARGV[9], ARGV[10], ARGV[11], ARGV[12])
+local limits = siq_limits(ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13])
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 local created, old_interval = 0, 0
 if not s then
-  s = siq_new(now, interval, ARGV[3], ARGV[9], ARGV[10], ARGV[11], ARGV[12])
+  s = siq_new(now, interval, ARGV[3], ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13])
   siq_new_window(KEYS[10])
   created = 1
 else
   old_interval = s.interval_us
 end
-local old_limits = siq_limits(s.burst, s.quota, s.window_us, s.concurrency)
+local old_limits = siq_declared(s)
 local src = siq_sources(KEYS[7], now, true)
 if node ~= '' then
   if ttl > 0 then
-    local n, e, b, q, w, c = siq_node_fields(node)
+    local n, e, b, q, w, c, m = siq_node_fields(node)
     redis.call('HSET', KEYS[7], n, interval, e, now + ttl, b, limits.burst, q, limits.quota, w, limits.window_us,
-               c, limits.concurrency)
+               c, limits.concurrency, m, limits.margin_us)
     src.nodes[node] = {interval, now + ttl, limits}
   else
     redis.call('HDEL', KEYS[7], siq_node_fields(node))
@@ -70,9 +70,12 @@ if (announce and not siq_limits_equal(limits, old_declared_limits)) or old_decla
     if o.concurrency and (was == nil or was.concurrency ~= limits.concurrency) then
       replaced_limits.concurrency, o.concurrency, any = o.concurrency, nil, true
     end
+    if o.margin_us and (was == nil or was.margin_us ~= limits.margin_us) then
+      replaced_limits.margin_us, o.margin_us, any = o.margin_us, nil, true
+    end
     if any then
       replaced_limits_by = src.limits_by
-      if not (o.burst or o.quota or o.concurrency) then src.limits_by, src.limits_at_us = '', 0 end
+      if not (o.burst or o.quota or o.concurrency or o.margin_us) then src.limits_by, src.limits_at_us = '', 0 end
     end
   end
 end
@@ -84,7 +87,7 @@ local reply = {created, old_declared, src.declared_us, old_interval, s.interval_
 siq_limits_reply(reply, old_declared_limits)
 siq_limits_reply(reply, src.declared_limits)
 siq_limits_reply(reply, old_limits)
-siq_limits_reply(reply, s)
+siq_limits_reply(reply, siq_declared(s))
 siq_override_reply(reply, replaced_limits)
 table.insert(reply, replaced_limits_by)
 for _, field in ipairs(src.unreadable) do table.insert(reply, field) end

@@ -15,7 +15,7 @@
 -- ARGV[4]  origin, for people: who reset it with that interval
 -- ARGV[5]  idle expiry in microseconds, or 0: the queue's own (an operator's command does
 --          not know it; a per-key queue keeps expiring when idle: siq_touch)
--- ARGV[6..9]  burst, quota, window (microseconds), concurrency for a state created here; an
+-- ARGV[6..10]  burst, quota, window (microseconds), concurrency, margin for a state created here; an
 --          existing state keeps its limits, its window (the starts happened) and its leases
 --          (the bodies still run)
 -- Returns the state as siq_reply, then each unreadable field of the sources as 'field value'
@@ -29,15 +29,16 @@ local fair_v = redis.call('HGET', KEYS[1], 'fair_v')  -- the fair lines are kept
 local old = s
 if s then
   siq_follow_expiry(KEYS[7], s, now)
-  if interval <= 0 then interval = s.interval_us end
+  if interval <= 0 then interval = s.interval_us - s.margin_us end  -- the declared interval: the margin is added again
 elseif interval <= 0 then
   return redis.error_reply('SIQNOTFOUND')  -- missing (or corrupt) state and no interval given
 else
-  old = siq_new(now, interval, ARGV[3], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+  old = siq_new(now, interval, ARGV[3], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10])
   siq_new_window(KEYS[10])
 end
 redis.call('DEL', KEYS[1])
-s = siq_new(now, interval, ARGV[3], old.burst, old.quota, old.window_us, old.concurrency)
+local kept = siq_declared(old)
+s = siq_new(now, interval, ARGV[3], kept.burst, kept.quota, kept.window_us, kept.concurrency, kept.margin_us)
 s.last_start_us, s.until_us, s.idle_us, s.w_used = old.last_start_us, old.until_us, old.idle_us, old.w_used
 local started, held = old.started_us, old.held_until_us
 if seq then redis.call('HSET', KEYS[1], 'w_seq', seq) end
@@ -45,7 +46,7 @@ if cum then redis.call('HSET', KEYS[1], 'w_cum', cum) end
 if fair_v then redis.call('HSET', KEYS[1], 'fair_v', fair_v) end
 s.started_us, s.held_until_us = started, held  -- kept, as the last start is
 s.pending_us, s.pending_due_us = old.pending_us, old.pending_due_us  -- its body still begins, and reports
-s.anchor_us = now - interval  -- ticket 1 of the new life is due at once
+s.anchor_us = now - s.interval_us  -- ticket 1 of the new life is due at once (the margin in its spacing)
 local parked = {}
 for _, key in ipairs({KEYS[4], KEYS[6]}) do
   for _, id in ipairs(redis.call('ZRANGE', key, 0, -1)) do

@@ -11,6 +11,7 @@
 -- ARGV[5]  the concurrency override (0: no cap), or -1: not set here
 -- ARGV[6]  origin, for people: who set it (user, host, pid)
 -- ARGV[7]  idle expiry in microseconds, or 0: the queue's own (see siq_touch)
+-- ARGV[8]  the margin override in microseconds (0: none), or -1: not set here
 -- With every kind -1 the override is cleared.
 -- Returns the state as siq_reply, then each unreadable field of the sources as 'field value'
 -- (dropped here: siq_sources); error SIQNOTFOUND if the queue has no state.
@@ -19,18 +20,19 @@ local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then return redis.error_reply('SIQNOTFOUND') end
 local src = siq_sources(KEYS[7], now, true)
-local burst, quota, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
+local burst, quota, conc, margin = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[8]) or -1
 local o = src.override
-if burst < 0 and quota < 0 and conc < 0 then
+if burst < 0 and quota < 0 and conc < 0 and margin < 0 then
   src.override = {}
   src.limits_by, src.limits_at_us = '', 0
 else
   if burst >= 0 then o.burst = burst end
   if quota >= 0 then
-    local q = siq_limits(0, quota, ARGV[4], 0)
+    local q = siq_limits(0, quota, ARGV[4], 0, 0)
     o.quota, o.window_us = q.quota, q.window_us
   end
   if conc >= 0 then o.concurrency = conc end
+  if margin >= 0 then o.margin_us = margin end
   src.limits_by, src.limits_at_us = ARGV[6], now
 end
 return siq_commit_override(KEYS, s, src, tonumber(ARGV[7]), now)

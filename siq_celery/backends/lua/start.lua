@@ -20,17 +20,17 @@
 -- ARGV[13]  idle expiry in microseconds (0: never; see siq_touch)
 -- ARGV[14]  starts without a finish after which task ARGV[4] is refused ('lost'); 0: no limit
 -- ARGV[15], ARGV[16]  retention (microseconds) and most records kept of those counts
--- ARGV[17..20]  burst, quota, window (microseconds), concurrency for a state created here
--- ARGV[21]  the lease member an authorized start takes: the run's (named ARGV[4], taken in any
+-- ARGV[17..21]  burst, quota, window (microseconds), concurrency, margin for a state created here
+-- ARGV[22]  the lease member an authorized start takes: the run's (named ARGV[4], taken in any
 --           queue; a copy of the task is answered 'running' while it is live), or another
 --           (taken only in a queue with a concurrency cap)
--- ARGV[22]  the lease's time to live (microseconds): siq_lease_timeout
--- ARGV[23..25]  for the ledger: a fair task's key ('' none), virtual start tag and weight
--- ARGV[26]  the asking call's token ('' none): kept as the owner of the run's lease (with a
+-- ARGV[23]  the lease's time to live (microseconds): siq_lease_timeout
+-- ARGV[24..26]  for the ledger: a fair task's key ('' none), virtual start tag and weight
+-- ARGV[27]  the asking call's token ('' none): kept as the owner of the run's lease (with a
 --           task id, in the parked messages hash KEYS[5]: siq_set_owner); a start it was
 --           given already, whose reply was lost, is answered again as it was and records
 --           nothing (siq_own_start), where another asker is answered 'running'
--- ARGV[27]  the body's begin wait in microseconds ('' or 0: none): the body will report when it
+-- ARGV[28]  the body's begin wait in microseconds ('' or 0: none): the body will report when it
 --           began (began.lua); later starts wait for that report this long at most
 -- KEYS[10]  the queue's window (siq_units); KEYS[11]  its leases (siq_read_leases)
 -- KEYS[12]  the queue's fair keys with waiting tasks, for idle expiry (siq_touch)
@@ -46,7 +46,7 @@ local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end
 if not s then
   if tonumber(ARGV[5]) <= 0 then return redis.error_reply('SIQNOTFOUND') end
-  s = siq_new(now, tonumber(ARGV[5]), ARGV[6], ARGV[17], ARGV[18], ARGV[19], ARGV[20])
+  s = siq_new(now, tonumber(ARGV[5]), ARGV[6], ARGV[17], ARGV[18], ARGV[19], ARGV[20], ARGV[21])
   siq_new_window(KEYS[10])
   siq_save(KEYS[1], s)
   siq_touch(KEYS, s, tonumber(ARGV[13]), now)
@@ -61,11 +61,11 @@ if ARGV[4] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[4]) then
   refused('duplicate')
   return {'duplicate', ticket, now, 0, 0, 0, '', 0}
 end
-local run = ARGV[4] ~= '' and ARGV[21] == ARGV[4]  -- the lease taken is the run's
-local token = run and ARGV[26] or ''
+local run = ARGV[4] ~= '' and ARGV[22] == ARGV[4]  -- the lease taken is the run's
+local token = run and ARGV[27] or ''
 local own_at, own_slot = siq_own_start(KEYS[5], KEYS[11], ARGV[4], token, now)
 if own_at then  -- this call's own start, its reply lost: the same, charged once (model.start)
-  return {'authorized', ticket, own_at, 0, own_slot, s.interval_us, ARGV[21], 0}
+  return {'authorized', ticket, own_at, 0, own_slot, s.interval_us, ARGV[22], 0}
 end
 local running = siq_running(KEYS[11], ARGV[4], now)  -- a copy of this task runs (model.running_copy)
 if running then
@@ -88,12 +88,12 @@ if verdict ~= 'authorized' then
   return {verdict, ticket, now, wait, slot, interval, '', full and 1 or 0}
 end
 local interval = s.interval_us  -- the interval this start was measured against
-local lease = siq_commit(KEYS[1], s, ticket, cost, now, KEYS[10], KEYS[11], ARGV[21], now + tonumber(ARGV[22]), run,
-                         tonumber(ARGV[27]) or 0)
+local lease = siq_commit(KEYS[1], s, ticket, cost, now, KEYS[10], KEYS[11], ARGV[22], now + tonumber(ARGV[23]), run,
+                         tonumber(ARGV[28]) or 0)
 if run then siq_set_owner(KEYS[5], ARGV[4], token, now, slot) end
 if max_lost > 0 then siq_count_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15]), tonumber(ARGV[16])) end
 siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11], cost,
-                 lease, tonumber(ARGV[22]), {ARGV[23], ARGV[24], ARGV[25]})
+                 lease, tonumber(ARGV[23]), {ARGV[24], ARGV[25], ARGV[26]})
 siq_count_start(KEYS[8], now, slot, interval, tonumber(ARGV[11]) or 0)
 siq_touch(KEYS, s, tonumber(ARGV[13]), now)
 return {'authorized', ticket, now, 0, slot, interval, lease, 0}

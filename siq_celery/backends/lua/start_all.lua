@@ -20,14 +20,14 @@
 --             for a state created here (0 = do not create), idle expiry in microseconds (0:
 --             never; see siq_touch); then three more: starts without a finish after which
 --             task ARGV[2] is refused ('lost', 0: no limit), the retention (microseconds) and
---             the most records kept of those counts; then per queue i, four values: burst,
---             quota, window, concurrency for a state created here; then the lease member the
+--             the most records kept of those counts; then per queue i, five values: burst,
+--             quota, window, concurrency, margin for a state created here; then the lease member the
 --             start takes in each queue with a concurrency cap (and in the first queue when it
 --             is the run's, named ARGV[2]: a copy is answered 'running' while it is live), and
 --             the lease's time to live (microseconds); then, for the ledger, a fair task's key
 --             ('' none), virtual start tag and weight; and last the asking call's token ('' none),
---             kept as the owner of the run's lease in the first queue (start.lua: ARGV[26]),
---             and after it the body's begin wait (start.lua: ARGV[27]; '' or 0: none)
+--             kept as the owner of the run's lease in the first queue (start.lua: ARGV[27]),
+--             and after it the body's begin wait (start.lua: ARGV[28]; '' or 0: none)
 -- Returns one {verdict, ticket, now_us, wait_us, slot_us, interval_us, lease, full} per queue.
 local now = siq_now(ARGV[1])
 local cost = tonumber(ARGV[8]) or 1
@@ -35,7 +35,7 @@ local per = 12  -- keys per queue: QueueKeys.all
 local n = #KEYS / per
 local lost_args = 10 + 4 * n
 local limit_args = lost_args + 3
-local lease_args = limit_args + 4 * n
+local lease_args = limit_args + 5 * n
 local max_lost = ARGV[2] ~= '' and tonumber(ARGV[lost_args]) or 0  -- model.too_many_lost
 local states, tickets, replies = {}, {}, {}
 local function key(i, k) return KEYS[per * (i - 1) + k] end  -- queue i's k-th key of QueueKeys.all
@@ -57,8 +57,8 @@ for i = 1, n do
   if not s then
     local interval = tonumber(ARGV[8 + 4 * i]) or 0
     if interval <= 0 then return redis.error_reply('SIQNOTFOUND') end
-    local at = limit_args + 4 * (i - 1)
-    s = siq_new(now, interval, ARGV[9], ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3])
+    local at = limit_args + 5 * (i - 1)
+    s = siq_new(now, interval, ARGV[9], ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4])
     siq_new_window(key(i, 10))
     siq_save(key(i, 1), s)
     states[i] = s
