@@ -47,6 +47,7 @@ def bench_env(port: int) -> dict[str, str]:
     env = {
         "SIQ_BENCH_BROKER": f"{base}/1", "SIQ_BENCH_STORE": f"{base}/2", "SIQ_BENCH_RECORD": f"{base}/3",
         "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "SIQ_BENCH_MARGIN": os.environ.get("SIQ_BENCH_MARGIN", ""),  # siq_default_margin, e.g. "1ms"
     }  # fmt: skip
     os.environ.update(env)
     return env

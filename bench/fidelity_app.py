@@ -4,7 +4,7 @@ Tasks that record when their body starts: ``fid.siq`` (an IntervalTask), ``fid.r
 plain task under Celery's own ``rate_limit``, ``SIQ_BENCH_RATE``, e.g. "50/s"),
 ``fid.fair`` (bench/fair_workers.py) and ``fid.window`` (50 ms and a window quota of
 50 in 10 s: bench/window_workers.py). Each runs on its own broker queue. ``SIQ_BENCH_BROKER``, ``SIQ_BENCH_STORE``,
-``SIQ_BENCH_RECORD``.
+``SIQ_BENCH_RECORD``; ``SIQ_BENCH_MARGIN`` (``siq_default_margin``, e.g. "1ms").
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ app.conf.update(
         "fid.siq": {"queue": "fid-siq"}, "fid.rate": {"queue": "fid-rate"}, "fid.fair": {"queue": "fid-fair"},
         "fid.window": {"queue": "fid-window"},
     },
+    siq_default_margin=os.environ.get("SIQ_BENCH_MARGIN") or None,
 )  # fmt: skip
 _clients: dict[int, redis.Redis] = {}
 
