@@ -138,8 +138,9 @@ def _next_start(st: QueueStatus) -> str:
 
 
 def _spacing(st: QueueStatus) -> str:
-    """The interval; 'none' for a queue that only has a quota (no spacing of its own)."""
-    return _interval_text(st.state.interval_us)
+    """The interval as declared (the margin is in the limits column); 'none' for a queue
+    that only has a quota (no spacing of its own)."""
+    return _interval_text(st.state.declared_interval_us)
 
 
 def _interval_text(interval_us: int) -> str:
@@ -342,9 +343,9 @@ def set_interval_command(store: StoreOptions, queue: str, interval: str | None, 
     with one_line_errors():
         state = store.queue(queue).set_interval(None if interval_us is None else interval_us / 1e6)
     if clear:
-        click.echo(f"{queue}: override cleared, interval {format_interval(state.interval_us)}")
+        click.echo(f"{queue}: override cleared, interval {format_interval(state.declared_interval_us)}")
     else:
-        click.echo(f"{queue}: interval {format_interval(state.interval_us)} (override)")
+        click.echo(f"{queue}: interval {format_interval(state.declared_interval_us)} (override)")
 
 
 @click.command("set-limits", cls=SiqCommand, context_settings=NEGATIVE_VALUES)

@@ -45,10 +45,10 @@ def binding_use(st: QueueStatus, rate: float | None) -> float | None:
 
 
 def has_limits(st: QueueStatus) -> bool:
-    """Whether the queue has a limit beyond its interval (a quota, a burst or a cap), or an
+    """Whether the queue has a limit beyond its interval (a quota, a burst, a cap or a margin), or an
     operator's override of one."""
     s = st.state
-    return bool(s.quota or s.burst or s.concurrency or st.sources.limits_override)
+    return bool(s.quota or s.burst or s.concurrency or s.margin_us or st.sources.limits_override)
 
 
 def limits_text(st: QueueStatus) -> str:
@@ -58,11 +58,13 @@ def limits_text(st: QueueStatus) -> str:
     ``-`` for none."""
     s, o, parts = st.state, st.sources.limits_override, []
     if s.quota:
-        parts.append(f"{st.window_used}/{s.quota} in {format_interval(s.window_us)}" + _mark(o.quota))
+        parts.append(f"{st.window_used}/{s.quota} in {format_interval(s.limits.window_us)}" + _mark(o.quota))
     if s.burst:
         parts.append(f"burst {s.burst}" + _mark(o.burst))
     if s.concurrency:
         parts.append(f"in flight {st.in_flight}/{s.concurrency}" + _mark(o.concurrency))
+    if s.margin_us:
+        parts.append(f"margin {format_interval(s.margin_us)}" + _mark(o.margin_us))
     lifted = [kind for kind, v in (("quota", o.quota), ("concurrency", o.concurrency)) if v == 0]
     parts += [f"no {kind} (override)" for kind in lifted]
     return ", ".join(parts) or "-"

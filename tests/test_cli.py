@@ -311,10 +311,26 @@ def test_set_limits_overrides_some_kinds_status_shows_where_limits_come_from_and
     assert not q.status().sources.limits_override
 
 
+def test_a_margin_set_at_runtime_is_shown_apart_from_the_interval_it_spaces(url: str) -> None:
+    q = IntervalQueue("geo", url=url, interval="100ms", margin="2ms")
+    q.declare()
+    code, out = run(url, "set-limits", "geo", "--margin", "5ms")
+    assert (code, out) == (0, "geo: limits margin 5ms (override: margin 5ms)\n")
+    assert q.status().state.interval_us == 105_000  # what the starts are spaced by
+    row = run(url, "status", "geo")[1].strip().splitlines()[1]
+    assert row.split()[1] == "100ms" and "margin 5ms (override)" in row, row
+    shown = json.loads(run(url, "status", "geo", "--json")[1])[0]
+    assert (shown["interval_s"], shown["margin_s"], shown["limits_override"]) == (0.1, 0.005, {"margin_s": 0.005})
+    assert shown["declared_limits"]["margin_s"] == 0.002
+    assert run(url, "set-limits", "geo", "--margin", "none")[1] == "geo: limits none (override: margin none)\n"
+    assert q.status().state.interval_us == 100_000
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
         (["set-limits", "geo"], 2, "give --burst, --quota, --concurrency or --margin, or --clear"),
+        (["set-limits", "geo", "--margin", "soon"], 2, "margin 'soon': a duration from 0 to 60 s"),
         (["set-limits", "geo", "--burst", "1", "--clear"], 2, "(not both)"),
         # a bad value is a usage error (2), as set-interval's, backoff's and resume's are
         (["set-limits", "geo", "--burst", "-1"], 2, "burst -1: a whole number of starts from 0 to 10000"),
