@@ -88,20 +88,6 @@ local function siq_declared(s)
   return siq_limits(s.burst, s.quota, window, s.concurrency, s.margin_us)
 end
 
--- A state created from nothing waits one interval before its first start: it cannot
--- know when the last start was, and that is the price of never bursting after a loss.
--- With a burst the credit starts spent (model.py: new_state): still one interval.
-local function siq_new(now, interval, epoch, burst, quota, window, conc, margin)
-  local l = siq_limits(burst, quota, window, conc, margin)
-  local spacing = interval + l.margin_us  -- the margin is in the interval and the window in force
-  local w = 0
-  if l.quota > 0 then w = l.window_us + l.margin_us end
-  return {epoch = epoch, interval_us = spacing, ticket = 0, current = 0,
-          anchor_us = now, last_start_us = now + l.burst * spacing, paused = 0, started_us = 0,
-          held_until_us = 0, until_us = 0, idle_us = 0, burst = l.burst, quota = l.quota, window_us = w,
-          w_used = 0, concurrency = l.concurrency, pending_us = 0, pending_due_us = 0, margin_us = l.margin_us}
-end
-
 -- A state created from nothing forgets the window's starts, as it forgets its last start.
 local function siq_new_window(wkey)
   redis.call('DEL', wkey)
@@ -115,6 +101,18 @@ local function siq_set_limits(s, l)
   s.interval_us = interval + l.margin_us
   s.window_us = 0
   if l.quota > 0 then s.window_us = l.window_us + l.margin_us end
+end
+
+-- A state created from nothing waits one interval before its first start: it cannot
+-- know when the last start was, and that is the price of never bursting after a loss.
+-- With a burst the credit starts spent (model.py: new_state): still one interval.
+local function siq_new(now, interval, epoch, burst, quota, window, conc, margin)
+  local s = {epoch = epoch, interval_us = interval, ticket = 0, current = 0, anchor_us = now, last_start_us = now,
+             paused = 0, started_us = 0, held_until_us = 0, until_us = 0, idle_us = 0, w_used = 0, pending_us = 0,
+             pending_due_us = 0, margin_us = 0}
+  siq_set_limits(s, siq_limits(burst, quota, window, conc, margin))
+  s.last_start_us = now + s.burst * s.interval_us
+  return s
 end
 
 local function siq_save(key, s)
