@@ -383,7 +383,11 @@ class WindowUnits:
     Built first by every operation that reads the window: it forgets the starts that left
     the window, and when the window held the head until one of them left, the line is due
     from that time (the anchor moves there): a head the window held is not late, so
-    neither the outage shift nor the burst counts the wait as lateness."""
+    neither the outage shift nor the burst counts the wait as lateness.
+
+    The last start is kept while its body may still report (:func:`began`), however old:
+    its report moves it to when the body began, where the window must count it. A unit
+    older than the window places no slot later than now, so keeping it delays nothing."""
 
     def __init__(self, state: QueueState, window: Window, now_us: int) -> None:
         cutoff = now_us - state.window_us
@@ -392,7 +396,7 @@ class WindowUnits:
         unit = window.used() + 1 - state.quota
         if unit >= 1 and (left := window.unit_time(unit)) <= cutoff:
             state.anchor_us = max(state.anchor_us, left + state.window_us - state.interval_us)
-        window.trim(cutoff)
+        window.trim(window_cutoff(state, now_us))
         self.state, self.window, self.m = state, window, window.used()
         self._times: dict[int, int] = {}
 
@@ -424,6 +428,14 @@ class WindowUnits:
         hard = self.time(self.m + units - s.quota)
         line = self.time(self.m + ahead + units - s.quota)
         return max(0 if hard is None else hard + s.window_us, 0 if line is None else line + s.window_us)
+
+
+def window_cutoff(state: QueueState, now_us: int) -> int:
+    """The window forgets the starts at or before this time: those that left it (the window
+    ending now), but not the last start while its body may still report that it began
+    (``pending_us`` not 0: awaited, or reported and may report again; see :func:`began`)."""
+    cutoff = now_us - state.window_us
+    return min(cutoff, state.started_us - 1) if state.pending_us else cutoff
 
 
 def window_used(window: Window, cutoff_us: int) -> int:

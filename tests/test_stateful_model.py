@@ -106,7 +106,10 @@ class Reference:
         k = len(units) + 1 - self.quota
         if k >= 1 and units[k - 1] <= now - self.window:
             q["anchor"] = max(q["anchor"], units[k - 1] + self.window - q["I"])  # type: ignore[index, call-overload, operator]
-        self.win = [e for e in self.win if e[0] > now - self.window]
+        keep = now - self.window  # the last start stays while its body may still report
+        if q["pend"]:
+            keep = min(keep, q["began"] - 1)  # type: ignore[call-overload, operator]
+        self.win = [e for e in self.win if e[0] > keep]
         return [t for t, c in self.win for _ in range(c)]
 
     def window_slot(self, units: list[int], memo: dict[int, int], ticket: int, cost: int) -> int:
@@ -294,8 +297,8 @@ class StoresAgree(RuleBasedStateMachine):
         epoch = next(self.epochs)
         results = [s.claim("q", n, self.interval, epoch, limits=self.limits) for s in self.stores]
         expected = self.ref.claim(n, self.interval, epoch)
-        for r in results:
-            assert (r.first, r.epoch, r.base_us, r.floor_us, r.window_us) == expected
+        for i, r in enumerate(results):
+            assert (r.first, r.epoch, r.base_us, r.floor_us, r.window_us) == expected, (i, self.ref.win, self.ref.q)
         self.tickets += [(expected[0] + i, expected[1]) for i in range(n)]
 
     @precondition(lambda self: self.tickets)

@@ -104,6 +104,29 @@ def test_the_window_counts_the_bodys_start(store: Store) -> None:
     assert q.start(tickets[2], reports=True).authorized
 
 
+def test_a_start_whose_body_reports_after_a_window_is_counted_where_its_body_began(store: Store) -> None:
+    """A start still awaiting its body's report stays in the window however old: the
+    report places it there (found by the stateful test: it had left the window, its
+    report moved nothing, and a quota of 2 admitted 3 bodies in one window)."""
+    q = IntervalQueue("q", interval="10ms", quota="2/150ms", backend=store.backend())
+    tickets = [q.claim() for _ in range(3)]
+    store.clock.advance(us=10 * MS)
+    one = q.start(tickets[0], reports=True)
+    store.clock.now_us = one.now_us + 160 * MS  # a window later, its body has not begun yet
+    assert q.start(tickets[1], reports=True).verdict is Verdict.WAIT  # the window is read meanwhile
+    assert q.began(one, wait=True)  # the body begins now: one.now_us + 160 ms
+    assert q.status().window_used == 1
+    store.clock.now_us = one.now_us + 170 * MS
+    two = q.start(tickets[1], reports=True)
+    assert two.authorized and q.began(two, wait=True)
+    store.clock.now_us = one.now_us + 180 * MS
+    held = q.start(tickets[2], reports=True)
+    assert held.verdict is Verdict.WAIT and held.wait_us == 130 * MS  # until the first body's start leaves
+    store.clock.now_us = one.now_us + 321 * MS  # both bodies' starts left the window
+    assert q.status().window_used == 0
+    assert q.start(tickets[2], reports=True).authorized
+
+
 def test_a_reset_keeps_the_pending_start(store: Store) -> None:
     q = queue(store)
     first = q.claim()

@@ -332,6 +332,14 @@ local function siq_unit_time(u, unit)
   return nil
 end
 
+-- The window forgets the starts at or before this time (model.window_cutoff): those that
+-- left it, but not the last start while its body may still report that it began.
+local function siq_window_cutoff(s, now)
+  local cutoff = now - s.window_us
+  if s.pending_us ~= 0 then return math.min(cutoff, s.started_us - 1) end
+  return cutoff
+end
+
 -- Read the window at now (nil without a quota): forget the starts that left it, and when
 -- the window held the head until one of them left, the line is due from then (the anchor
 -- moves; written to the state hash at once, as is w_used). A window whose starts all cost 1
@@ -361,6 +369,7 @@ local function siq_units(wkey, skey, s, now)
       redis.call('HSET', skey, 'anchor_us', s.anchor_us)
     end
   end
+  cutoff = siq_window_cutoff(s, now)
   local gone = redis.call('ZCOUNT', wkey, '-inf', cutoff)
   if gone > 0 then
     local units = gone
@@ -378,10 +387,22 @@ local function siq_units(wkey, skey, s, now)
   return u
 end
 
+-- The cost units of the window's 'gone' oldest starts, as siq_units_read reads the window
+-- (by its numbers from u.base, by rank when all cost 1, else summed).
+local function siq_units_gone(u, wkey, gone)
+  if gone <= 0 then return 0 end
+  if u.base then return siq_member_units(redis.call('ZRANGE', wkey, gone - 1, gone - 1)[1]) - u.base end
+  if u.ones then return gone end
+  local units = 0
+  for _, member in ipairs(redis.call('ZRANGE', wkey, 0, gone - 1)) do units = units + siq_member_cost(member) end
+  return units
+end
+
 -- The window read at now without a write (model.status_window): siq_units on a copy of s,
 -- hiding the starts that left the window instead of forgetting them; nil without a quota.
 -- skey: the state hash (its w_cum). A window not numbered by units is read whole
--- (numbering it is a write).
+-- (numbering it is a write). u.used: the units started in the window ending now (the
+-- status's use; the last start kept while its body may report is not counted once older).
 local function siq_units_read(wkey, skey, s, now)
   if s.quota <= 0 then return nil end
   local c = {}
@@ -396,15 +417,13 @@ local function siq_units_read(wkey, skey, s, now)
     local left = siq_unit_time(u, unit)
     if left and left <= cutoff then c.anchor_us = math.max(c.anchor_us, left + c.window_us - c.interval_us) end
   end
-  local gone = redis.call('ZCOUNT', wkey, '-inf', cutoff)
+  u.used = math.max(c.w_used - siq_units_gone(u, wkey, redis.call('ZCOUNT', wkey, '-inf', cutoff)), 0)
+  local gone = redis.call('ZCOUNT', wkey, '-inf', siq_window_cutoff(c, now))
   if gone > 0 then
-    local units = gone
+    local units = siq_units_gone(u, wkey, gone)
     if u.base then
-      local n = siq_member_units(redis.call('ZRANGE', wkey, gone - 1, gone - 1)[1])
-      units, u.base = n - u.base, n
+      u.base = u.base + units
     elseif not u.ones then
-      units = 0
-      for _, member in ipairs(redis.call('ZRANGE', wkey, 0, gone - 1)) do units = units + siq_member_cost(member) end
       u.list = nil
     end
     c.w_used = math.max(c.w_used - units, 0)

@@ -37,7 +37,7 @@ table.insert(reply, tonumber(refused[2]) or 0)
 local u = siq_units_read(KEYS[7], KEYS[1], s, now)  -- the starts that left the window are hidden, not forgotten
 local used, head, last = 0, 0, 0
 if u then
-  used, head = u.m, siq_window_slot(u, s.current + 1, 1)
+  used, head = u.used, siq_window_slot(u, s.current + 1, 1)
   if s.ticket > s.current then last = siq_window_slot(u, s.ticket, 1) end
 end
 table.insert(reply, used)
