@@ -34,7 +34,7 @@ from .leases import KEEPER
 from .ledger import StartRecord
 from .limits import check_not_a_quota
 from .model import BEGIN_WAIT_US, FREE
-from .queue import IntervalQueue, begin_body, logger, new_epoch, validate_cost, wait_in_line
+from .queue import IntervalQueue, begin_body, logger, new_epoch, report_again_if_late, validate_cost, wait_in_line
 from .types import Decision, Ticket
 
 
@@ -144,6 +144,7 @@ class CombinedQueue:
         )  # fmt: skip
         outcome = "FAILURE"
         try:
+            report_again_if_late()
             yield decision
             outcome = "SUCCESS"
         finally:

@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -589,6 +590,7 @@ class IntervalQueue:
         )  # fmt: skip
         outcome = "FAILURE"
         try:
+            report_again_if_late()
             yield decision
             outcome = "SUCCESS"
         finally:
@@ -768,20 +770,16 @@ def body_may_begin(line: Line, decision: Decision, task_id: str = "") -> bool:
     :data:`LATE_BEGIN_S` (this process stood still since it asked: a loaded host, a pause):
     then the store's answer says whether the start still holds. False: it does not (its
     wait expired and a later start came, or the store could not be asked); the body must
-    not begin now, and the caller gives the start back and waits again."""
+    not begin now, and the caller gives the start back and waits again. A report sent
+    without waiting is looked at once more by :func:`report_again_if_late`, the caller's
+    very last step."""
+    _LAST_REPORT.line = _LAST_REPORT.decision = None
     if not decision.asked_at or line._monotonic() - decision.asked_at <= LATE_BEGIN_S:
-        # The report's send can hand the CPU to the store (on one host) or to anything else
-        # runnable: a process that stood still after it begins its body later than the
-        # store placed it, so it reports again (the start moves again, while still the last).
-        for _ in range(REPORTS):
-            sent = line._monotonic()
-            try:
-                line.began(decision, task_id=task_id)
-            except Exception as exc:  # the start stands as authorized: later starts wait 500 ms at most
-                logger.warning("queue %r: could not report a body's start: %s: %s", line.name, type(exc).__name__, exc)
-                break
-            if line._monotonic() - sent <= REPORT_AGAIN_S:
-                break
+        sent = _report(line, decision, task_id)
+        if sent is not None:
+            _LAST_REPORT.line, _LAST_REPORT.decision, _LAST_REPORT.task_id, _LAST_REPORT.sent = (
+                line, decision, task_id, sent,
+            )  # fmt: skip
         return True
     try:
         held = line.began(decision, wait=True, task_id=task_id)
@@ -794,6 +792,55 @@ def body_may_begin(line: Line, decision: Decision, task_id: str = "") -> bool:
                        "later start may have come: waiting again", line.name,
                        (line._monotonic() - decision.asked_at) * 1e3)  # fmt: skip
     return held
+
+
+def _report(line: Line, decision: Decision, task_id: str) -> float | None:
+    """Send the body's report without waiting for the answer, again while a send took
+    long (the process stood still in it; :data:`REPORTS` at most): the time the last
+    send ended (this process's clock), or None if the store could not be told (the start
+    stands as authorized: later starts wait for it :data:`BEGIN_WAIT_US` at most)."""
+    # The report's send can hand the CPU to the store (on one host) or to anything else
+    # runnable: a process that stood still after it begins its body later than the store
+    # placed it, so it reports again (the start moves again, while still the last).
+    for _ in range(REPORTS):
+        sent = line._monotonic()
+        try:
+            line.began(decision, task_id=task_id)
+        except Exception as exc:
+            logger.warning("queue %r: could not report a body's start: %s: %s", line.name, type(exc).__name__, exc)
+            return None
+        done = line._monotonic()
+        if done - sent <= REPORT_AGAIN_S:
+            return done
+    return done
+
+
+class _LastReport(threading.local):
+    """The report this thread (greenlet, on a green pool) sent last without waiting, until
+    its body begins (:func:`report_again_if_late`)."""
+
+    line: Line | None = None
+    decision: Decision | None = None
+    task_id: str = ""
+    sent: float = 0.0
+
+
+_LAST_REPORT = _LastReport()
+
+
+def report_again_if_late() -> None:
+    """The very last step before a body, after the caller's own (Celery's ``before_start``,
+    the ``with`` of a slot): a process that stood still since its report was sent (a
+    loaded host's scheduler, another thread that took the GIL) reports again, so the store
+    places the start when its body begins (while still the last start). A report that was
+    waited for, or none sent on this thread, needs nothing."""
+    last = _LAST_REPORT
+    line, decision = last.line, last.decision
+    if line is None or decision is None:
+        return
+    last.line = last.decision = None
+    if line._monotonic() - last.sent > REPORT_AGAIN_S:
+        _report(line, decision, last.task_id)
 
 
 def begin_body(

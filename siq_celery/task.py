@@ -34,7 +34,7 @@ from .limits import Limit, check_not_a_quota, parse_quota, validate_burst, valid
 from .messages import DEFERRALS, KEEP_TICKET
 from .model import MAX_FAIR_WEIGHT
 from .publish import publish, publish_many, put_ticket_in_headers
-from .queue import IntervalQueue, validate_cost
+from .queue import IntervalQueue, report_again_if_late, validate_cost
 from .retry_after import BackoffSource, backoff_hold
 from .task_api import check_interval_options
 from .worker_hooks import connect_worker_hooks
@@ -326,6 +326,7 @@ class IntervalTask(Task):  # type: ignore[misc]
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         self.request.siq_decision = authorize(self, task_id, args, kwargs)
         super().before_start(task_id, args, kwargs)
+        report_again_if_late()  # the last step before Celery calls the body
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         record_retry(self)  # before the retry is published: its start must not see this run as lost

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from siq_celery import green
-from siq_celery.queue import LATE_BEGIN_S, REPORT_AGAIN_S, REPORTS, body_may_begin
+from siq_celery.queue import LATE_BEGIN_S, REPORT_AGAIN_S, REPORTS, body_may_begin, report_again_if_late
 from siq_celery.types import Decision, Verdict
 
 
@@ -63,6 +63,28 @@ def test_a_report_sent_slowly_is_sent_again_until_one_goes_quickly(pool: bool) -
     line = FakeLine([REPORT_AGAIN_S * 4])  # every send slow: the process stands still each time
     assert body_may_begin(line, decision(asked_at=99.99))  # type: ignore[arg-type]
     assert len(line.reports) == REPORTS
+
+
+def test_a_process_that_stood_still_after_its_report_reports_again_as_its_body_begins(pool: bool) -> None:
+    line = FakeLine([REPORT_AGAIN_S / 2])
+    assert body_may_begin(line, decision(asked_at=99.99))  # type: ignore[arg-type]
+    line.now += REPORT_AGAIN_S / 4  # the caller's own steps, quick: nothing more to say
+    report_again_if_late()
+    assert line.reports == [False]
+    assert body_may_begin(line, decision(asked_at=line.now))  # type: ignore[arg-type]
+    line.now += 0.002  # preempted between the report and the body (Celery's before_start, another thread)
+    report_again_if_late()
+    assert line.reports == [False] * 3  # reported again, not waited for: the store places the start now
+    report_again_if_late()  # once per report
+    assert len(line.reports) == 3
+
+
+def test_a_report_waited_for_is_not_sent_again_as_the_body_begins(pool: bool) -> None:
+    line = FakeLine([REPORT_AGAIN_S / 2])
+    assert body_may_begin(line, decision(asked_at=100.0 - LATE_BEGIN_S - 0.01))  # type: ignore[arg-type]
+    line.now += 0.002
+    report_again_if_late()
+    assert line.reports == [True]
 
 
 def test_a_report_that_fails_in_time_lets_the_body_begin(
