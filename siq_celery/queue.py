@@ -766,21 +766,16 @@ REPORTS = 10
 
 def body_may_begin(line: Line, decision: Decision, task_id: str = "") -> bool:
     """Report that the body of ``decision`` (a wait with ``reports``) begins now; the last
-    step before the body. Sent without waiting, unless the authorization may be older than
-    :data:`LATE_BEGIN_S` (this process stood still since it asked: a loaded host, a pause):
-    then the store's answer says whether the start still holds. False: it does not (its
-    wait expired and a later start came, or the store could not be asked); the body must
-    not begin now, and the caller gives the start back and waits again. A report sent
-    without waiting is looked at once more by :func:`report_again_if_late`, the caller's
-    very last step."""
+    step before the body. Sent without waiting (:func:`_report`), unless the authorization
+    may be older than :data:`LATE_BEGIN_S` (this process stood still since it asked: a
+    loaded host, a pause): then the store's answer says whether the start still holds.
+    False: it does not (a later start came while this process stood still, or the store
+    could not be asked); the body must not begin now, and the caller gives the start back
+    and waits again. A report sent without waiting is looked at once more by
+    :func:`still_holds` and :func:`report_again_if_late`, the caller's last steps."""
     _LAST_REPORT.line = _LAST_REPORT.decision = None
     if not decision.asked_at or line._monotonic() - decision.asked_at <= LATE_BEGIN_S:
-        sent = _report(line, decision, task_id)
-        if sent is not None:
-            _LAST_REPORT.line, _LAST_REPORT.decision, _LAST_REPORT.task_id, _LAST_REPORT.sent = (
-                line, decision, task_id, sent,
-            )  # fmt: skip
-        return True
+        return _report(line, decision, task_id)
     try:
         held = line.began(decision, wait=True, task_id=task_id)
     except Exception as exc:  # no answer is no start (fail closed)
@@ -794,30 +789,44 @@ def body_may_begin(line: Line, decision: Decision, task_id: str = "") -> bool:
     return held
 
 
-def _report(line: Line, decision: Decision, task_id: str) -> float | None:
-    """Send the body's report without waiting for the answer, again while a send took
-    long (the process stood still in it; :data:`REPORTS` at most): the time the last
-    send ended (this process's clock), or None if the store could not be told (the start
-    stands as authorized: later starts wait for it :data:`BEGIN_WAIT_US` at most)."""
-    # The report's send can hand the CPU to the store (on one host) or to anything else
-    # runnable: a process that stood still after it begins its body later than the store
-    # placed it, so it reports again (the start moves again, while still the last).
+def _report(line: Line, decision: Decision, task_id: str, ask: bool = False) -> bool:
+    """Send the body's report, the last step before the body, without waiting for the
+    answer: the store places the start when it arrives. A send that took long (over
+    :data:`REPORT_AGAIN_S`: the process stood still in it, and may have stood still long
+    enough for a later start to come) is followed by one whose answer is waited for
+    (``ask`` starts there): False if the start no longer holds (the body must not begin
+    now), else one more sent without waiting, since the process waited for that answer:
+    the last quick send places the start (:data:`REPORTS` sends at most). True: the body
+    may begin (also when the store could not be told: the start stands as authorized,
+    and later starts wait for it :data:`BEGIN_WAIT_US` at most)."""
     for _ in range(REPORTS):
         sent = line._monotonic()
         try:
-            line.began(decision, task_id=task_id)
+            held = line.began(decision, wait=ask, task_id=task_id)
         except Exception as exc:
+            if ask:  # no answer is no start (fail closed), as for a late body
+                logger.warning("queue %r: could not ask whether a body's start still holds, waiting again: %s: %s",
+                               line.name, type(exc).__name__, exc)  # fmt: skip
+                return False
             logger.warning("queue %r: could not report a body's start: %s: %s", line.name, type(exc).__name__, exc)
-            return None
+            return True
         done = line._monotonic()
-        if done - sent <= REPORT_AGAIN_S:
-            return done
-    return done
+        if ask and not held:
+            logger.warning("queue %r: this process stood still after its body's report, and a later start came: "
+                           "waiting again", line.name)  # fmt: skip
+            return False
+        if not ask and done - sent <= REPORT_AGAIN_S:
+            _LAST_REPORT.line, _LAST_REPORT.decision, _LAST_REPORT.task_id, _LAST_REPORT.sent = (
+                line, decision, task_id, done,
+            )  # fmt: skip
+            return True
+        ask = not ask  # a slow send: ask next; an answer waited for: send once more without waiting
+    return True
 
 
 class _LastReport(threading.local):
     """The report this thread (greenlet, on a green pool) sent last without waiting, until
-    its body begins (:func:`report_again_if_late`)."""
+    its body begins (:func:`still_holds`, :func:`report_again_if_late`)."""
 
     line: Line | None = None
     decision: Decision | None = None
@@ -828,19 +837,41 @@ class _LastReport(threading.local):
 _LAST_REPORT = _LastReport()
 
 
+def _stood_still() -> bool:
+    last = _LAST_REPORT
+    return last.line is not None and last.line._monotonic() - last.sent > REPORT_AGAIN_S
+
+
+def still_holds() -> bool:
+    """After the caller's own steps between the report and the body (a fair queue's
+    release asked of another thread, which may take the GIL): a process that stood still
+    since its report was sent asks whether the start still holds, as a slow send does
+    (:func:`_report`). False: the body must not begin now."""
+    last = _LAST_REPORT
+    if not _stood_still():
+        return True
+    assert last.line is not None and last.decision is not None
+    line, decision, task_id = last.line, last.decision, last.task_id
+    last.line = last.decision = None
+    return _report(line, decision, task_id, ask=True)
+
+
 def report_again_if_late() -> None:
     """The very last step before a body, after the caller's own (Celery's ``before_start``,
-    the ``with`` of a slot): a process that stood still since its report was sent (a
-    loaded host's scheduler, another thread that took the GIL) reports again, so the store
-    places the start when its body begins (while still the last start). A report that was
-    waited for, or none sent on this thread, needs nothing."""
+    the ``with`` of a slot): a process that stood still since its report was sent reports
+    again, without waiting (the body can no longer be held back here), so the store places
+    the start when its body begins, while it is still the last start."""
     last = _LAST_REPORT
     line, decision = last.line, last.decision
     if line is None or decision is None:
         return
+    stood = _stood_still()
     last.line = last.decision = None
-    if line._monotonic() - last.sent > REPORT_AGAIN_S:
-        _report(line, decision, last.task_id)
+    if stood:
+        try:
+            line.began(decision, task_id=last.task_id)
+        except Exception as exc:  # the start stands where the last report placed it
+            logger.warning("queue %r: could not report a body's start: %s: %s", line.name, type(exc).__name__, exc)
 
 
 def begin_body(
@@ -860,7 +891,8 @@ def begin_body(
         if body_may_begin(line, decision, ledger_id):
             if begun is not None:
                 begun()  # the woken thread waits for the GIL: this thread holds it into the body
-            return decision
+            if still_holds():
+                return decision
         KEEPER.drop(line.backend, line.queue_names, decision.lease)
         give_back_late_start(line, ledger_id, decision)
 

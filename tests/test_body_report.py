@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from siq_celery import green
-from siq_celery.queue import LATE_BEGIN_S, REPORT_AGAIN_S, REPORTS, body_may_begin, report_again_if_late
+from siq_celery.queue import LATE_BEGIN_S, REPORT_AGAIN_S, REPORTS, body_may_begin, report_again_if_late, still_holds
 from siq_celery.types import Decision, Verdict
 
 
@@ -25,6 +25,7 @@ class FakeLine:
     round_trips: list[float]
     held: bool = True
     error: Exception | None = None
+    error_if_asked: Exception | None = None  #: raised only by a report whose answer is waited for
     name: str = "q"
     now: float = 100.0
     reports: list[bool] = field(default_factory=list)  #: each report's ``wait``
@@ -37,6 +38,8 @@ class FakeLine:
         self.now += self.round_trips[min(len(self.reports), len(self.round_trips)) - 1]
         if self.error is not None:
             raise self.error
+        if wait and self.error_if_asked is not None:
+            raise self.error_if_asked
         return self.held
 
 
@@ -56,27 +59,49 @@ def test_a_report_sent_quickly_is_sent_once_and_not_waited_for(pool: bool) -> No
     assert line.reports == [False]
 
 
-def test_a_report_sent_slowly_is_sent_again_until_one_goes_quickly(pool: bool) -> None:
-    line = FakeLine([REPORT_AGAIN_S * 4, REPORT_AGAIN_S * 4, REPORT_AGAIN_S / 2])  # slow, slow, then quick
+def test_a_report_sent_slowly_asks_whether_the_start_holds_then_reports_again(pool: bool) -> None:
+    line = FakeLine([REPORT_AGAIN_S * 4, REPORT_AGAIN_S * 4, REPORT_AGAIN_S / 2])  # slow, the answer, then quick
     assert body_may_begin(line, decision(asked_at=99.99))  # type: ignore[arg-type]
-    assert line.reports == [False] * 3
+    assert line.reports == [False, True, False]  # the last quick send places the start
     line = FakeLine([REPORT_AGAIN_S * 4])  # every send slow: the process stands still each time
     assert body_may_begin(line, decision(asked_at=99.99))  # type: ignore[arg-type]
-    assert len(line.reports) == REPORTS
+    assert line.reports == [False, True] * (REPORTS // 2)
 
 
-def test_a_process_that_stood_still_after_its_report_reports_again_as_its_body_begins(pool: bool) -> None:
+def test_a_process_that_stood_still_in_its_report_while_a_later_start_came_does_not_begin(
+    pool: bool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logging.getLogger("siq_celery"), "propagate", True)
+    caplog.set_level(logging.WARNING, logger="siq_celery")
+    line = FakeLine([0.05, REPORT_AGAIN_S / 2], held=False)  # 50 ms in its send: a later start came meanwhile
+    assert not body_may_begin(line, decision(asked_at=99.99))  # type: ignore[arg-type]
+    assert line.reports == [False, True]
+    assert "stood still after its body's report, and a later start came" in caplog.text
+    line = FakeLine([0.05], error_if_asked=ConnectionError("reset by peer"))  # no answer: fail closed
+    assert not body_may_begin(line, decision(asked_at=99.99))  # type: ignore[arg-type]
+    assert line.reports == [False, True] and "could not ask whether a body's start still holds" in caplog.text
+
+
+def test_a_process_that_stood_still_after_its_report_asks_then_reports_again_as_its_body_begins(pool: bool) -> None:
     line = FakeLine([REPORT_AGAIN_S / 2])
     assert body_may_begin(line, decision(asked_at=99.99))  # type: ignore[arg-type]
     line.now += REPORT_AGAIN_S / 4  # the caller's own steps, quick: nothing more to say
+    assert still_holds()
     report_again_if_late()
     assert line.reports == [False]
     assert body_may_begin(line, decision(asked_at=line.now))  # type: ignore[arg-type]
-    line.now += 0.002  # preempted between the report and the body (Celery's before_start, another thread)
+    line.now += 0.002  # preempted after the report (a fair release's thread took the GIL)
+    assert still_holds()
+    assert line.reports == [False, False, True, False]  # asked, held: reported again without waiting
+    line.now += 0.002  # preempted again, in Celery's before_start: too late to hold the body back
     report_again_if_late()
-    assert line.reports == [False] * 3  # reported again, not waited for: the store places the start now
+    assert line.reports == [False, False, True, False, False]
     report_again_if_late()  # once per report
-    assert len(line.reports) == 3
+    assert len(line.reports) == 5
+    line.held = False  # stood still while a later start came: the body must not begin
+    assert body_may_begin(line, decision(asked_at=line.now))  # type: ignore[arg-type]
+    line.now += 0.03
+    assert not still_holds()
 
 
 def test_a_report_waited_for_is_not_sent_again_as_the_body_begins(pool: bool) -> None:
@@ -108,18 +133,20 @@ def test_a_late_body_waits_for_the_answer_and_does_not_begin_if_overtaken(pool: 
     assert body_may_begin(line, late)  # type: ignore[arg-type]
 
 
-def test_a_report_sent_again_that_fails_leaves_the_first_one_standing(pool: bool) -> None:
+def test_a_question_after_a_slow_report_that_fails_is_no_start(pool: bool) -> None:
+    """After a slow send the process may have stood still while a later start came: the
+    report that follows is a question, and without its answer the body does not begin
+    (fail closed, as for a late body: the start is given back and the task waits again)."""
     line = FakeLine([REPORT_AGAIN_S * 4])
-    calls = 0
+    asks: list[bool] = []
 
     def began(decision: Decision, *, wait: bool = False, task_id: str = "") -> bool:
-        nonlocal calls
-        calls += 1
+        asks.append(wait)
         line.now += REPORT_AGAIN_S * 4
-        if calls > 1:
+        if len(asks) > 1:
             raise ConnectionError("reset by peer")
         return True
 
     line.began = began  # type: ignore[method-assign]
-    assert body_may_begin(line, decision(asked_at=99.99))  # type: ignore[arg-type]
-    assert calls == 2
+    assert not body_may_begin(line, decision(asked_at=99.99))  # type: ignore[arg-type]
+    assert asks == [False, True]

@@ -17,7 +17,7 @@ from typing import Any
 
 from siq_celery import IntervalQueue, Verdict
 from siq_celery.model import BEGIN_WAIT_US
-from siq_celery.queue import body_may_begin, give_back_late_start
+from siq_celery.queue import body_may_begin, give_back_late_start, still_holds
 from siq_celery.types import Decision
 from tests.conftest import Store
 
@@ -252,3 +252,29 @@ def test_a_body_that_stood_still_but_was_not_overtaken_begins(store: Store) -> N
     now[0] += 0.3
     assert body_may_begin(q, one)  # asked and answered: still the last start, moved to now
     assert q.status().state.last_start_us == one.now_us + 300 * MS
+
+
+def test_a_body_that_stood_still_after_its_report_while_a_later_start_came_does_not_begin(store: Store) -> None:
+    """The report went quickly, then the process stood still (before the body) long enough
+    for the next start to be authorized from it: asked, the store says the start no
+    longer holds, and the body does not begin (without the question the two bodies would
+    begin together). Not overtaken, it is placed where the body begins."""
+    now = [100.0]  # this process's monotonic clock
+    q = IntervalQueue("q", interval="100ms", backend=store.backend(), monotonic=lambda: now[0],
+                      sleep=lambda s: store.clock.advance(us=round(s * S)))  # fmt: skip
+    other = queue(store)
+    first, second = q.claim(), other.claim()
+    store.clock.advance(us=I)
+    one = q.wait_for_turn(first, reports=True)
+    assert body_may_begin(q, one)  # sent quickly
+    store.clock.advance(us=I)  # this process stands still an interval before its body
+    now[0] += 0.1
+    assert other.start(second).authorized  # the next start, one interval after the report
+    assert not still_holds()  # it must not begin now
+    give_back_late_start(q, "its-task", one)
+    three = q.wait_for_turn(q.claim(), reports=True)
+    assert body_may_begin(q, three)
+    store.clock.advance(us=30 * MS)  # stood still 30 ms: no later start could come
+    now[0] += 0.03
+    assert still_holds()
+    assert q.status().state.last_start_us == three.now_us + 30 * MS  # placed where its body begins
