@@ -224,10 +224,17 @@ def test_a_report_sent_again_moves_the_start_again_until_a_later_start_came(stor
     assert not q.began(one, wait=True)  # a later start came: the first one's report finds nothing
 
 
-def test_a_body_that_stood_still_asks_first_and_does_not_begin_after_a_later_start(store: Store) -> None:
-    now = [100.0]  # this process's monotonic clock
+def process_line(store: Store) -> tuple[list[float], IntervalQueue]:
+    """A line of this process whose monotonic clock the test moves (``now[0]``) and whose
+    naps move the store's clock."""
+    now = [100.0]
     q = IntervalQueue("q", interval="100ms", backend=store.backend(), monotonic=lambda: now[0],
                       sleep=lambda s: store.clock.advance(us=round(s * S)))  # fmt: skip
+    return now, q
+
+
+def test_a_body_that_stood_still_asks_first_and_does_not_begin_after_a_later_start(store: Store) -> None:
+    now, q = process_line(store)
     other = queue(store)
     first, second = q.claim(), other.claim()
     store.clock.advance(us=I)
@@ -244,9 +251,7 @@ def test_a_body_that_stood_still_asks_first_and_does_not_begin_after_a_later_sta
 
 
 def test_a_body_that_stood_still_but_was_not_overtaken_begins(store: Store) -> None:
-    now = [100.0]
-    q = IntervalQueue("q", interval="100ms", backend=store.backend(), monotonic=lambda: now[0],
-                      sleep=lambda s: store.clock.advance(us=round(s * S)))  # fmt: skip
+    now, q = process_line(store)
     one = q.wait_for_turn(q.claim(), reports=True)
     store.clock.advance(us=300 * MS)
     now[0] += 0.3
@@ -259,9 +264,7 @@ def test_a_body_that_stood_still_after_its_report_while_a_later_start_came_does_
     for the next start to be authorized from it: asked, the store says the start no
     longer holds, and the body does not begin (without the question the two bodies would
     begin together). Not overtaken, it is placed where the body begins."""
-    now = [100.0]  # this process's monotonic clock
-    q = IntervalQueue("q", interval="100ms", backend=store.backend(), monotonic=lambda: now[0],
-                      sleep=lambda s: store.clock.advance(us=round(s * S)))  # fmt: skip
+    now, q = process_line(store)
     other = queue(store)
     first, second = q.claim(), other.claim()
     store.clock.advance(us=I)
