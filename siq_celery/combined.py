@@ -144,7 +144,7 @@ class CombinedQueue:
         )  # fmt: skip
         outcome = "FAILURE"
         try:
-            report_again_if_late()
+            report_again_if_late(decision)
             yield decision
             outcome = "SUCCESS"
         finally:

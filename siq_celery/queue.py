@@ -590,7 +590,7 @@ class IntervalQueue:
         )  # fmt: skip
         outcome = "FAILURE"
         try:
-            report_again_if_late()
+            report_again_if_late(decision)
             yield decision
             outcome = "SUCCESS"
         finally:
@@ -837,35 +837,37 @@ class _LastReport(threading.local):
 _LAST_REPORT = _LastReport()
 
 
-def _stood_still() -> bool:
+def _stood_still(decision: Decision) -> bool:
+    """Whether this process stood still since it reported ``decision`` without waiting (the
+    record is this thread's, or greenlet's: one that belongs to another start says nothing)."""
     last = _LAST_REPORT
-    return last.line is not None and last.line._monotonic() - last.sent > REPORT_AGAIN_S
+    return last.decision is decision and last.line is not None and last.line._monotonic() - last.sent > REPORT_AGAIN_S
 
 
-def still_holds() -> bool:
+def still_holds(decision: Decision) -> bool:
     """After the caller's own steps between the report and the body (a fair queue's
     release asked of another thread, which may take the GIL): a process that stood still
-    since its report was sent asks whether the start still holds, as a slow send does
-    (:func:`_report`). False: the body must not begin now."""
+    since the report of ``decision`` was sent asks whether the start still holds, as a
+    slow send does (:func:`_report`). False: the body must not begin now."""
     last = _LAST_REPORT
-    if not _stood_still():
+    if not _stood_still(decision):
         return True
-    assert last.line is not None and last.decision is not None
-    line, decision, task_id = last.line, last.decision, last.task_id
+    assert last.line is not None
+    line, task_id = last.line, last.task_id
     last.line = last.decision = None
     return _report(line, decision, task_id, ask=True)
 
 
-def report_again_if_late() -> None:
+def report_again_if_late(decision: Decision | None) -> None:
     """The very last step before a body, after the caller's own (Celery's ``before_start``,
-    the ``with`` of a slot): a process that stood still since its report was sent reports
-    again, without waiting (the body can no longer be held back here), so the store places
-    the start when its body begins, while it is still the last start."""
+    the ``with`` of a slot): a process that stood still since the report of ``decision``
+    was sent reports again, without waiting (the body can no longer be held back here), so
+    the store places the start when its body begins, while it is still the last start."""
     last = _LAST_REPORT
-    line, decision = last.line, last.decision
-    if line is None or decision is None:
+    line = last.line
+    if line is None or decision is None or last.decision is not decision:
         return
-    stood = _stood_still()
+    stood = _stood_still(decision)
     last.line = last.decision = None
     if stood:
         try:
@@ -891,7 +893,7 @@ def begin_body(
         if body_may_begin(line, decision, ledger_id):
             if begun is not None:
                 begun()  # the woken thread waits for the GIL: this thread holds it into the body
-            if still_holds():
+            if still_holds(decision):
                 return decision
         KEEPER.drop(line.backend, line.queue_names, decision.lease)
         give_back_late_start(line, ledger_id, decision)

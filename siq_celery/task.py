@@ -326,7 +326,7 @@ class IntervalTask(Task):  # type: ignore[misc]
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         self.request.siq_decision = authorize(self, task_id, args, kwargs)
         super().before_start(task_id, args, kwargs)
-        report_again_if_late()  # the last step before Celery calls the body
+        report_again_if_late(self.request.siq_decision)  # the last step before Celery calls the body
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         record_retry(self)  # before the retry is published: its start must not see this run as lost

@@ -84,31 +84,36 @@ def test_a_process_that_stood_still_in_its_report_while_a_later_start_came_does_
 
 def test_a_process_that_stood_still_after_its_report_asks_then_reports_again_as_its_body_begins(pool: bool) -> None:
     line = FakeLine([REPORT_AGAIN_S / 2])
-    assert body_may_begin(line, decision(asked_at=99.99))  # type: ignore[arg-type]
+    one = decision(asked_at=99.99)
+    assert body_may_begin(line, one)  # type: ignore[arg-type]
     line.now += REPORT_AGAIN_S / 4  # the caller's own steps, quick: nothing more to say
-    assert still_holds()
-    report_again_if_late()
+    assert still_holds(one)
+    report_again_if_late(one)
     assert line.reports == [False]
-    assert body_may_begin(line, decision(asked_at=line.now))  # type: ignore[arg-type]
+    two = decision(asked_at=line.now)
+    assert body_may_begin(line, two)  # type: ignore[arg-type]
     line.now += 0.002  # preempted after the report (a fair release's thread took the GIL)
-    assert still_holds()
+    assert still_holds(two)
     assert line.reports == [False, False, True, False]  # asked, held: reported again without waiting
     line.now += 0.002  # preempted again, in Celery's before_start: too late to hold the body back
-    report_again_if_late()
+    report_again_if_late(two)
     assert line.reports == [False, False, True, False, False]
-    report_again_if_late()  # once per report
+    report_again_if_late(two)  # once per report
     assert len(line.reports) == 5
     line.held = False  # stood still while a later start came: the body must not begin
-    assert body_may_begin(line, decision(asked_at=line.now))  # type: ignore[arg-type]
+    three = decision(asked_at=line.now)
+    assert body_may_begin(line, three)  # type: ignore[arg-type]
     line.now += 0.03
-    assert not still_holds()
+    assert still_holds(one)  # another start's question says nothing (another greenlet's report is the last)
+    assert not still_holds(three)
 
 
 def test_a_report_waited_for_is_not_sent_again_as_the_body_begins(pool: bool) -> None:
     line = FakeLine([REPORT_AGAIN_S / 2])
-    assert body_may_begin(line, decision(asked_at=100.0 - LATE_BEGIN_S - 0.01))  # type: ignore[arg-type]
+    late = decision(asked_at=100.0 - LATE_BEGIN_S - 0.01)
+    assert body_may_begin(line, late)  # type: ignore[arg-type]
     line.now += 0.002
-    report_again_if_late()
+    report_again_if_late(late)
     assert line.reports == [True]
 
 

@@ -273,11 +273,11 @@ def test_a_body_that_stood_still_after_its_report_while_a_later_start_came_does_
     store.clock.advance(us=I)  # this process stands still an interval before its body
     now[0] += 0.1
     assert other.start(second).authorized  # the next start, one interval after the report
-    assert not still_holds()  # it must not begin now
+    assert not still_holds(one)  # it must not begin now
     give_back_late_start(q, "its-task", one)
     three = q.wait_for_turn(q.claim(), reports=True)
     assert body_may_begin(q, three)
     store.clock.advance(us=30 * MS)  # stood still 30 ms: no later start could come
     now[0] += 0.03
-    assert still_holds()
+    assert still_holds(three)
     assert q.status().state.last_start_us == three.now_us + 30 * MS  # placed where its body begins
