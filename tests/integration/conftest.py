@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +22,7 @@ import redis
 from celery import Celery
 
 from siq_celery.embedded import EmbeddedRedis
+from siq_celery.ledger import LedgerRow
 from siq_celery.workers import WorkerProcess
 from tests.apps.geo import FINISHES, PRERUNS, STARTS, make_app
 
@@ -133,6 +134,13 @@ def celery_run(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[CeleryRu
     run = CeleryRun(env, tmp_path / "logs")
     yield run
     run.close()
+
+
+def used_starts(ledger: Iterable[LedgerRow]) -> list[LedgerRow]:
+    """The ledger's starts whose bodies ran: a start given back (finished ``LATE``: its
+    process stood still after the body's report while a later start came, so the body did
+    not begin and its task waited again) is an authorization the store recorded, not a run."""
+    return [r for r in ledger if r.outcome != "LATE"]
 
 
 def gaps_ms(starts: list[dict[str, Any]]) -> list[float]:

@@ -13,7 +13,7 @@ import itertools
 import pytest
 
 from siq_celery import IntervalQueue
-from tests.integration.conftest import CeleryRun, gaps_ms, inversions, overtaken_on_time
+from tests.integration.conftest import CeleryRun, gaps_ms, inversions, overtaken_on_time, used_starts
 from tests.timing import HOST_CLOCK_RERUNS, host_clock, host_gaps_at_least
 
 # Real processes timed on the host clock of a 2-core shared machine: a rare scheduling
@@ -62,7 +62,7 @@ def test_two_prefork_nodes_share_one_interval(celery_run: CeleryRun) -> None:
     assert all(r["header_ticket"] == r["ticket"] for r in starts)  # the producer's tickets, none re-claimed
     # The ledger keeps each body's report beside its authorization (schema 5), on the store's
     # clock: the bodies' starts there are an interval apart, as the authorizations are.
-    ledger = list(IntervalQueue("geo", url=celery_run.env["SIQ_TEST_STORE"]).ledger())
+    ledger = used_starts(IntervalQueue("geo", url=celery_run.env["SIQ_TEST_STORE"]).ledger())
     assert len(ledger) == TASKS and all(r.began_us is not None and r.began_us >= r.start_us for r in ledger)
     began = sorted(r.began_us for r in ledger)
     assert min(b - a for a, b in itertools.pairwise(began)) >= INTERVAL_MS * 1000
