@@ -801,15 +801,17 @@ def _report(line: Line, decision: Decision, task_id: str, ask: bool = False) -> 
     and later starts wait for it :data:`BEGIN_WAIT_US` at most)."""
     for _ in range(REPORTS):
         sent = line._monotonic()
-        try:
-            held = line.began(decision, wait=ask, task_id=task_id)
-        except Exception as exc:
-            if ask:  # no answer is no start (fail closed), as for a late body
+        if not ask:
+            if not _tell(line, decision, task_id):
+                return True
+            held = True
+        else:
+            try:
+                held = line.began(decision, wait=True, task_id=task_id)
+            except Exception as exc:  # no answer is no start (fail closed), as for a late body
                 logger.warning("queue %r: could not ask whether a body's start still holds, waiting again: %s: %s",
                                line.name, type(exc).__name__, exc)  # fmt: skip
                 return False
-            logger.warning("queue %r: could not report a body's start: %s: %s", line.name, type(exc).__name__, exc)
-            return True
         done = line._monotonic()
         if ask and not held:
             logger.warning("queue %r: this process stood still after its body's report, and a later start came: "
@@ -821,6 +823,17 @@ def _report(line: Line, decision: Decision, task_id: str, ask: bool = False) -> 
             )  # fmt: skip
             return True
         ask = not ask  # a slow send: ask next; an answer waited for: send once more without waiting
+    return True
+
+
+def _tell(line: Line, decision: Decision, task_id: str) -> bool:
+    """Send the body's report without waiting for the answer; False (logged) if it could
+    not be sent: the start stands where the store last placed it."""
+    try:
+        line.began(decision, task_id=task_id)
+    except Exception as exc:
+        logger.warning("queue %r: could not report a body's start: %s: %s", line.name, type(exc).__name__, exc)
+        return False
     return True
 
 
@@ -870,10 +883,7 @@ def report_again_if_late(decision: Decision | None) -> None:
     stood = _stood_still(decision)
     last.line = last.decision = None
     if stood:
-        try:
-            line.began(decision, task_id=last.task_id)
-        except Exception as exc:  # the start stands where the last report placed it
-            logger.warning("queue %r: could not report a body's start: %s: %s", line.name, type(exc).__name__, exc)
+        _tell(line, decision, last.task_id)
 
 
 def begin_body(
