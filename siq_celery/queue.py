@@ -45,7 +45,7 @@ from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
 from .leases import KEEPER
 from .ledger import LedgerRow, StartRecord
 from .limits import Limit, QuotaLike, format_limits, interval_and_limits, limits_override
-from .model import BEGIN_WAIT_US
+from .model import BEGIN_WAIT_US, start_lead_us
 from .types import US, ClaimResult, Decision, Declared, FairTask, QueueState, QueueStatus, Ticket, Verdict
 
 logger = logging.getLogger("siq_celery")
@@ -747,7 +747,14 @@ def wait_in_line(
             hold = None if max_sleep is None else max(max_sleep, full_hold or 0.0)
             if hold is not None and line._monotonic() - full_since + waiting.wait > hold:
                 raise DeferralNeeded(tickets[0], waiting, waiting.wait)
-        line._nap(_sleep_before_asking(waiting.wait, round_trip), deadline)
+        early = START_LEAD_SHARE * start_lead_us(waiting.interval_us) / US if reports and len(decisions) == 1 else 0.0
+        line._nap(_sleep_before_asking(max(waiting.wait - early, 0.0), round_trip), deadline)
+
+
+#: A start whose body reports asks this share of the lead before its slot
+#: (:func:`~siq_celery.model.start_lead_us`), so that its ask reaches the store within the
+#: lead: it is authorized for its slot and holds its body until then.
+START_LEAD_SHARE = 0.75
 
 
 #: A body about to begin later than this after its ask was sent reports and waits for the
@@ -774,6 +781,7 @@ def body_may_begin(line: Line, decision: Decision, task_id: str = "") -> bool:
     and waits again. A report sent without waiting is looked at once more by
     :func:`still_holds` and :func:`report_again_if_late`, the caller's last steps."""
     _LAST_REPORT.line = _LAST_REPORT.decision = None
+    hold_until(line, decision)
     if not decision.asked_at or line._monotonic() - decision.asked_at <= LATE_BEGIN_S:
         return _report(line, decision, task_id)
     try:
@@ -787,6 +795,18 @@ def body_may_begin(line: Line, decision: Decision, task_id: str = "") -> bool:
                        "later start may have come: waiting again", line.name,
                        (line._monotonic() - decision.asked_at) * 1e3)  # fmt: skip
     return held
+
+
+def hold_until(line: Line, decision: Decision) -> None:
+    """A start authorized ahead of its slot (``wait_us``: how far ahead, when the store
+    answered) holds its body until the slot: the ask was sent at ``asked_at`` and reached
+    the store about half a round trip later, as the report will: the report is sent
+    ``wait_us`` after the ask, so that it reaches the store at the slot."""
+    if decision.wait_us <= 0 or not decision.asked_at:
+        return
+    left = decision.asked_at + decision.wait_us / US - line._monotonic()
+    if left > 0:
+        line._nap(left, None)
 
 
 def _report(line: Line, decision: Decision, task_id: str, ask: bool = False) -> bool:

@@ -29,12 +29,19 @@ class FakeLine:
     name: str = "q"
     now: float = 100.0
     reports: list[bool] = field(default_factory=list)  #: each report's ``wait``
+    naps: list[float] = field(default_factory=list)  #: each sleep
+    sent_at: list[float] = field(default_factory=list)  #: when each report was sent
 
     def _monotonic(self) -> float:
         return self.now
 
+    def _nap(self, seconds: float, deadline: float | None) -> None:
+        self.naps.append(seconds)
+        self.now += seconds
+
     def began(self, decision: Decision, *, wait: bool = False, task_id: str = "") -> bool:
         self.reports.append(wait)
+        self.sent_at.append(self.now)
         self.now += self.round_trips[min(len(self.reports), len(self.round_trips)) - 1]
         if self.error is not None:
             raise self.error
@@ -51,6 +58,19 @@ def decision(asked_at: float) -> Decision:
 def pool(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
     monkeypatch.setattr(green, "GREEN", request.param)
     return bool(request.param)
+
+
+def test_a_start_authorized_ahead_of_its_slot_holds_its_body_until_then(pool: bool) -> None:
+    """The store authorized the start 3 ms ahead of its slot (the answer's wait): the
+    report is sent 3 ms after the ask, so it reaches the store at the slot, as the ask
+    reached it half a round trip after it was sent; the process's own work since the
+    answer (here 1 ms) is part of those 3 ms."""
+    line = FakeLine([REPORT_AGAIN_S / 2], now=100.001)
+    ahead = Decision(Verdict.AUTHORIZED, 1, 5_003_000, 3_000, 5_003_000, asked_at=100.0)
+    assert body_may_begin(line, ahead)  # type: ignore[arg-type]
+    assert line.naps == [pytest.approx(0.002)] and line.sent_at == [pytest.approx(100.003)]
+    late = FakeLine([REPORT_AGAIN_S / 2], now=100.004)  # its work took longer than the lead: no hold
+    assert body_may_begin(late, ahead) and late.naps == [] and late.sent_at == [100.004]  # type: ignore[arg-type]
 
 
 def test_a_report_sent_quickly_is_sent_once_and_not_waited_for(pool: bool) -> None:

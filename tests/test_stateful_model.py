@@ -16,6 +16,7 @@ import itertools
 import os
 import tempfile
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -151,6 +152,28 @@ class Reference:
         self, number: int, epoch: str, task: str | None, interval: int, new_epoch: str, cost: int, member: str,
         begin_wait: int = 0,
     ) -> tuple[str, int, int, bool]:  # fmt: skip
+        """A start whose body reports is authorized up to the lead (a quarter interval, 5 ms
+        at most) before its slot, as if it had asked at the slot; its answer's wait is how
+        far ahead."""
+        now = self.clock.now_us
+        answer = self._start_at(number, epoch, task, interval, new_epoch, cost, member, begin_wait, now)
+        verdict, wait, slot, full = answer
+        lead = min(self.q["I"] // 4, 5_000)  # type: ignore[index, operator]
+        if not begin_wait or verdict != "wait" or full or not now < slot or wait != slot - now or wait > lead:
+            return answer
+        clock, self.clock = self.clock, SimpleNamespace(now_us=slot)  # type: ignore[assignment]
+        try:
+            ahead = self._start_at(number, epoch, task, interval, new_epoch, cost, member, begin_wait, now)
+        finally:
+            self.clock = clock
+        return ("authorized", slot - now, ahead[2], False) if ahead[0] == "authorized" else answer
+
+    def _start_at(
+        self, number: int, epoch: str, task: str | None, interval: int, new_epoch: str, cost: int, member: str,
+        begin_wait: int, asked: int,
+    ) -> tuple[str, int, int, bool]:  # fmt: skip
+        """The start asked at ``asked``, decided on the clock's time (``asked``, or the slot
+        it is authorized for ahead); its run's lease expires from when it was asked."""
         now = self.clock.now_us
         q = self.q = self.q or self._new(interval, new_epoch)
         if task is not None and task in self.finished:
@@ -205,7 +228,7 @@ class Reference:
         if task is not None or self.conc:  # one lease, whatever the cost: the run's, named by its task id
             if not self.conc:
                 self.leases = {m: e for m, e in self.leases.items() if e > now}
-            self.leases[task or member] = now + LEASE_US
+            self.leases[task or member] = asked + LEASE_US
         return "authorized", 0, slot, False
 
     def began(self, started: int) -> int | None:
@@ -358,9 +381,10 @@ class StoresAgree(RuleBasedStateMachine):
         if taken:
             self.held.append(taken)
         if verdict == "authorized":  # the next start may come no sooner than cost intervals
-            self.starts.append((self.clock.now_us, cost * self.ref.q["I"]))  # type: ignore[index, operator]
+            at = self.clock.now_us + wait  # authorized ahead of its slot: the start is at the slot
+            self.starts.append((at, cost * self.ref.q["I"]))  # type: ignore[index, operator]
             if self.limits.quota:
-                self.window_starts.append((self.clock.now_us, min(cost, self.limits.quota)))
+                self.window_starts.append((at, min(cost, self.limits.quota)))
         return verdict, wait
 
     @precondition(lambda self: self.ref.q is not None)

@@ -49,8 +49,10 @@ def test_slot_blocks_until_the_turn_and_sleeps_close_to_the_slot() -> None:
         with q.slot() as decision:
             starts.append(decision.now_us)
     assert starts == [t0 + k * 100_000 for k in range(1, 6)]
-    # far from the slot it sleeps to 2 ms before it, then the rest: two naps per start
-    assert all(s <= 0.1 for s in sim.sleeps) and len(sim.sleeps) == 10
+    # far from the slot it sleeps to 2 ms before the time it asks (three quarters of the
+    # lead, 5 ms at 100 ms, before the slot), then the rest; authorized for its slot, the
+    # body is held until then: three naps per start, an interval in all
+    assert sim.sleeps == pytest.approx([0.09425, 0.002, 0.00375] * 5)
 
 
 def test_limited_takes_a_turn_per_call_and_keeps_the_function() -> None:
@@ -163,6 +165,8 @@ def test_a_slowly_delivered_authorization_is_restamped_so_the_next_start_counts_
         with q.slot() as d:
             bodies.append(clock.now_us)
     assert d.authorized
-    assert bodies[0] == t0 + 10_000 + 3_000  # the first body ran 3 ms after its authorization...
+    # asked 1.875 ms ahead of its slot (three quarters of the 2.5 ms lead) and authorized
+    # for it, the first body ran 3 ms after its ask, 1.125 ms after its slot...
+    assert bodies[0] == t0 + 10_000 - 1_875 + 3_000
     assert bodies[1] - bodies[0] >= 10_000  # ...and the next still came a full interval later
     assert bodies[2] - bodies[1] == 10_000

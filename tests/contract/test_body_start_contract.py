@@ -48,6 +48,29 @@ def test_the_next_start_waits_for_the_body_and_counts_from_it(store: Store) -> N
     assert q.start(second, reports=True).authorized
 
 
+def test_a_start_that_reports_is_authorized_for_its_slot_up_to_the_lead_ahead(store: Store) -> None:
+    q, lead = queue(store), 5 * MS  # a quarter interval, 5 ms at most
+    first, second, third = q.claim(), q.claim(), q.claim()
+    store.clock.advance(us=I)
+    one = q.start(first, reports=True)
+    assert q.began(one, wait=True)
+    slot = one.now_us + I
+    store.clock.now_us = slot - lead - 1  # beyond the lead: it waits
+    early = q.start(second, reports=True)
+    assert early.verdict is Verdict.WAIT and early.wait_us == lead + 1
+    store.clock.now_us = slot - lead
+    ahead = q.start(second, reports=True)  # within the lead: authorized for its slot, its body held until then
+    assert ahead.authorized and (ahead.now_us, ahead.wait_us, ahead.slot_us) == (slot, lead, slot)
+    store.clock.now_us = slot - 1
+    assert q.began(ahead, wait=True)  # a report that comes before the slot leaves the start at the slot
+    store.clock.now_us = slot + I - 1
+    assert q.start(third).verdict is Verdict.WAIT  # the line counts from the slot, not from the ask
+    store.clock.now_us = slot + I
+    assert q.start(third).authorized
+    store.clock.now_us = slot + 2 * I - 1
+    assert q.start(q.claim()).verdict is Verdict.WAIT  # a start that does not report is never ahead
+
+
 def test_a_body_that_never_reports_holds_the_queue_for_the_begin_wait_only(store: Store) -> None:
     q = queue(store)
     first, second = q.claim(), q.claim()
@@ -242,8 +265,8 @@ def test_a_body_that_stood_still_asks_first_and_does_not_begin_after_a_later_sta
     assert one.asked_at == 100.0
     now[0] += 0.1  # 100 ms later: sent without waiting, and it begins
     assert body_may_begin(q, one)
-    three = q.wait_for_turn(q.claim(), reports=True)  # the next start, once its slot came
-    store.clock.advance(us=BEGIN_WAIT_US)  # then this process stands still past the start's wait
+    three = q.wait_for_turn(q.claim(), reports=True)  # the next start, once its slot came (or just before)
+    store.clock.now_us = three.now_us + BEGIN_WAIT_US  # then this process stands still past the start's wait
     assert other.start(second).authorized  # the line went on without its report
     now[0] += 0.3
     assert not body_may_begin(q, three)  # asked first: it must not begin now
@@ -253,7 +276,7 @@ def test_a_body_that_stood_still_asks_first_and_does_not_begin_after_a_later_sta
 def test_a_body_that_stood_still_but_was_not_overtaken_begins(store: Store) -> None:
     now, q = process_line(store)
     one = q.wait_for_turn(q.claim(), reports=True)
-    store.clock.advance(us=300 * MS)
+    store.clock.now_us = one.now_us + 300 * MS
     now[0] += 0.3
     assert body_may_begin(q, one)  # asked and answered: still the last start, moved to now
     assert q.status().state.last_start_us == one.now_us + 300 * MS
@@ -281,3 +304,14 @@ def test_a_body_that_stood_still_after_its_report_while_a_later_start_came_does_
     now[0] += 0.03
     assert still_holds(three)
     assert q.status().state.last_start_us == three.now_us + 30 * MS  # placed where its body begins
+
+
+def test_a_process_whose_body_reports_asks_ahead_of_its_slot_and_is_authorized_for_it(store: Store) -> None:
+    _, q = process_line(store)
+    first, second = q.claim(), q.claim()
+    one = q.wait_for_turn(first, reports=True)
+    assert body_may_begin(q, one)
+    two = q.wait_for_turn(second, reports=True)  # asked three quarters of the lead (5 ms) ahead
+    assert two.authorized and two.now_us == two.slot_us and 0 < two.wait_us <= 5 * MS
+    assert store.clock.now_us < two.slot_us  # the body is held until the slot (body_may_begin)
+    assert body_may_begin(q, two) and store.clock.now_us >= two.slot_us

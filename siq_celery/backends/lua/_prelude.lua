@@ -124,6 +124,11 @@ local function siq_save(key, s)
              'pend_due', s.pending_due_us, 'margin', s.margin_us)
 end
 
+-- How long before its slot a start whose body reports may be authorized (model.start_lead_us).
+local function siq_start_lead(s)
+  return math.min(math.floor(s.interval_us / 4), 5000)
+end
+
 -- How long a start whose slot came waits before asking again while the last start's body
 -- has not reported (model.pending_wait): a quarter interval, 0.5 to 5 ms, never past expiry.
 local function siq_pending_wait(s, now)

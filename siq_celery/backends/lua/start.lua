@@ -65,7 +65,7 @@ local run = ARGV[4] ~= '' and ARGV[22] == ARGV[4]  -- the lease taken is the run
 local token = run and ARGV[27] or ''
 local own_at, own_slot = siq_own_start(KEYS[5], KEYS[11], ARGV[4], token, now)
 if own_at then  -- this call's own start, its reply lost: the same, charged once (model.start)
-  return {'authorized', ticket, own_at, 0, own_slot, s.interval_us, ARGV[22], 0}
+  return {'authorized', ticket, own_at, math.max(own_at - now, 0), own_slot, s.interval_us, ARGV[22], 0}
 end
 local running = siq_running(KEYS[11], ARGV[4], now)  -- a copy of this task runs (model.running_copy)
 if running then
@@ -81,6 +81,12 @@ if ticket < 1 then  -- FREE is for start_all only
   return {'reclaim', ticket, now, 0, 0, 0, '', 0}
 end
 local verdict, wait, slot, full = siq_decide(KEYS[1], s, ticket, ARGV[3], cost, now, KEYS[10], KEYS[11])
+local at = now  -- a start whose body reports may be authorized for its slot, its body held until then (model.start)
+if verdict == 'wait' and not full and (tonumber(ARGV[28]) or 0) > 0 and slot > now and wait == slot - now
+   and wait <= siq_start_lead(s) then
+  local v2, _, slot2 = siq_decide(KEYS[1], s, ticket, ARGV[3], cost, slot, KEYS[10], KEYS[11])
+  if v2 == 'authorized' then verdict, wait, at, slot = v2, slot - now, slot, slot2 end
+end
 if verdict == 'reclaim' then refused('reclaim') end
 if verdict ~= 'authorized' then
   local interval = s.interval_us
@@ -88,12 +94,12 @@ if verdict ~= 'authorized' then
   return {verdict, ticket, now, wait, slot, interval, '', full and 1 or 0}
 end
 local interval = s.interval_us  -- the interval this start was measured against
-local lease = siq_commit(KEYS[1], s, ticket, cost, now, KEYS[10], KEYS[11], ARGV[22], now + tonumber(ARGV[23]), run,
+local lease = siq_commit(KEYS[1], s, ticket, cost, at, KEYS[10], KEYS[11], ARGV[22], now + tonumber(ARGV[23]), run,
                          tonumber(ARGV[28]) or 0)
-if run then siq_set_owner(KEYS[5], ARGV[4], token, now, slot) end
+if run then siq_set_owner(KEYS[5], ARGV[4], token, at, slot) end
 if max_lost > 0 then siq_count_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15]), tonumber(ARGV[16])) end
-siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, now, ARGV[8], ARGV[9], ARGV[10], ARGV[11], cost,
+siq_ledger_start(KEYS[3], tonumber(ARGV[7]) or 0, s, ticket, ARGV[4], slot, at, ARGV[8], ARGV[9], ARGV[10], ARGV[11], cost,
                  lease, tonumber(ARGV[23]), {ARGV[24], ARGV[25], ARGV[26]})
-siq_count_start(KEYS[8], now, slot, interval, tonumber(ARGV[11]) or 0)
+siq_count_start(KEYS[8], at, slot, interval, tonumber(ARGV[11]) or 0)
 siq_touch(KEYS, s, tonumber(ARGV[13]), now)
-return {'authorized', ticket, now, 0, slot, interval, lease, 0}
+return {'authorized', ticket, at, at - now, slot, interval, lease, 0}
