@@ -711,7 +711,7 @@ def wait_in_line(
         verdicts = {d.verdict for d in decisions}
         if verdicts == {Verdict.AUTHORIZED}:
             if reports:  # the body's report places the start: no re-stamp
-                return replace(combined(decisions), asked_at=sent), tickets
+                return replace(combined(decisions), asked_at=sent, answered_at=sent + round_trip), tickets
             return line.settle(combined(decisions), tickets, round_trip), tickets
         if Verdict.DUPLICATE in verdicts:
             raise DuplicateTaskError(f"queue {line.name!r}: task {task_id!r} already finished")
@@ -799,12 +799,13 @@ def body_may_begin(line: Line, decision: Decision, task_id: str = "") -> bool:
 
 def hold_until(line: Line, decision: Decision) -> None:
     """A start authorized ahead of its slot (``wait_us``: how far ahead, when the store
-    answered) holds its body until the slot: the ask was sent at ``asked_at`` and reached
-    the store about half a round trip later, as the report will: the report is sent
-    ``wait_us`` after the ask, so that it reaches the store at the slot."""
-    if decision.wait_us <= 0 or not decision.asked_at:
+    answered) holds its body until ``wait_us`` after the answer came back: the answer left
+    the store before it came, so the body never begins before the slot on the store's
+    clock (timing the hold from the ask would not know how long the ask took to get
+    there, on a loaded host milliseconds), and the report reaches the store just after."""
+    if decision.wait_us <= 0 or not decision.answered_at:
         return
-    left = decision.asked_at + decision.wait_us / US - line._monotonic()
+    left = decision.answered_at + decision.wait_us / US - line._monotonic()
     if left > 0:
         line._nap(left, None)
 

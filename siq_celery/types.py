@@ -428,6 +428,10 @@ class Decision:
     #: AUTHORIZED, from a wait that reports its body's start: the asker's monotonic clock
     #: when it sent the ask that was authorized (the authorization is no older than that).
     asked_at: float = field(default=0.0, compare=False)
+    #: AUTHORIZED, as ``asked_at``: when the answer came back. An answer authorized ahead of
+    #: its slot (``wait_us``: how far ahead when the store answered) holds the body until
+    #: ``answered_at`` + ``wait_us``, never before the slot on the store's clock.
+    answered_at: float = field(default=0.0, compare=False)
 
     @property
     def authorized(self) -> bool:

@@ -62,13 +62,13 @@ def pool(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> boo
 
 def test_a_start_authorized_ahead_of_its_slot_holds_its_body_until_then(pool: bool) -> None:
     """The store authorized the start 3 ms ahead of its slot (the answer's wait): the
-    report is sent 3 ms after the ask, so it reaches the store at the slot, as the ask
-    reached it half a round trip after it was sent; the process's own work since the
-    answer (here 1 ms) is part of those 3 ms."""
-    line = FakeLine([REPORT_AGAIN_S / 2], now=100.001)
-    ahead = Decision(Verdict.AUTHORIZED, 1, 5_003_000, 3_000, 5_003_000, asked_at=100.0)
+    report is sent 3 ms after the answer came back (the answer left the store before, so
+    the body never begins before the slot on the store's clock, however long the ask took
+    to get there); the process's own work since the answer (here 1 ms) is part of those 3 ms."""
+    line = FakeLine([REPORT_AGAIN_S / 2], now=100.0015)
+    ahead = Decision(Verdict.AUTHORIZED, 1, 5_003_000, 3_000, 5_003_000, asked_at=100.0, answered_at=100.0005)
     assert body_may_begin(line, ahead)  # type: ignore[arg-type]
-    assert line.naps == [pytest.approx(0.002)] and line.sent_at == [pytest.approx(100.003)]
+    assert line.naps == [pytest.approx(0.002)] and line.sent_at == [pytest.approx(100.0035)]
     late = FakeLine([REPORT_AGAIN_S / 2], now=100.004)  # its work took longer than the lead: no hold
     assert body_may_begin(late, ahead) and late.naps == [] and late.sent_at == [100.004]  # type: ignore[arg-type]
 
