@@ -1154,8 +1154,9 @@ def began(state: QueueState, started_us: int, now_us: int, window: Window | None
     came: the report is written just before the body's first statement, so it reaches the
     store after the body began, and no worker's clock is trusted), and later starts stop
     waiting for it. Returns the start's new time, or None when the start is not the last
-    pending one any more (a later start came after its wait expired: the caller must not
-    begin its body now).
+    pending one any more (a later start came after its wait expired, or while its process
+    stood still: the caller must not begin its body now), unless a burst has room for it
+    now (:func:`charge_overtaken`: charged as one more start).
 
     Its last slot is worked out again from ``pending_due_us`` (T = L + I, the slot used
     before it plus the interval then), as :func:`commit_start` did from the authorization:
@@ -1171,7 +1172,7 @@ def began(state: QueueState, started_us: int, now_us: int, window: Window | None
     ``pending_us`` then holds minus the authorization's time, which no later start waits for."""
     again = state.pending_us < 0 and state.pending_us == -started_us  # reported already: a report sent again
     if not again and (state.pending_us <= 0 or state.started_us != started_us):
-        return None
+        return charge_overtaken(state, now_us)
     at = max(now_us, state.started_us)
     i = state.interval_us
     base = state.pending_due_us
@@ -1182,6 +1183,23 @@ def began(state: QueueState, started_us: int, now_us: int, window: Window | None
     state.started_us = at
     state.pending_us = -started_us  # reported: nothing waits for it, and a report sent again finds it
     return at
+
+
+def charge_overtaken(state: QueueState, now_us: int) -> int | None:
+    """A report of a start that is not the queue's last pending one any more (a later
+    start came while its process stood still): under a burst, without a quota and not
+    paused, its body may begin now if the rate cap has room for one more start now; it is
+    charged as one (GCRA: T = max(T, now) + I), and its place at its authorization stays
+    charged too, so every window of the bodies' starts holds no more than the bound (the
+    bodies' set is a subset of the starts charged). Returns now, or None: no room (or no
+    burst, a quota, a pause): the body must not begin now. A burst of 0 has no room for a
+    start beside a later one; a quota's window would count the start twice."""
+    if not state.burst or state.quota or state.paused or cap(state) > now_us:
+        return None
+    i = state.interval_us
+    state.last_start_us = max(state.last_start_us + i, now_us)
+    state.anchor_us = max(state.anchor_us, state.last_start_us - state.burst * i)
+    return now_us
 
 
 def release_cutoff(state: QueueState, now_us: int, horizon_us: int, units: WindowUnits | None = None) -> int | None:

@@ -236,8 +236,15 @@ class Reference:
         pending start, it is placed as if authorized now (its last slot from the slot before)."""
         q, now = self.q, self.clock.now_us
         again = q is not None and q["pend"] < 0 and q["pend"] == -started  # type: ignore[operator]  # reported: sent again
-        if q is None or (not again and (q["pend"] <= 0 or q["began"] != started)):  # type: ignore[operator]
+        if q is None:
             return None
+        if not again and (q["pend"] <= 0 or q["began"] != started):  # type: ignore[operator]
+            # overtaken: under a burst with room now (no quota, not paused), one more start charged now
+            if not self.burst or self.quota or q["paused"] or self.cap() > now:
+                return None
+            q["last"] = max(q["last"] + q["I"], now)  # type: ignore[call-overload, operator]
+            q["anchor"] = max(q["anchor"], q["last"] - self.burst * q["I"])  # type: ignore[call-overload, operator]
+            return now
         I = q["I"]
         prev = q["began"]
         at, base = max(now, prev), q["pend_due"]  # type: ignore[call-overload]
@@ -425,11 +432,16 @@ class StoresAgree(RuleBasedStateMachine):
             self._report(started)
 
     def _report(self, started: int) -> None:
-        before = self.ref.q["began"] if self.ref.q is not None else None
+        q = self.ref.q
+        before = q["began"] if q is not None else None
+        again = q is not None and q["pend"] < 0 and q["pend"] == -started  # type: ignore[operator]
+        overtaken = q is not None and not again and (q["pend"] <= 0 or q["began"] != started)  # type: ignore[operator]
         got = self._all("began", started)
         expected = self.ref.began(started)
         assert got == expected
-        if expected is not None and expected != before:  # the start moved: so do its places
+        if expected is not None and overtaken:  # charged as one more start (a burst with room)
+            self.starts.append((expected, self.ref.q["I"]))  # type: ignore[index]
+        elif expected is not None and expected != before:  # the start moved: so do its places
             if self.starts:
                 self.starts[-1] = (expected, self.starts[-1][1])
             if self.limits.quota and self.window_starts and self.window_starts[-1][0] == before:

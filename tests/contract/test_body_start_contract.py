@@ -4,7 +4,8 @@ A start asked with ``reports`` leaves the queue waiting for its body's report (t
 step before the body: ``began``); the report places the start at the store's time when it
 came, and only then may the next start be authorized, counted from there. A body that
 never reports holds the queue for ``BEGIN_WAIT_US`` at most, and a report that comes after
-a later start is refused (the body must not begin). docs/design.md,
+a later start is refused (the body must not begin), unless the queue's burst has room for
+it now: then it is charged as one more start. docs/design.md,
 "The guarantees" (which clock each holds on).
 """
 
@@ -69,6 +70,47 @@ def test_a_start_that_reports_is_authorized_for_its_slot_up_to_the_lead_ahead(st
     assert q.start(third).authorized
     store.clock.now_us = slot + 2 * I - 1
     assert q.start(q.claim()).verdict is Verdict.WAIT  # a start that does not report is never ahead
+
+
+def test_an_overtaken_start_under_a_burst_is_charged_as_one_more_start_while_the_burst_has_room(
+    store: Store,
+) -> None:
+    """Its process stood still after its report, and a later start came (under a burst the
+    next start need not wait a whole interval): asked, the store charges the body's start
+    as one more start now, if the rate cap has room, and its place at its authorization
+    stays charged; the bodies then hold the burst bound. No room: the body does not begin."""
+    q = queue(store, burst=2)
+    first, second, third = q.claim(), q.claim(), q.claim()
+    store.clock.advance(us=3 * I)  # the line is two slots late: the burst lets it catch up
+    t = store.clock.now_us
+    one = q.start(first, reports=True)
+    assert one.authorized and q.began(one)  # sent quickly, and placed
+    store.clock.advance(us=200)
+    assert q.start(second, reports=True).authorized  # the burst lets the next one come at once
+    store.clock.advance(us=100)
+    assert q.began(one, wait=True)  # overtaken, asked: charged now (the cap had room)
+    assert q.status().state.last_start_us == t + 2 * I  # three starts charged: t, then T + I twice
+    store.clock.now_us = t + I - 1
+    assert not q.began(one, wait=True)  # the cap has no room for another until t + I
+    waiting = q.start(third)
+    assert waiting.verdict is Verdict.WAIT and waiting.slot_us == t + I  # the charge delays the next start
+    store.clock.now_us = t + I
+    assert q.began(one, wait=True)  # room again: charged once more
+    assert q.status().state.last_start_us == t + 3 * I
+
+
+def test_an_overtaken_start_without_a_burst_or_with_a_quota_is_not_charged(store: Store) -> None:
+    for options in ({}, {"burst": 2, "quota": "10/1s"}):
+        q = IntervalQueue(f"q{len(options)}", interval="100ms", backend=store.backend(), **options)  # type: ignore[arg-type]
+        first, second = q.claim(), q.claim()
+        store.clock.advance(us=I)
+        one = q.start(first, reports=True)
+        assert q.began(one)
+        store.clock.advance(us=I)
+        assert q.start(second, reports=True).authorized
+        before = q.status().state
+        assert not q.began(one, wait=True)  # the body must not begin: a quota's window would count it twice
+        assert q.status().state.last_start_us == before.last_start_us
 
 
 def test_a_body_that_never_reports_holds_the_queue_for_the_begin_wait_only(store: Store) -> None:

@@ -14,7 +14,10 @@
 -- ARGV[3]  ledger cap (entries kept, about); 0 = write no ledger entry
 -- ARGV[4]  the start's task id ('' none)
 -- ARGV[5]  1: the body begins whatever the answer (a report not waited for)
--- Returns the start's new time, or 0 if it is not the last pending start any more.
+-- A report of an overtaken start (a later start came while its process stood still) is
+-- charged as one more start now under a burst with room (model.charge_overtaken).
+-- Returns the start's new time, or 0 if it is not the last pending start any more and
+-- was not charged.
 local now = siq_now(ARGV[1])
 local authorized = tonumber(ARGV[2])
 local function ledger(at)
@@ -28,6 +31,15 @@ if err then return redis.error_reply(err) end
 if not s then return 0 end
 local again = s.pending_us < 0 and s.pending_us == -authorized  -- reported already: a report sent again
 if not again and (s.pending_us <= 0 or s.started_us ~= authorized) then
+  -- overtaken (model.charge_overtaken): under a burst, without a quota and not paused, charged
+  -- as one more start now if the rate cap has room; its place at its authorization stays charged too
+  if s.burst > 0 and s.quota <= 0 and s.paused ~= 1 and siq_cap(s) <= now then
+    s.last_start_us = math.max(s.last_start_us + s.interval_us, now)
+    s.anchor_us = math.max(s.anchor_us, s.last_start_us - s.burst * s.interval_us)
+    redis.call('HSET', KEYS[1], 'last_start_us', s.last_start_us, 'anchor_us', s.anchor_us)
+    ledger(now)
+    return now
+  end
   if ARGV[5] == '1' then ledger(now) end
   return 0
 end
