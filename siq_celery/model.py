@@ -612,8 +612,9 @@ def start_lead_us(interval_us: int) -> int:
 
 
 def _within_lead(state: QueueState, decision: Decision) -> bool:
-    """Whether ``decision`` waits for its slot only, and the slot is within the lead."""
-    if decision.verdict is not Verdict.WAIT or decision.full or decision.slot_us <= decision.now_us:
+    """Whether ``decision`` waits for its slot only (every other wait is positive and not
+    the distance to its slot), and the slot is within the lead."""
+    if decision.verdict is not Verdict.WAIT or decision.full:
         return False
     return decision.wait_us == decision.slot_us - decision.now_us <= start_lead_us(state.interval_us)
 

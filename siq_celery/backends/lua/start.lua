@@ -82,7 +82,7 @@ if ticket < 1 then  -- FREE is for start_all only
 end
 local verdict, wait, slot, full = siq_decide(KEYS[1], s, ticket, ARGV[3], cost, now, KEYS[10], KEYS[11])
 local at = now  -- a start whose body reports may be authorized for its slot, its body held until then (model.start)
-if verdict == 'wait' and not full and (tonumber(ARGV[28]) or 0) > 0 and slot > now and wait == slot - now
+if verdict == 'wait' and not full and (tonumber(ARGV[28]) or 0) > 0 and wait == slot - now
    and wait <= siq_start_lead(s) then
   local v2, _, slot2 = siq_decide(KEYS[1], s, ticket, ARGV[3], cost, slot, KEYS[10], KEYS[11])
   if v2 == 'authorized' then verdict, wait, at, slot = v2, slot - now, slot, slot2 end
