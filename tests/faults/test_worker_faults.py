@@ -286,7 +286,10 @@ def test_a_node_killed_between_taking_a_message_and_holding_it_loses_nothing(fau
     """The node SIGKILLs itself having read task 7's message from a BRPOP reply, before
     kombu writes it to the unacked hash (tests/apps/geo.py, ``die_in_transit``): kombu
     alone loses that message (tests/test_broker_transit.py). Its transit record brings it
-    back: every task finishes once, on the node started after the kill."""
+    back: every task finishes, task 7 once, on the node started after the kill. The kill
+    takes the whole process group, so a body that had ended on the victim and not yet
+    recorded its finish runs again (acks_late's at-least-once): only such a task may finish
+    twice."""
     victim = fault_run.start_worker("victim", 2, env={"SIQ_TEST_DIE_IN_TRANSIT": "7"})
     publish(fault_run, range(30))
     until(lambda: not victim.alive, 60, "the victim to take task 7's message and die")
@@ -297,5 +300,14 @@ def test_a_node_killed_between_taking_a_message_and_holding_it_loses_nothing(fau
     before = sum(1 for f in fault_run.finishes() if f["node"] == victim.name)
     print(f"\ntask 7 finished {seven[0] - killed_at:.1f} s after the kill; {before} finished on the victim before")
     assert victim.process is not None and victim.process.returncode == -signal.SIGKILL
-    assert sorted(finishes) == list(range(30)) and max(finishes.values()) == 1, "every task finished once"
+    first = {}
+    for f in sorted(fault_run.finishes(), key=lambda f: f["t"]):
+        first.setdefault(f["n"], f["node"])
+    twice = sorted(n for n, c in finishes.items() if c > 1)
+    print(f"finished twice (ended on the victim, its finish not recorded): {twice}")
+    assert sorted(finishes) == list(range(30)), "every task finished"
+    assert max(finishes.values()) <= 2 and all(first[n] == victim.name for n in twice), (
+        "only a body that ended on the victim before the kill ran again"
+    )
+    assert finishes[7] == 1 and len(twice) <= 2, "task 7 once; at most a body per victim process again"
     assert "put back 1 task message" in survivor.log(), "task 7 came back through its transit record"
