@@ -59,7 +59,7 @@ class CombinedQueue:
         #: by its interval or its window quota's average, whichever is longer (a daily quota
         #: binds more than a per-second spacing).
         self.primary = max(queues, key=pace_us)
-        self._nap, self._monotonic = queues[0]._nap, queues[0]._monotonic
+        self._nap, self._wake_nap, self._monotonic = queues[0]._nap, queues[0]._wake_nap, queues[0]._monotonic
 
     @property
     def queue_names(self) -> list[str]:

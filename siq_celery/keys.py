@@ -76,6 +76,12 @@ class QueueKeys:
         return f"{self.base}:finished"
 
     @property
+    def wake(self) -> str:
+        """The pub/sub channel of the queue's wakes (a pending start reported, a lease given
+        back): ``"<next ticket> <store time>"``, read by waiters (backends/redis.py, Wakes)."""
+        return f"{self.base}:wake"
+
+    @property
     def ledger(self) -> str:
         return f"{self.base}:ledger"
 

@@ -572,6 +572,21 @@ class IntervalQueue:
         if seconds > 0:
             self._sleep(seconds)
 
+    def _wake_nap(self, ticket: Ticket, after_us: int, seconds: float, deadline: float | None) -> None:
+        """:meth:`_nap` before asking again while the slot came and the line is held (the
+        last start's body has not reported, or the concurrency cap is full), cut short by a
+        wake of the ticket's queue published after ``after_us`` (store time): the report
+        came, or a lease was given back (:meth:`~siq_celery.backends.base.Backend.wait_for_wake`).
+        A store that cannot wake, a deadline, or a pinned sleep (tests): the nap as it was."""
+        if deadline is None and seconds > 0 and self._sleep is nap:
+            began = self._monotonic()
+            woken = self.backend.wait_for_wake(ticket.queue, ticket.number, after_us, seconds)
+            if woken:
+                return
+            if woken is False:  # the time passed, but for a fraction of a millisecond
+                seconds -= self._monotonic() - began
+        self._nap(seconds, deadline)
+
     @contextmanager
     def slot(
         self, *, task_id: str | None = None, timeout: float | None = None, name: str = "slot", cost: int = 1
@@ -645,6 +660,7 @@ class Line(Protocol):
     def began(self, decision: Decision, *, wait: bool = False, task_id: str = "") -> bool: ...
     def finish(self, task_id: str, outcome: str = ..., *, remember: bool = ..., lease: str = ...) -> None: ...
     def _nap(self, seconds: float, deadline: float | None) -> None: ...
+    def _wake_nap(self, ticket: Ticket, after_us: int, seconds: float, deadline: float | None) -> None: ...
     def _monotonic(self) -> float: ...
 
 
@@ -748,7 +764,12 @@ def wait_in_line(
             if hold is not None and line._monotonic() - full_since + waiting.wait > hold:
                 raise DeferralNeeded(tickets[0], waiting, waiting.wait)
         early = START_LEAD_SHARE * start_lead_us(waiting.interval_us) / US if reports and len(decisions) == 1 else 0.0
-        line._nap(_sleep_before_asking(max(waiting.wait - early, 0.0), round_trip), deadline)
+        nap = _sleep_before_asking(max(waiting.wait - early, 0.0), round_trip)
+        held = waiting.full or waiting.wait_us != waiting.slot_us - waiting.now_us  # not the wait for its slot
+        if held and len(decisions) == 1:  # woken by the report or the lease it waits for
+            line._wake_nap(tickets[0], waiting.now_us, nap, deadline)
+        else:
+            line._nap(nap, deadline)
 
 
 #: A start whose body reports asks this share of the lead before its slot

@@ -256,6 +256,21 @@ class Backend(ABC):
         with contextlib.suppress(SiqError):
             self.began(queue, started_us, task_id, soon=True)
 
+    #: Whether :meth:`wait_for_wake` can wake a waiter (a start held by a full cap then
+    #: waits in its process longer before it goes back to the broker: gate.full_hold).
+    can_wake = False
+
+    def wait_for_wake(self, queue: str, ticket: int, after_us: int, seconds: float) -> bool | None:
+        """Wait up to ``seconds`` for a wake of ``queue`` published after ``after_us`` (store
+        time) that lets ``ticket`` ask again: a pending start's body reported, or a lease was
+        given back, while the next ticket in line was ``ticket`` or a later one (a start
+        without a place in the line, :data:`~siq_celery.model.FREE`, takes any wake). True:
+        woken; False: the time passed; None: this store (or this caller, another thread of
+        the process waiting already) cannot be woken, and the caller sleeps instead. False
+        may come up to a millisecond early (a socket's timeout is whole milliseconds): the
+        caller naps what is left."""
+        return None
+
     def restamp_soon(self, queue: str, epoch: str, started_us: int) -> None:
         """:meth:`restamp`, sent now and not waited for (a green pool's body starts at once:
         the re-stamp reaches the store about when the body starts). Best effort: a failure
@@ -611,6 +626,10 @@ class ModelBackend(Backend):
     is then implemented once, here.
     """
 
+    def _woke(self, queue: str, next_ticket: int, now_us: int) -> None:
+        """A wake of ``queue`` (:meth:`wait_for_wake`), inside the step that freed the line:
+        the memory store's waiters are woken; others poll."""
+
     @abstractmethod
     def transactions(
         self, queues: Sequence[str], *, replace_corrupt: bool = False
@@ -810,9 +829,12 @@ class ModelBackend(Backend):
         with self.transaction(queue) as tx:
             if tx.state is None:
                 return None
+            freed = tx.state.pending_us > 0 and tx.state.started_us == started_us  # later starts waited for it
             at = model.began(tx.state, started_us, tx.now_us, self._window(tx, tx.state))
             if self.ledger_max and (at is not None or soon):
                 tx.record_began(task_id, started_us, tx.now_us if at is None else at)
+            if freed and at is not None:
+                self._woke(queue, tx.state.current + 1, tx.now_us)
             return at
 
     def finish(
@@ -821,6 +843,8 @@ class ModelBackend(Backend):
         lease = lease or task_id  # a run's lease is named by its task id (lease_member)
         with self.transaction(queue) as tx:
             returned = bool(lease) and model.give_back(tx.state, tx.leases(), lease, tx.now_us)
+            if returned and tx.state is not None and tx.state.concurrency:
+                self._woke(queue, tx.state.current + 1, tx.now_us)
             tx.clear_unfinished(task_id)
             if remember:
                 tx.add_finished(task_id)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from ..ledger import LedgerRow, complete
-from ..model import LAST_COUNTED, DictFairLines, DictLeases, ListWindow
+from ..model import FREE, LAST_COUNTED, DictFairLines, DictLeases, ListWindow
 from ..types import FairBacklog, IntervalSources, ParkedTask, QueueState
 from .base import ModelBackend, Transaction, _copy, match_names
 
@@ -41,6 +41,12 @@ class _Store:
     #: per queue: its fair lines, and the messages of the tasks waiting in them
     fair: dict[str, DictFairLines] = field(default_factory=dict)
     fair_messages: dict[str, _Messages] = field(default_factory=dict)
+    #: per queue: the last wake (the next ticket then, the store's time), and its waiters' condition
+    wakes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    woken: threading.Condition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.woken = threading.Condition(self.lock)
 
 
 class _Messages(dict[str, str]):
@@ -246,6 +252,21 @@ class MemoryBackend(ModelBackend):
             yield list(txs)
             for tx in txs:
                 tx.commit()
+
+    can_wake = True
+
+    def _woke(self, queue: str, next_ticket: int, now_us: int) -> None:
+        with self.store.woken:  # held already: called inside the transaction
+            self.store.wakes[queue] = (next_ticket, now_us)
+            self.store.woken.notify_all()
+
+    def wait_for_wake(self, queue: str, ticket: int, after_us: int, seconds: float) -> bool | None:
+        def woken() -> bool:
+            wake = self.store.wakes.get(queue)
+            return wake is not None and wake[1] > after_us and (ticket == FREE or ticket <= wake[0])
+
+        with self.store.woken:
+            return self.store.woken.wait_for(woken, seconds)
 
     def ledger(self, queue: str, since_us: int | None = None, until_us: int | None = None) -> Iterator[LedgerRow]:
         self.keys(queue)

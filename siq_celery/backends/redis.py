@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import secrets
@@ -35,7 +36,7 @@ from ..errors import (
 from ..keys import QueueKeys
 from ..ledger import BeganEntry, FinishEntry, LedgerRow, StartRecord, join_finishes
 from ..lru import LRUCache
-from ..model import counts_from_fields, fair_check
+from ..model import FREE, counts_from_fields, fair_check
 from ..types import (
     NO_LIMITS,
     NO_OVERRIDE,
@@ -80,9 +81,10 @@ logger = logging.getLogger("siq_celery")
 
 #: The Redis ACL a siq_celery user needs (docs/stores.md, "Redis ACL"): its scripts, the commands
 #: they call, SCAN/DEL for listing and deleting queues, TIME (a worker compares its clock
-#: with the store's) and SELECT (a database other than 0), on its own keys only.
+#: with the store's) and SELECT (a database other than 0), on its own keys only; PUBLISH and
+#: SUBSCRIBE on its own channels (the queues' wakes: :class:`Wakes`; without them, starts poll).
 ACL_RULES = (
-    "~siq:*",
+    "~siq:*", "resetchannels", "&siq:*", "+publish", "+subscribe",
     "+evalsha", "+eval", "+script|load", "+ping", "+select", "+scan", "+del", "+exists", "+pexpire", "+persist",
     "+time", "+hmget", "+hset", "+zscore", "+zadd", "+zremrangebyscore", "+zremrangebyrank", "+zcard",
     "+xadd", "+xrange", "+hget", "+hgetall", "+hdel", "+zrange", "+zrangebyscore", "+zrem", "+hincrby", "+zcount",
@@ -94,6 +96,80 @@ SCRIPTS = (
     "park", "release", "unpark", "backoff", "start_all", "declare", "renew", "set_limits", "fair_park", "delete",
     "fair_backlog", "began",
 )  # fmt: skip
+
+
+class Wakes:
+    """This process's subscription to its queues' wake channels (keys.py: ``wake``; the
+    scripts publish ``"<next ticket> <store time>"`` when a pending start's body reports and
+    when a lease is given back under a cap: ``siq_wake``), on a connection of its own, read
+    only while a start waits: one waiter at a time (another thread of the process polls). A
+    channel is subscribed when a start of its queue first waits; a wake is kept until a
+    later one replaces it, and counts for a waiter whose last answer came before it. Any
+    error (a user whose ACL has no channels, a lost connection) turns the wakes off for a
+    while: the waiters poll, as without them."""
+
+    OFF_S = 60.0  #: after a refusal (no channel permission), the waiters poll this long before subscribing again
+
+    def __init__(self, connect: Callable[[], Any]) -> None:
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._conn: Any = None
+        self._channels: set[str] = set()
+        self._seen: dict[str, tuple[int, int]] = {}  # channel -> (next ticket, store time) of its last wake
+        self._off_until = 0.0
+
+    def wait(self, channel: str, ticket: int, after_us: int, seconds: float) -> bool | None:
+        if self._pid != os.getpid():  # a forked child never reads its parent's socket, nor waits for its lock
+            self._lock, self._conn, self._channels, self._seen = threading.Lock(), None, set(), {}
+            self._pid, self._off_until = os.getpid(), 0.0
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if time.monotonic() < self._off_until:
+                return None
+            end = time.monotonic() + seconds
+            try:
+                if self._conn is None:
+                    self._conn = self._connect()
+                if channel not in self._channels:
+                    self._conn.subscribe(channel)  # its confirmation is read below, as a message
+                    self._channels.add(channel)
+                while not self._woken(channel, ticket, after_us):
+                    # A socket's timeout is rounded up to a whole millisecond (poll): read for
+                    # the whole ones left; the caller naps the rest, precisely.
+                    whole_ms = math.floor((end - time.monotonic()) * 1000)
+                    if whole_ms <= 0:
+                        return False
+                    self._take(self._conn.get_message(timeout=whole_ms / 1000))
+                return True
+            except (redis.RedisError, OSError, ValueError) as exc:  # refused (ACL): a while; a lost connection: 1 s
+                off = self.OFF_S if isinstance(exc, redis.ResponseError) else 1.0
+                logger.info("siq_celery: queue wakes are off for %.0fs, starts poll instead: %s: %s",
+                            off, type(exc).__name__, exc)  # fmt: skip
+                if self._conn is not None:
+                    with contextlib.suppress(Exception):
+                        self._conn.close()
+                self._conn, self._channels, self._off_until = None, set(), time.monotonic() + off
+                return None
+        finally:
+            self._lock.release()
+
+    @property
+    def on(self) -> bool:
+        """Not turned off by an error (in this process) for the while it lasts."""
+        return self._pid != os.getpid() or time.monotonic() >= self._off_until
+
+    def _take(self, message: Any) -> None:
+        if message and message.get("type") in (b"message", "message"):
+            channel = message["channel"].decode() if isinstance(message["channel"], bytes) else message["channel"]
+            number, at = (int(x) for x in message["data"].split())
+            if at >= self._seen.get(channel, (0, 0))[1]:
+                self._seen[channel] = (number, at)
+
+    def _woken(self, channel: str, ticket: int, after_us: int) -> bool:
+        wake = self._seen.get(channel)
+        return wake is not None and wake[1] > after_us and (ticket == FREE or ticket <= wake[0])
 
 
 #: Errors of the conversation with the server rather than of one operation. On Redis
@@ -431,6 +507,7 @@ class RedisBackend(Backend):
         self._soon_loaded: set[str] = set()  # the scripts loaded for that connection
         self._claim_parts: LRUCache[tuple[Any, ...], tuple[bytes, bytes]] = LRUCache(IDLE_EXPIRY_REMEMBERED)
         self._stale_slots = False  # Redis Cluster: a command failed unreachable (_refresh_slots)
+        self._wakes = Wakes(self._wake_connection)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
@@ -895,9 +972,29 @@ class RedisBackend(Backend):
         k = self.keys(queue)
         self._soon("restamp", [k.state, k.window], [epoch, started_us])
 
+    @property
+    def can_wake(self) -> bool:  # type: ignore[override]
+        """Not with a pinned clock (tests), nor on a cluster (it polls), nor while the wakes
+        are off (a user without channels, a lost connection: :class:`Wakes`)."""
+        if self.clock is not None or not self._wakes.on:
+            return False
+        try:
+            return not isinstance(self.client, RedisCluster)
+        except SiqError:  # the store unreachable: no wake now
+            return False
+
+    def wait_for_wake(self, queue: str, ticket: int, after_us: int, seconds: float) -> bool | None:
+        if self.clock is not None or isinstance(self.client, RedisCluster):  # a pinned clock; a cluster polls
+            return None
+        return self._wakes.wait(self.keys(queue).wake, ticket, after_us, seconds)
+
+    def _wake_connection(self) -> Any:
+        """A pub/sub reader of the client's (its own connection, kept subscribed: :class:`Wakes`)."""
+        return self.client.pubsub()
+
     def began(self, queue: str, started_us: int, task_id: str = "", *, soon: bool = False) -> int | None:
         k = self.keys(queue)
-        args = [started_us, 3 * self.ledger_max, task_id, int(soon)]
+        args = [started_us, 3 * self.ledger_max, task_id, int(soon), k.wake]
         at = int(self._run("began", queue, [k.state, k.window, k.ledger], args))
         return at or None
 
@@ -906,7 +1003,7 @@ class RedisBackend(Backend):
             super().began_soon(queue, started_us, task_id)
             return
         k = self.keys(queue)
-        self._soon("began", [k.state, k.window, k.ledger], [started_us, 3 * self.ledger_max, task_id, 1])
+        self._soon("began", [k.state, k.window, k.ledger], [started_us, 3 * self.ledger_max, task_id, 1, k.wake])
 
     def _soon(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
         """Write script ``name`` on a connection of this process's own and return (a
@@ -958,7 +1055,7 @@ class RedisBackend(Backend):
             [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.unfinished,
              k.refused, k.window, k.leases, k.fair],
             [task_id, self.finished_retention_us, self.finished_max, 3 * self.ledger_max, outcome, int(remember),
-             self.idle_expiry_us(queue), lease or task_id],  # a run's lease is named by its task id
+             self.idle_expiry_us(queue), lease or task_id, k.wake],  # a run's lease is named by its task id
         )  # fmt: skip
 
     def renew_leases(self, queue: str, leases: Sequence[str]) -> int:

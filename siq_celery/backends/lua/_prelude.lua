@@ -523,6 +523,16 @@ local function siq_give_back(lkey, skey, s, member, now)
   return kept
 end
 
+-- Wake the queue's waiters (a pending start reported, a lease given back): publish the next
+-- ticket in line and the store's time on the queue's wake channel (keys.py: wake), which a
+-- waiter holding that ticket or an earlier one reads (backends/redis.py: Wakes). A user
+-- without the channel's permission (ACL) publishes nothing: its waiters poll, as before.
+local function siq_wake(channel, s, now)
+  if channel and channel ~= '' and s then
+    redis.pcall('PUBLISH', channel, string.format('%.0f %.0f', s.current + 1, now))
+  end
+end
+
 -- The live leases at now of a queue with a concurrency cap, 0 without one (reads the leases).
 local function siq_live(lkey, skey, s, now)
   if s.concurrency <= 0 then return 0 end

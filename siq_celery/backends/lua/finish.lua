@@ -19,6 +19,8 @@
 -- ARGV[8]  idle expiry in microseconds (0: never; see siq_touch)
 -- ARGV[9]  the run's lease, given back in this step ('' none); under a concurrency cap the
 --          ledger entry names it (l: its tag), with x=1 if it had expired (not given back here)
+-- ARGV[10] the queue's wake channel ('' none): a lease given back under a cap wakes the
+--          queue's waiters (siq_wake)
 -- Returns the number of records kept.
 local now = siq_now(ARGV[1])
 local cap = tonumber(ARGV[5]) or 0
@@ -36,6 +38,7 @@ if ARGV[9] and ARGV[9] ~= '' then
   local kept = siq_give_back(KEYS[11], KEYS[3], s, ARGV[9], now)
   redis.call('HDEL', KEYS[5], SIQ_RUN_OWNER .. ARGV[9])  -- its owner goes with it (siq_set_owner)
   if s and s.concurrency > 0 then  -- the ledger names a lease taken under a cap only
+    if kept == 1 then siq_wake(ARGV[10], s, now) end
     table.insert(entry, 'l')
     table.insert(entry, siq_lease_tag(ARGV[2], ARGV[9]))
     if kept ~= 1 then  -- it had expired: not given back here

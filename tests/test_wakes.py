@@ -1,0 +1,135 @@
+"""Wakes: a start held by the last body's report, or by a full concurrency cap, is woken when
+the report comes or a lease is given back (``Backend.wait_for_wake``), instead of finding out
+at its next poll. Real Redis (its scripts publish on the queue's wake channel) and the memory
+store (a condition); SQLite and Redis Cluster poll, as before."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from siq_celery import IntervalQueue, model
+from siq_celery.backends.redis import ACL_RULES
+from siq_celery.embedded import EmbeddedRedis
+from siq_celery.types import Verdict
+
+
+def waiter(queue: IntervalQueue, ticket: int, after_us: int, seconds: float) -> tuple[threading.Thread, dict[str, Any]]:
+    """A thread waiting for a wake of ``queue``; its result and when it came (monotonic)."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        out["woken"] = queue.backend.wait_for_wake(queue.name, ticket, after_us, seconds)
+        out["at"] = time.monotonic()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_start_held_by_a_pending_report_is_woken_when_the_report_comes(redis_url: str) -> None:
+    queue = IntervalQueue("wakes", url=redis_url, interval="1ms")
+    first, second, far = queue.claim(), queue.claim(), queue.claim(5)
+    time.sleep(0.005)  # the first's slot came
+    authorized = queue.start(first, reports=True)
+    assert authorized.verdict is Verdict.AUTHORIZED
+    time.sleep(0.005)  # the second's slot came; the first's body has not reported
+    held = queue.start(second, reports=True)
+    assert held.verdict is Verdict.WAIT and held.wait_us != held.slot_us - held.now_us, "held by the report"
+    thread, out = waiter(queue, second.number, held.now_us, 5.0)
+    behind, behind_out = waiter(IntervalQueue("wakes", url=redis_url), far.number, held.now_us, 0.5)
+    time.sleep(0.2)  # both subscribed and waiting
+    assert thread.is_alive()
+    reported = time.monotonic()
+    assert queue.began(authorized, wait=True)
+    thread.join(5)
+    behind.join(5)
+    print(f"\nwoken {1e3 * (out['at'] - reported):.2f} ms after the report")
+    assert out["woken"] is True and out["at"] - reported < 1.0, "woken by the report, not by its 5 s timeout"
+    assert behind_out["woken"] is False, "a ticket behind the next one is not woken"
+    assert queue.start(second, reports=True).verdict is Verdict.AUTHORIZED
+    # A wake published before the waiter's last answer does not wake it (it asked since).
+    late, late_out = waiter(queue, second.number, held.now_us + 60_000_000, 0.2)
+    late.join(5)
+    assert late_out["woken"] is False
+
+
+def test_a_start_held_by_a_full_cap_is_woken_when_a_lease_is_given_back(redis_url: str) -> None:
+    queue = IntervalQueue("wakes-cap", url=redis_url, interval="1ms", concurrency=1)
+    first, second = queue.claim(), queue.claim()
+    time.sleep(0.005)  # the first's slot came
+    authorized = queue.start(first, task_id="t1", reports=True)
+    assert queue.began(authorized, wait=True)
+    time.sleep(0.005)
+    held = queue.start(second, task_id="t2", reports=True)
+    assert held.verdict is Verdict.WAIT and held.full
+    thread, out = waiter(queue, second.number, held.now_us, 5.0)
+    time.sleep(0.2)
+    finished = time.monotonic()
+    queue.finish("t1", lease=authorized.lease)
+    thread.join(5)
+    print(f"\nwoken {1e3 * (out['at'] - finished):.2f} ms after the lease came back")
+    assert out["woken"] is True and out["at"] - finished < 1.0, "woken by the finish, not by its 5 s timeout"
+    assert queue.start(second, task_id="t2", reports=True).verdict is Verdict.AUTHORIZED
+
+
+def test_a_user_without_channels_starts_and_reports_as_before_and_polls(
+    redis_server: EmbeddedRedis, redis_url: str
+) -> None:
+    admin = redis.Redis.from_url(redis_url)
+    without = [r for r in ACL_RULES if r not in ("resetchannels", "&siq:*", "+publish", "+subscribe")]
+    admin.execute_command("ACL", "SETUSER", "nochannels", "reset", "on", ">s3cret", "resetchannels", *without)
+    try:
+        queue = IntervalQueue("wakes-acl", url=f"redis://nochannels:s3cret@127.0.0.1:{redis_server.port}/0",
+                              interval="1ms")  # fmt: skip
+        first, second = queue.claim(), queue.claim()
+        time.sleep(0.005)  # the first's slot came
+        authorized = queue.start(first, reports=True)
+        time.sleep(0.005)
+        held = queue.start(second, reports=True)
+        assert held.verdict is Verdict.WAIT
+        assert queue.backend.wait_for_wake(queue.name, second.number, held.now_us, 0.1) is None, "polls"
+        assert queue.began(authorized, wait=True), "the report's wake is refused quietly, the report holds"
+        time.sleep(0.005)  # an interval after the report
+        assert queue.start(second, reports=True).verdict is Verdict.AUTHORIZED
+    finally:
+        admin.execute_command("ACL", "DELUSER", "nochannels")
+
+
+def test_sqlite_has_no_wakes_and_its_starts_poll(tmp_path: Path) -> None:
+    queue = IntervalQueue("wakes-sqlite", url=f"sqlite:///{tmp_path}/s.db", interval="1ms")
+    assert queue.backend.wait_for_wake(queue.name, 1, 0, 0.1) is None
+
+
+def test_the_wait_loop_hands_a_lease_over_at_once_not_at_its_next_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory store, real threads: the cap's poll made 2 s, a start held by the full cap
+    begins its body within a fraction of that after the body before it ended."""
+    monkeypatch.setattr(model, "LEASE_POLL_US", 2_000_000)
+    queue = IntervalQueue("handoff", url="memory://wakes-handoff", interval="1ms", concurrency=1)
+    times: dict[str, float] = {}
+    inside = threading.Event()
+
+    def first() -> None:
+        with queue.slot(task_id="a"):
+            inside.set()
+            time.sleep(0.3)
+        times["a_ended"] = time.monotonic()
+
+    def second() -> None:
+        inside.wait(5)
+        with queue.slot(task_id="b"):
+            times["b_began"] = time.monotonic()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    handoff = times["b_began"] - times["a_ended"]
+    print(f"\nthe next body began {1e3 * handoff:.2f} ms after the lease came back (poll 2 s)")
+    assert handoff < 0.5, "woken by the lease given back, not by the 2 s poll"
