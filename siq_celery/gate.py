@@ -96,7 +96,8 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
     def wait(ticket: Ticket | None) -> Decision:
         # The body reports when it begins (the last step here): the start counts from there.
         return line.wait_for_turn(
-            ticket, task_id=task_id, max_sleep=max_sleep, full_hold=full_hold(max_sleep, request.headers),
+            ticket, task_id=task_id, max_sleep=max_sleep,
+            full_hold=full_hold(max_sleep, request.headers, line.backend.can_wake),
             defer_paused=not eager, record=record, cost=cost, reports=True,
         )  # fmt: skip
 
@@ -214,16 +215,18 @@ def defer(task: IntervalTaskLike, ticket: Ticket, decision: Decision, own_wait: 
 #: twice as long (``siq_max_sleep``, 2x, 4x ... up to this; the ``siq_held`` header counts
 #: them): a long body costs a few re-publishes, not one every ``siq_max_sleep``, and the head
 #: of the line keeps asking, so a lease given back is taken within a poll (waiting in the
-#: broker instead would leave it unused: the lease is kept for the head for its grace).
+#: broker instead would leave it unused: the lease is kept for the head for its grace). A
+#: store that wakes its waiters (a lease given back wakes the head at once: ``can_wake``)
+#: holds this long from the first delivery: the wait costs a few asks, not a publish.
 FULL_HOLD_MAX_S = 1.6
 
 
-def full_hold(max_sleep: float | None, headers: Any) -> float | None:
+def full_hold(max_sleep: float | None, headers: Any, woken: bool = False) -> float | None:
     """How long this delivery may poll a full cap in its process (see FULL_HOLD_MAX_S)."""
     if max_sleep is None:
         return None
     in_a_row: int = held(headers)
-    return max(max_sleep, min(max_sleep * 2.0**in_a_row, FULL_HOLD_MAX_S))
+    return max(max_sleep, FULL_HOLD_MAX_S if woken else min(max_sleep * 2.0**in_a_row, FULL_HOLD_MAX_S))
 
 
 def park_this_run(task: IntervalTaskLike, queue: IntervalQueue, ticket: Ticket, signature: Any) -> bool:

@@ -1,6 +1,6 @@
-"""A start held by a full concurrency cap does not busy-loop through the broker: the longer
-the cap holds it, the longer it polls in its process before each re-publish (and it starts
-soon after the lease comes back)."""
+"""A start held by a full concurrency cap does not busy-loop through the broker: woken when a
+lease comes back, it waits in its process up to gate.FULL_HOLD_MAX_S before a re-publish (and
+starts soon after the lease comes back)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ def test_a_start_held_by_a_full_cap_is_not_re_published_every_max_sleep(celery_r
     late = second["t"] - (first["t"] + 3.0)
     print(f"\ncap 1, a 3 s body: the waiting task was re-published {republished} times, and started "
           f"{late:.2f} s after the body ended")  # fmt: skip
-    assert republished <= 8, "no busy loop through the broker"
+    # Woken by the lease given back, it holds gate.FULL_HOLD_MAX_S from its first delivery: a
+    # 3 s body costs 1 re-publish (4 while it polled, doubling its hold; 20-23 before that).
+    assert republished <= 2, "no busy loop through the broker"
     logged = celery_run.workers[0].log().count(" deferred ")
     assert logged == republished, "each deferral has its DEBUG line (SIQ_TEST_DEBUG_SIQ: the tests that count them)"
-    assert late < 1.0, "it starts soon after the lease comes back (it polls; 0.02 s measured)"
+    assert late < 0.5, "it starts soon after the lease comes back (woken: 0.01 s measured)"
