@@ -149,7 +149,12 @@ def cap_metrics(rows: list[dict[str, Any]], count: int, cap: int, body_s: float)
     seconds; ``in_flight``: the count the body saw as it started, itself included)."""
     first, last = min(r["t"] for r in rows), max(r["end"] for r in rows)
     rate = len(rows) / (last - first)
+    handoffs = handoff_ms(rows, cap)
     return {
+        "handoff_p50": percentile(handoffs, 50) if handoffs else float("nan"),
+        "handoff_p99": percentile(handoffs, 99) if handoffs else float("nan"),
+        "publishes": max(1 + r.get("deferrals", 0) for r in rows),
+        "publishes_mean": sum(1 + r.get("deferrals", 0) for r in rows) / len(rows),
         "most_counted": max(r["in_flight"] for r in rows),
         "most_timed": most_at_once(zip(to_us([r["t"] for r in rows]), to_us([r["end"] for r in rows]), strict=True)),
         "throughput": rate,
@@ -157,6 +162,28 @@ def cap_metrics(rows: list[dict[str, Any]], count: int, cap: int, body_s: float)
         "once": len(rows) == count and len({r["n"] for r in rows}) == count,
         "span": last - first,
     }
+
+
+def handoff_ms(rows: list[dict[str, Any]], cap: int) -> list[float]:
+    """For each body that began while the cap was full just before (``cap`` - 1 others
+    running): how long after the last body's end before it (the lease it took), ms."""
+    ends = sorted(r["end"] for r in rows)
+    out = []
+    for r in rows:
+        t = r["t"]
+        running = sum(1 for o in rows if o is not r and o["t"] <= t < o["end"])
+        before = [e for e in ends if e <= t]
+        if running == cap - 1 and before:
+            last = before[-1]
+            full = sum(1 for o in rows if o["t"] < last <= o["end"])  # running as the lease came back, it included
+            if full >= cap:
+                out.append(1e3 * (t - last))
+    return out
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def collect(record: redis.Redis, count: int, timeout: float) -> list[dict[str, Any]]:
@@ -443,9 +470,10 @@ def concurrency(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> 
           f"{args.runs} runs per cell: median (min-max); {load()}\n", flush=True)  # fmt: skip
     print(
         "| limiter | most in flight, counted by the bodies | most in flight, body times | throughput "
-        f"| % of {cap} / {args.cap_body_ms:g} ms | first start to last end | every task once |"
+        f"| % of {cap} / {args.cap_body_ms:g} ms | hand-off p50 / p99 | publishes a task (most, mean) "
+        "| first start to last end | every task once |"
     )
-    print("|---|---:|---:|---:|---:|---:|---|", flush=True)
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|", flush=True)
     summary = []
     for limiter in limiters:
         run = bench.run_bullmq_capped if limiter == "bullmq" else bench.run_celery_capped
@@ -454,12 +482,16 @@ def concurrency(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> 
         print(
             f"| {names[limiter]} | {cells('most_counted', WHOLE)} | {cells('most_timed', WHOLE)} "
             f"| {cells('throughput', lambda v: f'{v:.2f}/s')} | {cells('of_cap', PCT)} "
+            f"| {cells('handoff_p50', MS)} / {cells('handoff_p99', MS)} "
+            f"| {cells('publishes', WHOLE)}, {cells('publishes_mean', lambda v: f'{v:.2f}')} "
             f"| {cells('span', lambda v: f'{v:.2f} s')} | {once} |",
             flush=True,
         )
         summary.append(f"SUMMARY concurrency {names[limiter]}: most in flight {cells('most_counted', WHOLE)} "
                        f"(bodies' count; body times {cells('most_timed', WHOLE)}; cap {cap}), throughput "
-                       f"{cells('of_cap', PCT)} of {cap / body_s:g}/s, every task once in {once}")  # fmt: skip
+                       f"{cells('of_cap', PCT)} of {cap / body_s:g}/s, hand-off p50 {cells('handoff_p50', MS)} "
+                       f"p99 {cells('handoff_p99', MS)}, publishes a task at most {cells('publishes', WHOLE)}, "
+                       f"every task once in {once}")  # fmt: skip
     print("\n" + "\n".join(summary) + f"\nSUMMARY concurrency done: {load()}\n", flush=True)
 
 

@@ -23,6 +23,7 @@ import redis
 from celery import Celery, signals
 
 from siq_celery import IntervalTask
+from siq_celery.messages import deferrals
 
 app = Celery("peers", broker=os.environ.get("SIQ_BENCH_BROKER", "redis://127.0.0.1:6379/15"))
 app.conf.update(
@@ -94,7 +95,7 @@ def capped_task(self: Any, n: int, body_ms: float) -> None:
     time.sleep(body_ms / 1000)
     client.decr(IN_FLIGHT_KEY)
     _record({"n": n, "t": t, "end": time.time(), "in_flight": in_flight, "store_us": self.request.siq_decision.now_us,
-             "pid": os.getpid()})  # fmt: skip
+             "pid": os.getpid(), "deferrals": deferrals(self.request.headers)})  # fmt: skip
 
 
 @app.task(name="peers.rate", rate_limit=os.environ.get("SIQ_BENCH_RATE") or None)

@@ -105,3 +105,14 @@ def test_most_at_once(spans: list[tuple[int, int]], most: int) -> None:
 
 def test_to_us_rounds_host_seconds_to_whole_microseconds() -> None:
     assert to_us([1.0000004, 2.0000006]) == [1_000_000, 2_000_001]
+
+
+def test_the_hand_off_is_measured_only_where_a_full_cap_gave_a_lease_back() -> None:
+    from bench.peers import handoff_ms
+
+    rows = [
+        {"t": 0.0, "end": 1.0}, {"t": 0.1, "end": 1.5},  # cap 2, full until 1.0
+        {"t": 1.002, "end": 2.0},  # took the lease given back at 1.0: 2 ms
+        {"t": 3.0, "end": 3.5},  # nothing was full before it: no hand-off
+    ]  # fmt: skip
+    assert [round(h, 3) for h in handoff_ms(rows, 2)] == [2.0]
