@@ -5,6 +5,7 @@ store (a condition); SQLite and Redis Cluster poll, as before."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import redis
 
 from siq_celery import IntervalQueue, model
-from siq_celery.backends.redis import ACL_RULES
+from siq_celery.backends.redis import ACL_RULES, Wakes
 from siq_celery.embedded import EmbeddedRedis
 from siq_celery.types import Verdict
 
@@ -79,7 +80,7 @@ def test_a_start_held_by_a_full_cap_is_woken_when_a_lease_is_given_back(redis_ur
 
 
 def test_a_user_without_channels_starts_and_reports_as_before_and_polls(
-    redis_server: EmbeddedRedis, redis_url: str
+    redis_server: EmbeddedRedis, redis_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     admin = redis.Redis.from_url(redis_url)
     without = [r for r in ACL_RULES if r not in ("resetchannels", "&siq:*", "+publish", "+subscribe")]
@@ -93,7 +94,15 @@ def test_a_user_without_channels_starts_and_reports_as_before_and_polls(
         time.sleep(0.005)
         held = queue.start(second, reports=True)
         assert held.verdict is Verdict.WAIT
-        assert queue.backend.wait_for_wake(queue.name, second.number, held.now_us, 0.1) is None, "polls"
+        monkeypatch.setattr(Wakes, "OFF_S", 0.0)  # it subscribes again at once, and is refused again
+        with caplog.at_level(logging.INFO, logger="siq_celery"):
+            assert queue.backend.wait_for_wake(queue.name, second.number, held.now_us, 0.1) is None, "polls"
+            assert queue.backend.wait_for_wake(queue.name, second.number, held.now_us, 0.1) is None
+        told = [r.getMessage() for r in caplog.records if "wakes are off" in r.getMessage()]
+        assert len(told) == 1 and "&siq:* +publish +subscribe" in told[0], "said once, with what to grant"
+        monkeypatch.setattr(Wakes, "OFF_S", 60.0)
+        assert queue.backend.wait_for_wake(queue.name, second.number, held.now_us, 0.1) is None
+        assert not queue.backend.can_wake, "a start held by a full cap goes back to the broker as before"
         assert queue.began(authorized, wait=True), "the report's wake is refused quietly, the report holds"
         time.sleep(0.005)  # an interval after the report
         assert queue.start(second, reports=True).verdict is Verdict.AUTHORIZED

@@ -118,6 +118,7 @@ class Wakes:
         self._channels: set[str] = set()
         self._seen: dict[str, tuple[int, int]] = {}  # channel -> (next ticket, store time) of its last wake
         self._off_until = 0.0
+        self._told = False  # the refusal was logged at INFO in this process
 
     def wait(self, channel: str, ticket: int, after_us: int, seconds: float) -> bool | None:
         if self._pid != os.getpid():  # a forked child never reads its parent's socket, nor waits for its lock
@@ -144,9 +145,14 @@ class Wakes:
                     self._take(self._conn.get_message(timeout=whole_ms / 1000))
                 return True
             except (redis.RedisError, OSError, ValueError) as exc:  # refused (ACL): a while; a lost connection: 1 s
-                off = self.OFF_S if isinstance(exc, redis.ResponseError) else 1.0
-                logger.info("siq_celery: queue wakes are off for %.0fs, starts poll instead: %s: %s",
-                            off, type(exc).__name__, exc)  # fmt: skip
+                refused = isinstance(exc, redis.ResponseError)
+                off = self.OFF_S if refused else 1.0
+                # Said once a process at INFO (a user without channels would hear it every minute).
+                level = logging.DEBUG if refused and self._told else logging.INFO
+                self._told = self._told or refused
+                hint = " (grant the store's user its channels: &siq:* +publish +subscribe)" if refused else ""
+                logger.log(level, "siq_celery: queue wakes are off for %.0fs, starts poll instead: %s: %s%s",
+                           off, type(exc).__name__, exc, hint)  # fmt: skip
                 if self._conn is not None:
                     with contextlib.suppress(Exception):
                         self._conn.close()
