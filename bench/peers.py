@@ -64,6 +64,7 @@ missing).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -78,6 +79,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,6 +166,26 @@ def cap_metrics(rows: list[dict[str, Any]], count: int, cap: int, body_s: float)
     }
 
 
+def worker_tree(workers: list[WorkerProcess]) -> list[psutil.Process]:
+    """Every process of ``workers``: each node's main process and its pool's children."""
+    tree = []
+    for w in workers:
+        if w.process is not None:
+            main = psutil.Process(w.process.pid)
+            tree += [main, *main.children(recursive=True)]
+    return tree
+
+
+def cpu_seconds(tree: list[psutil.Process]) -> float:
+    """The CPU (user + system) the processes of ``tree`` have used so far."""
+    total = 0.0
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
 def handoff_ms(rows: list[dict[str, Any]], cap: int) -> list[float]:
     """For each body that began while the cap was full just before (``cap`` - 1 others
     running): how long after the last body's end before it (the lease it took), ms."""
@@ -247,9 +269,12 @@ class Bench:
             if limiter.startswith("siq"):
                 publish.siq_queue().declare(interval_s)  # the publisher runs this interval's code too
             begin = time.time()  # the last run's starts came before its workers stopped, seconds ago
+            tree = worker_tree(workers)
+            cpu = cpu_seconds(tree)
             for n in range(count):
                 publish.delay(n, bodies[n % len(bodies)])
             rows = collect(self.record, count, 60 + 3 * count * interval_s)
+            cpu = cpu_seconds(tree) - cpu
         finally:
             for w in workers:
                 w.stop(10)
@@ -258,6 +283,8 @@ class Bench:
             with open(os.environ["SIQ_BENCH_DUMP"], "a") as dump:
                 dump.write(json.dumps({"limiter": limiter, "interval_s": interval_s, "rows": rows}) + "\n")
         out = metrics(rows, interval_s) if len(rows) > 1 else {}
+        if out:  # the worker processes' CPU (user + system) a task, bodies' sleeps aside
+            out["cpu_ms"] = 1e3 * cpu / len(rows)
         if out and limiter.startswith("siq"):  # the store's own record of its authorized starts
             ledger = [r.start_us for r in publish.siq_queue().ledger(since=begin - 0.5)]
             out["excess_ledger"] = burst_excess(ledger, round(interval_s * 1e6)).excess
@@ -420,7 +447,7 @@ def spacing(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None
         )
         summary.append(f"SUMMARY spacing {ms:g}ms {profile} {limiter}: rate {cells('rate', PCT)}, "
                        f"body violations {cells('violations', WHOLE)}, store-clock violations {store}, "
-                       f"{len(cells.runs)} runs of {count}")  # fmt: skip
+                       f"CPU a task {cells('cpu_ms', MS)}, {len(cells.runs)} runs of {count}")  # fmt: skip
     print("\n" + "\n".join(summary) + f"\nSUMMARY spacing done: {load()}\n", flush=True)
 
 
@@ -458,7 +485,7 @@ def burst(args: argparse.Namespace, bench: Bench, limiters: list[str]) -> None:
         bodies_excess = cells("excess_bodies", WHOLE)
         summary.append(f"SUMMARY burst {ms:g}ms {profile} {names[limiter]}: rate {cells('rate', PCT)}, "
                        f"excess store clock {store}{bound}, ledger {ledger}, bodies {bodies_excess}, "
-                       f"{len(cells.runs)} runs of {count}")  # fmt: skip
+                       f"CPU a task {cells('cpu_ms', MS)}, {len(cells.runs)} runs of {count}")  # fmt: skip
     print("\n" + "\n".join(summary) + f"\nSUMMARY burst done: {load()}\n", flush=True)
 
 
