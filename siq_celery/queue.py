@@ -11,6 +11,7 @@ class only claims, asks, and sleeps precisely in between. Waits are always relat
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import getpass
 import logging
@@ -513,10 +514,14 @@ class IntervalQueue:
         ``max_sleep``, the default). ``reports``: the caller reports when the body begins
         (:meth:`began`, as its last step before the body): the start then counts from there.
         """
-        return wait_in_line(
-            self, None if ticket is None else [ticket], task_id=task_id, timeout=timeout, max_sleep=max_sleep,
-            defer_paused=defer_paused, record=record, cost=cost, full_hold=full_hold, reports=reports,
-        )[0]  # fmt: skip
+        try:
+            return wait_in_line(
+                self, None if ticket is None else [ticket], task_id=task_id, timeout=timeout, max_sleep=max_sleep,
+                defer_paused=defer_paused, record=record, cost=cost, full_hold=full_hold, reports=reports,
+            )[0]  # fmt: skip
+        finally:
+            with contextlib.suppress(Exception):  # best effort, never into a start
+                self.backend.wake_done(self.name)
 
     # -- the hooks of wait_in_line ---------------------------------------------------
 
@@ -580,11 +585,13 @@ class IntervalQueue:
         A store that cannot wake, a deadline, or a pinned sleep (tests): the nap as it was."""
         if deadline is None and seconds > 0 and self._sleep is nap:
             began = self._monotonic()
-            woken = self.backend.wait_for_wake(ticket.queue, ticket.number, after_us, seconds)
+            try:
+                woken = self.backend.wait_for_wake(ticket.queue, ticket.number, after_us, seconds)
+            except Exception:  # never into a start: the nap as it was
+                woken = None
             if woken:
                 return
-            if woken is False:  # the time passed, but for a fraction of a millisecond
-                seconds -= self._monotonic() - began
+            seconds -= self._monotonic() - began  # what is left: a fraction of a millisecond, or all of it
         self._nap(seconds, deadline)
 
     @contextmanager

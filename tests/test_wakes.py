@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,22 @@ from siq_celery import IntervalQueue, model
 from siq_celery.backends.redis import ACL_RULES, Wakes
 from siq_celery.embedded import EmbeddedRedis
 from siq_celery.types import Verdict
+
+
+@pytest.fixture(autouse=True)
+def closed_queues(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every queue made here has its backend closed after the test (its pub/sub socket too)."""
+    made: list[IntervalQueue] = []
+    init = IntervalQueue.__init__
+
+    def keep(self: IntervalQueue, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(IntervalQueue, "__init__", keep)
+    yield
+    for queue in made:
+        queue.backend.close()
 
 
 def waiter(queue: IntervalQueue, ticket: int, after_us: int, seconds: float) -> tuple[threading.Thread, dict[str, Any]]:
@@ -142,3 +159,68 @@ def test_the_wait_loop_hands_a_lease_over_at_once_not_at_its_next_poll(monkeypat
     handoff = times["b_began"] - times["a_ended"]
     print(f"\nthe next body began {1e3 * handoff:.2f} ms after the lease came back (poll 2 s)")
     assert handoff < 0.5, "woken by the lease given back, not by the 2 s poll"
+
+
+def test_a_process_is_subscribed_only_while_one_of_its_starts_waits(redis_url: str) -> None:
+    """The server keeps no wakes for a process that is not waiting: the queue's channel is
+    let go when the wait ends (here: authorized when the lease came back)."""
+    queue = IntervalQueue("wakes-sub", url=redis_url, interval="1ms", concurrency=1)
+    admin = redis.Redis.from_url(redis_url)
+    channel = queue.backend.keys(queue.name).wake
+
+    def subscribers() -> int:
+        return int(admin.pubsub_numsub(channel)[0][1])
+
+    first, second = queue.claim(), queue.claim()
+    time.sleep(0.005)
+    authorized = queue.start(first, task_id="a", reports=True)
+    assert queue.began(authorized, wait=True)
+    out: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: out.update(d=queue.wait_for_turn(second, task_id="b", reports=True)), daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + 5
+    while subscribers() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert subscribers() == 1, "subscribed while its start waits for the lease"
+    admin.publish(channel, "not a wake")  # another publisher's message is skipped, the wakes stay on
+    time.sleep(0.05)
+    queue.finish("a", lease=authorized.lease)
+    thread.join(5)
+    assert out["d"].verdict is Verdict.AUTHORIZED and queue.backend.can_wake
+    time.sleep(0.05)
+    assert subscribers() == 0, "let go once the wait ended"
+
+
+def test_a_wake_counts_once(redis_url: str) -> None:
+    """A waiter woken asks again; a second wait with the same last answer (a store clock that
+    stepped back would give an earlier one) is not woken by the same wake."""
+    queue = IntervalQueue("wakes-once", url=redis_url, interval="1ms")
+    first, second = queue.claim(), queue.claim()
+    time.sleep(0.005)
+    authorized = queue.start(first, reports=True)
+    time.sleep(0.005)
+    held = queue.start(second, reports=True)
+    thread, out = waiter(queue, second.number, held.now_us, 5.0)
+    time.sleep(0.2)
+    assert queue.began(authorized, wait=True)
+    thread.join(5)
+    assert out["woken"] is True
+    began = time.monotonic()
+    assert queue.backend.wait_for_wake(queue.name, second.number, held.now_us, 0.2) is False
+    assert time.monotonic() - began >= 0.19
+
+
+def test_a_wake_that_fails_is_a_nap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the store's reader raises, the start naps as it did: nothing reaches the task."""
+    queue = IntervalQueue("wakes-raise", url="memory://wakes-raise", interval="1ms")
+    ticket = queue.claim()
+
+    def broken(*args: Any) -> bool:
+        raise AttributeError("'NoneType' object has no attribute 'has_data'")
+
+    monkeypatch.setattr(queue.backend, "wait_for_wake", broken)
+    began = time.monotonic()
+    queue._wake_nap(ticket, 0, 0.05, None)
+    assert time.monotonic() - began >= 0.045

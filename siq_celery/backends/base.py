@@ -271,6 +271,11 @@ class Backend(ABC):
         caller naps what is left."""
         return None
 
+    def wake_done(self, queue: str) -> None:
+        """The start that waited for a wake of ``queue`` in this process has stopped waiting
+        (authorized, deferred, or failed): its reader may let the queue's wakes go."""
+        return None
+
     def restamp_soon(self, queue: str, epoch: str, started_us: int) -> None:
         """:meth:`restamp`, sent now and not waited for (a green pool's body starts at once:
         the re-stamp reaches the store about when the body starts). Best effort: a failure

@@ -18,6 +18,7 @@ import re
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, ClassVar
@@ -99,31 +100,42 @@ SCRIPTS = (
 
 
 class Wakes:
-    """This process's subscription to its queues' wake channels (keys.py: ``wake``; the
-    scripts publish ``"<next ticket> <store time>"`` when a pending start's body reports and
-    when a lease is given back under a cap: ``siq_wake``), on a connection of its own, read
-    only while a start waits: one waiter at a time (another thread of the process polls). A
-    channel is subscribed when a start of its queue first waits; a wake is kept until a
-    later one replaces it, and counts for a waiter whose last answer came before it. Any
-    error (a user whose ACL has no channels, a lost connection) turns the wakes off for a
-    while: the waiters poll, as without them."""
+    """This process's reader of its queues' wake channels (keys.py: ``wake``; the scripts
+    publish ``"<next ticket> <store time>"`` when a pending start's body reports and when a
+    lease is given back under a cap: ``siq_wake``), on a pub/sub connection of its own. A
+    channel is subscribed while a start of its queue waits (its first held wait to the end
+    of its wait: :meth:`done`), so the server keeps no messages for a process that is not
+    waiting; one waiter reads at a time (another thread of the process polls). A wake counts
+    once, for a waiter whose last answer came before it. Any error (a user whose ACL has no
+    channels, a lost connection) turns the wakes off for a while: the waiters poll, as
+    without them. Every wait is bounded by its ``seconds`` but for the connect of a wait
+    that subscribes first (the caller naps what is left)."""
 
     OFF_S = 60.0  #: after a refusal (no channel permission), the waiters poll this long before subscribing again
 
     def __init__(self, connect: Callable[[], Any]) -> None:
         self._connect = connect
+        self._forked()
+        self._told = False  # the refusal was logged at INFO in this process
+        if not _FORK_HOOK:  # the first one registers the hook (nothing at import; a child inherits it)
+            _FORK_HOOK.append(True)
+            os.register_at_fork(after_in_child=_wakes_forked)
+        _ALL_WAKES.add(self)
+
+    def _forked(self) -> None:
+        """A new process (or a fresh object): never its parent's socket, lock or wakes."""
         self._lock = threading.Lock()
-        self._pid = os.getpid()
         self._conn: Any = None
         self._channels: set[str] = set()
         self._seen: dict[str, tuple[int, int]] = {}  # channel -> (next ticket, store time) of its last wake
         self._off_until = 0.0
-        self._told = False  # the refusal was logged at INFO in this process
+
+    @property
+    def on(self) -> bool:
+        """Not turned off by an error (in this process) for the while it lasts."""
+        return time.monotonic() >= self._off_until
 
     def wait(self, channel: str, ticket: int, after_us: int, seconds: float) -> bool | None:
-        if self._pid != os.getpid():  # a forked child never reads its parent's socket, nor waits for its lock
-            self._lock, self._conn, self._channels, self._seen = threading.Lock(), None, set(), {}
-            self._pid, self._off_until = os.getpid(), 0.0
         if not self._lock.acquire(blocking=False):
             return None
         try:
@@ -143,39 +155,75 @@ class Wakes:
                     if whole_ms <= 0:
                         return False
                     self._take(self._conn.get_message(timeout=whole_ms / 1000))
+                del self._seen[channel]  # used: the waiter asks again, and its answer comes after it
                 return True
-            except (redis.RedisError, OSError, ValueError) as exc:  # refused (ACL): a while; a lost connection: 1 s
-                refused = isinstance(exc, redis.ResponseError)
-                off = self.OFF_S if refused else 1.0
-                # Said once a process at INFO (a user without channels would hear it every minute).
-                level = logging.DEBUG if refused and self._told else logging.INFO
-                self._told = self._told or refused
-                hint = " (grant the store's user its channels: &siq:* +publish +subscribe)" if refused else ""
-                logger.log(level, "siq_celery: queue wakes are off for %.0fs, starts poll instead: %s: %s%s",
-                           off, type(exc).__name__, exc, hint)  # fmt: skip
-                if self._conn is not None:
-                    with contextlib.suppress(Exception):
-                        self._conn.close()
-                self._conn, self._channels, self._off_until = None, set(), time.monotonic() + off
+            except Exception as exc:  # never into a start: refused (ACL): a while; anything else: 1 s
+                self._off(exc)
                 return None
         finally:
             self._lock.release()
 
-    @property
-    def on(self) -> bool:
-        """Not turned off by an error (in this process) for the while it lasts."""
-        return self._pid != os.getpid() or time.monotonic() >= self._off_until
+    def done(self, channel: str) -> None:
+        """The start that waited on ``channel`` is no longer waiting: unsubscribe (sent, its
+        confirmation read with the next wait), so no message waits for this process."""
+        if channel not in self._channels or not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._channels.discard(channel)
+            self._seen.pop(channel, None)
+            self._conn.unsubscribe(channel)
+        except Exception as exc:
+            self._off(exc)
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """Let every channel go and close the connection (the backend's close)."""
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+            self._conn, self._channels, self._seen = None, set(), {}
+
+    def _off(self, exc: BaseException) -> None:
+        refused = isinstance(exc, redis.ResponseError)
+        off = self.OFF_S if refused else 1.0
+        # Said once a process at INFO (a user without channels would hear it every minute).
+        level = logging.DEBUG if refused and self._told else logging.INFO
+        self._told = self._told or refused
+        hint = " (grant the store's user its channels: &siq:* +publish +subscribe)" if refused else ""
+        logger.log(level, "siq_celery: queue wakes are off for %.0fs, starts poll instead: %s: %s%s",
+                   off, type(exc).__name__, exc, hint)  # fmt: skip
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._conn, self._channels, self._seen, self._off_until = None, set(), {}, time.monotonic() + off
 
     def _take(self, message: Any) -> None:
-        if message and message.get("type") in (b"message", "message"):
+        """Keep the last wake of a channel (a connection's messages come in order); skip what
+        is not one (a confirmation, a message of another publisher)."""
+        if not message or message.get("type") not in (b"message", "message"):
+            return
+        try:
             channel = message["channel"].decode() if isinstance(message["channel"], bytes) else message["channel"]
             number, at = (int(x) for x in message["data"].split())
-            if at >= self._seen.get(channel, (0, 0))[1]:
-                self._seen[channel] = (number, at)
+        except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
+            return
+        self._seen[channel] = (number, at)
 
     def _woken(self, channel: str, ticket: int, after_us: int) -> bool:
         wake = self._seen.get(channel)
         return wake is not None and wake[1] > after_us and (ticket == FREE or ticket <= wake[0])
+
+
+#: Every Wakes of this process: a forked child starts each afresh (os.register_at_fork).
+_ALL_WAKES: weakref.WeakSet[Wakes] = weakref.WeakSet()
+_FORK_HOOK: list[bool] = []  # registered once a process
+
+
+def _wakes_forked() -> None:
+    for wakes in list(_ALL_WAKES):
+        wakes._forked()
 
 
 #: Errors of the conversation with the server rather than of one operation. On Redis
@@ -994,13 +1042,21 @@ class RedisBackend(Backend):
             return None
         return self._wakes.wait(self.keys(queue).wake, ticket, after_us, seconds)
 
+    def wake_done(self, queue: str) -> None:
+        self._wakes.done(self.keys(queue).wake)
+
+    def _wake_channel(self, k: QueueKeys) -> str:
+        """Where the scripts publish the queue's wakes: none on a cluster (nobody reads them
+        there, and a cluster's PUBLISH goes to every node)."""
+        return "" if isinstance(self.client, RedisCluster) else k.wake
+
     def _wake_connection(self) -> Any:
         """A pub/sub reader of the client's (its own connection, kept subscribed: :class:`Wakes`)."""
         return self.client.pubsub()
 
     def began(self, queue: str, started_us: int, task_id: str = "", *, soon: bool = False) -> int | None:
         k = self.keys(queue)
-        args = [started_us, 3 * self.ledger_max, task_id, int(soon), k.wake]
+        args = [started_us, 3 * self.ledger_max, task_id, int(soon), self._wake_channel(k)]
         at = int(self._run("began", queue, [k.state, k.window, k.ledger], args))
         return at or None
 
@@ -1009,7 +1065,8 @@ class RedisBackend(Backend):
             super().began_soon(queue, started_us, task_id)
             return
         k = self.keys(queue)
-        self._soon("began", [k.state, k.window, k.ledger], [started_us, 3 * self.ledger_max, task_id, 1, k.wake])
+        args = [started_us, 3 * self.ledger_max, task_id, 1, self._wake_channel(k)]
+        self._soon("began", [k.state, k.window, k.ledger], args)
 
     def _soon(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
         """Write script ``name`` on a connection of this process's own and return (a
@@ -1061,7 +1118,7 @@ class RedisBackend(Backend):
             [k.finished, k.ledger, k.state, k.parked, k.parked_messages, k.releasing, k.intervals, k.unfinished,
              k.refused, k.window, k.leases, k.fair],
             [task_id, self.finished_retention_us, self.finished_max, 3 * self.ledger_max, outcome, int(remember),
-             self.idle_expiry_us(queue), lease or task_id, k.wake],  # a run's lease is named by its task id
+             self.idle_expiry_us(queue), lease or task_id, self._wake_channel(k)],  # a lease: named by its task id
         )  # fmt: skip
 
     def renew_leases(self, queue: str, leases: Sequence[str]) -> int:
@@ -1382,6 +1439,7 @@ class RedisBackend(Backend):
             raise store_error(exc) from None
 
     def close(self) -> None:
+        self._wakes.close()
         for conn in self._spare if self._spare_pid == os.getpid() else ():
             conn.disconnect()
         if self._restamps is not None and self._restamps_pid == os.getpid():
