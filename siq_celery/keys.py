@@ -77,8 +77,8 @@ class QueueKeys:
 
     @property
     def wake(self) -> str:
-        """The pub/sub channel of the queue's wakes (a pending start reported, a lease given
-        back): ``"<next ticket> <store time>"``, read by waiters (backends/redis.py, Wakes)."""
+        """The pub/sub channel of the queue's wakes (a lease given back under a cap):
+        ``"<next ticket> <store time>"``, read by waiters (backends/redis.py, Wakes)."""
         return f"{self.base}:wake"
 
     @property

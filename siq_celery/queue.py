@@ -580,8 +580,9 @@ class IntervalQueue:
     def _wake_nap(self, ticket: Ticket, after_us: int, seconds: float, deadline: float | None) -> None:
         """:meth:`_nap` before asking again while the slot came and the line is held (the
         last start's body has not reported, or the concurrency cap is full), cut short by a
-        wake of the ticket's queue published after ``after_us`` (store time): the report
-        came, or a lease was given back (:meth:`~siq_celery.backends.base.Backend.wait_for_wake`).
+        wake of the ticket's queue published after ``after_us`` (store time): a lease was
+        given back (:meth:`~siq_celery.backends.base.Backend.wait_for_wake`). A report wakes
+        nobody (design.md, "Wakes"): the wait for it stays a poll.
         A store that cannot wake, a deadline, or a pinned sleep (tests): the nap as it was."""
         if deadline is None and seconds > 0 and self._sleep is nap:
             began = self._monotonic()
@@ -773,7 +774,7 @@ def wait_in_line(
         early = START_LEAD_SHARE * start_lead_us(waiting.interval_us) / US if reports and len(decisions) == 1 else 0.0
         nap = _sleep_before_asking(max(waiting.wait - early, 0.0), round_trip)
         held = waiting.full or waiting.wait_us != waiting.slot_us - waiting.now_us  # not the wait for its slot
-        if held and len(decisions) == 1:  # woken by the report or the lease it waits for
+        if held and len(decisions) == 1:  # woken by the lease it waits for
             line._wake_nap(tickets[0], waiting.now_us, nap, deadline)
         else:
             line._nap(nap, deadline)

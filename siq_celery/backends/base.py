@@ -262,8 +262,8 @@ class Backend(ABC):
 
     def wait_for_wake(self, queue: str, ticket: int, after_us: int, seconds: float) -> bool | None:
         """Wait up to ``seconds`` for a wake of ``queue`` published after ``after_us`` (store
-        time) that lets ``ticket`` ask again: a pending start's body reported, or a lease was
-        given back, while the next ticket in line was ``ticket`` or a later one (a start
+        time) that lets ``ticket`` ask again: a lease was given back under a full cap, while
+        the next ticket in line was ``ticket`` or a later one (a start
         without a place in the line, :data:`~siq_celery.model.FREE`, takes any wake). True:
         woken; False: the time passed; None: this store (or this caller, another thread of
         the process waiting already) cannot be woken, and the caller sleeps instead. False
@@ -834,12 +834,9 @@ class ModelBackend(Backend):
         with self.transaction(queue) as tx:
             if tx.state is None:
                 return None
-            freed = tx.state.pending_us > 0 and tx.state.started_us == started_us  # later starts waited for it
             at = model.began(tx.state, started_us, tx.now_us, self._window(tx, tx.state))
             if self.ledger_max and (at is not None or soon):
                 tx.record_began(task_id, started_us, tx.now_us if at is None else at)
-            if freed and at is not None:
-                self._woke(queue, tx.state.current + 1, tx.now_us)
             return at
 
     def finish(

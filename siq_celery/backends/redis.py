@@ -101,8 +101,8 @@ SCRIPTS = (
 
 class Wakes:
     """This process's reader of its queues' wake channels (keys.py: ``wake``; the scripts
-    publish ``"<next ticket> <store time>"`` when a pending start's body reports and when a
-    lease is given back under a cap: ``siq_wake``), on a pub/sub connection of its own. A
+    publish ``"<next ticket> <store time>"`` when a lease is given back under a cap:
+    ``siq_wake``), on a pub/sub connection of its own. A
     channel is subscribed while a start of its queue waits (its first held wait to the end
     of its wait: :meth:`done`), so the server keeps no messages for a process that is not
     waiting; one waiter reads at a time (another thread of the process polls). A wake counts
@@ -1056,7 +1056,7 @@ class RedisBackend(Backend):
 
     def began(self, queue: str, started_us: int, task_id: str = "", *, soon: bool = False) -> int | None:
         k = self.keys(queue)
-        args = [started_us, 3 * self.ledger_max, task_id, int(soon), self._wake_channel(k)]
+        args = [started_us, 3 * self.ledger_max, task_id, int(soon)]
         at = int(self._run("began", queue, [k.state, k.window, k.ledger], args))
         return at or None
 
@@ -1065,8 +1065,7 @@ class RedisBackend(Backend):
             super().began_soon(queue, started_us, task_id)
             return
         k = self.keys(queue)
-        args = [started_us, 3 * self.ledger_max, task_id, 1, self._wake_channel(k)]
-        self._soon("began", [k.state, k.window, k.ledger], args)
+        self._soon("began", [k.state, k.window, k.ledger], [started_us, 3 * self.ledger_max, task_id, 1])
 
     def _soon(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
         """Write script ``name`` on a connection of this process's own and return (a

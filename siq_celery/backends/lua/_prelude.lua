@@ -523,7 +523,7 @@ local function siq_give_back(lkey, skey, s, member, now)
   return kept
 end
 
--- Wake the queue's waiters (a pending start reported, a lease given back): publish the next
+-- Wake the queue's waiters (a lease given back under a cap): publish the next
 -- ticket in line and the store's time on the queue's wake channel (keys.py: wake), which a
 -- waiter holding that ticket or an earlier one reads (backends/redis.py: Wakes). A user
 -- without the channel's permission (ACL) publishes nothing: its waiters poll, as before.

@@ -14,8 +14,6 @@
 -- ARGV[3]  ledger cap (entries kept, about); 0 = write no ledger entry
 -- ARGV[4]  the start's task id ('' none)
 -- ARGV[5]  1: the body begins whatever the answer (a report not waited for)
--- ARGV[6]  the queue's wake channel ('' none): a pending start reported wakes the queue's
---          waiters (siq_wake)
 -- A report of an overtaken start (a later start came while its process stood still) is
 -- charged as one more start now under a burst with room (model.charge_overtaken).
 -- Returns the start's new time, or 0 if it is not the last pending start any more and
@@ -61,5 +59,4 @@ s.pending_us = -authorized  -- reported: nothing waits for it, and a report sent
 redis.call('HSET', KEYS[1], 'last_start_us', s.last_start_us, 'anchor_us', s.anchor_us, 'started_us', s.started_us,
            'pend_us', s.pending_us)
 ledger(at)
-if not again then siq_wake(ARGV[6], s, now) end
 return at
