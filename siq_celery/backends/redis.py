@@ -131,6 +131,11 @@ class Wakes:
         self._off_until = 0.0
 
     @property
+    def subscribed(self) -> bool:
+        """Some channel is subscribed (a start of this process waits, or just did)."""
+        return bool(self._channels)
+
+    @property
     def on(self) -> bool:
         """Not turned off by an error (in this process) for the while it lasts."""
         return time.monotonic() >= self._off_until
@@ -1030,20 +1035,23 @@ class RedisBackend(Backend):
     def can_wake(self) -> bool:  # type: ignore[override]
         """Not with a pinned clock (tests), nor on a cluster (it polls), nor while the wakes
         are off (a user without channels, a lost connection: :class:`Wakes`)."""
-        if self.clock is not None or not self._wakes.on:
-            return False
         try:
-            return not isinstance(self.client, RedisCluster)
+            return self._reads_wakes() and self._wakes.on
         except SiqError:  # the store unreachable: no wake now
             return False
 
+    def _reads_wakes(self) -> bool:
+        """Not with a pinned clock (tests), nor on a cluster (it polls)."""
+        return self.clock is None and not isinstance(self.client, RedisCluster)
+
     def wait_for_wake(self, queue: str, ticket: int, after_us: int, seconds: float) -> bool | None:
-        if self.clock is not None or isinstance(self.client, RedisCluster):  # a pinned clock; a cluster polls
+        if not self._reads_wakes():
             return None
         return self._wakes.wait(self.keys(queue).wake, ticket, after_us, seconds)
 
     def wake_done(self, queue: str) -> None:
-        self._wakes.done(self.keys(queue).wake)
+        if self._wakes.subscribed:  # most starts never waited for a wake: nothing to build or send
+            self._wakes.done(self.keys(queue).wake)
 
     def _wake_channel(self, k: QueueKeys) -> str:
         """Where the scripts publish the queue's wakes: none on a cluster (nobody reads them
