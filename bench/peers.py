@@ -70,6 +70,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -176,6 +177,25 @@ def worker_tree(workers: list[WorkerProcess]) -> list[psutil.Process]:
     return tree
 
 
+def cpu_profilers(workers: list[WorkerProcess], name: str) -> list[subprocess.Popen[bytes]]:
+    """With ``SIQ_BENCH_PROFILE=DIR``: a py-spy sampler on each node and its pool over the run,
+    folded stacks of the Python code that ran (threads holding the GIL, 500 a second) in
+    ``DIR/NAME-<node>.txt``, read by ``bench/cpu_profile.py``; and the Redis commands a task
+    (``INFO commandstats``, store and broker): where a start's CPU goes."""
+    folder = os.environ.get("SIQ_BENCH_PROFILE")
+    if not folder:
+        return []
+    os.makedirs(folder, exist_ok=True)
+    spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or "py-spy"
+    found = [w.process.pid for w in workers if w.process is not None]
+    return [
+        subprocess.Popen([spy, "record", "--pid", str(pid), "--subprocesses", "--rate", "500", "--gil",
+                          "--format", "raw", "--output", os.path.join(folder, f"{name}-{i}.txt")],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for i, pid in enumerate(found)
+    ]  # fmt: skip
+
+
 def cpu_seconds(tree: list[psutil.Process]) -> float:
     """The CPU (user + system) the processes of ``tree`` have used so far."""
     total = 0.0
@@ -270,11 +290,22 @@ class Bench:
                 publish.siq_queue().declare(interval_s)  # the publisher runs this interval's code too
             begin = time.time()  # the last run's starts came before its workers stopped, seconds ago
             tree = worker_tree(workers)
+            profilers = cpu_profilers(workers, f"{limiter}-{interval_s * 1000:g}ms")
+            calls = self.record.info("commandstats") if profilers else {}
             cpu = cpu_seconds(tree)
             for n in range(count):
                 publish.delay(n, bodies[n % len(bodies)])
             rows = collect(self.record, count, 60 + 3 * count * interval_s)
             cpu = cpu_seconds(tree) - cpu
+            for p in profilers:
+                p.send_signal(signal.SIGINT)
+                p.wait(30)
+            if profilers:  # the Redis commands a task: the broker's and the store's round trips
+                after = self.record.info("commandstats")
+                print(f"# Redis calls a task ({limiter}, {interval_s * 1000:g} ms): " + ", ".join(
+                    f"{k.removeprefix('cmdstat_')} {(v['calls'] - calls.get(k, {}).get('calls', 0)) / count:.2f}"
+                    for k, v in sorted(after.items()) if v["calls"] - calls.get(k, {}).get("calls", 0) >= count / 20
+                ))  # fmt: skip
         finally:
             for w in workers:
                 w.stop(10)
