@@ -60,6 +60,7 @@ class CombinedQueue:
         #: binds more than a per-second spacing).
         self.primary = max(queues, key=pace_us)
         self._nap, self._wake_nap, self._monotonic = queues[0]._nap, queues[0]._wake_nap, queues[0]._monotonic
+        self._read_answer = queues[0]._read_answer
 
     @property
     def queue_names(self) -> list[str]:

@@ -56,9 +56,14 @@ R = TypeVar("R")
 
 MAX_CLAIM = 100_000
 #: Waits longer than this are slept in steps that end this far before the slot, then the
-#: store is asked again (so a pause or an interval change is noticed in time).
+#: store is asked again (so a pause or an interval change is noticed in time) ...
 COARSE_WAIT_S = 0.005
 NEAR_SLOT_S = 0.002
+#: ... on a green pool, whose long naps are the hub's timer (a millisecond late: green.py).
+#: Elsewhere a sleep ends tens of microseconds late whatever its length, and a wait up to
+#: this is slept in one nap: one ask a start fewer at short intervals (its CPU, a round
+#: trip), and a pause or a changed interval is still met by the ask at the slot.
+ONE_NAP_S = 0.05
 MAX_SLEEP_STEP_S = 0.5
 MAX_RESTAMPS = 3
 RESUME_GRACE_S = 1.0  # the longest paused poll of wait_for_turn
@@ -595,6 +600,18 @@ class IntervalQueue:
             seconds -= self._monotonic() - began  # what is left: a fraction of a millisecond, or all of it
         self._nap(seconds, deadline)
 
+    def _read_answer(self, decision: Decision, asked_at: float, answered_at: float) -> float:
+        """Read this process's clock against the store's from an answer (sent at
+        ``asked_at``, back at ``answered_at``: :class:`~siq_celery.reply_clock.ReplyClock`); for a
+        start authorized ahead of its slot, when that slot comes on this clock at the latest
+        (:attr:`~siq_celery.types.Decision.slot_at`), else 0. Only with the store's own clock
+        and real sleeps (a pinned clock is not this process's)."""
+        if self.backend.clock is not None or self._sleep is not nap or self._monotonic is not time.monotonic:
+            return 0.0
+        ahead = decision.wait_us if decision.authorized else 0
+        low = self.backend.replies.note(asked_at, answered_at, decision.now_us - ahead)
+        return decision.now_us / US - low if ahead > 0 else 0.0
+
     @contextmanager
     def slot(
         self, *, task_id: str | None = None, timeout: float | None = None, name: str = "slot", cost: int = 1
@@ -669,6 +686,7 @@ class Line(Protocol):
     def finish(self, task_id: str, outcome: str = ..., *, remember: bool = ..., lease: str = ...) -> None: ...
     def _nap(self, seconds: float, deadline: float | None) -> None: ...
     def _wake_nap(self, ticket: Ticket, after_us: int, seconds: float, deadline: float | None) -> None: ...
+    def _read_answer(self, decision: Decision, asked_at: float, answered_at: float) -> float: ...
     def _monotonic(self) -> float: ...
 
 
@@ -732,10 +750,12 @@ def wait_in_line(
             corrupt_retry = min(corrupt_retry * 2, CORRUPT_RETRY_S[1])
             continue
         unavailable_retry = UNAVAILABLE_RETRY_S[0]
+        slot_at = line._read_answer(decisions[0], sent, sent + round_trip) if len(decisions) == 1 else 0.0
         verdicts = {d.verdict for d in decisions}
         if verdicts == {Verdict.AUTHORIZED}:
             if reports:  # the body's report places the start: no re-stamp
-                return replace(combined(decisions), asked_at=sent, answered_at=sent + round_trip), tickets
+                answered = replace(combined(decisions), asked_at=sent, answered_at=sent + round_trip, slot_at=slot_at)
+                return answered, tickets
             return line.settle(combined(decisions), tickets, round_trip), tickets
         if Verdict.DUPLICATE in verdicts:
             raise DuplicateTaskError(f"queue {line.name!r}: task {task_id!r} already finished")
@@ -834,9 +854,23 @@ def hold_until(line: Line, decision: Decision) -> None:
     there, on a loaded host milliseconds), and the report reaches the store just after."""
     if decision.wait_us <= 0 or not decision.answered_at:
         return
-    left = decision.answered_at + decision.wait_us / US - line._monotonic()
-    if left > 0:
+    until = decision.answered_at + decision.wait_us / US
+    if decision.slot_at:  # read against the store's clock from recent answers too: less late
+        until = min(until, decision.slot_at)
+    left = until - line._monotonic()
+    if left > HOLD_SPIN_S and decision.slot_at:  # read on time.monotonic: sleep, then the last of it awake
+        line._nap(left - HOLD_SPIN_S, None)
+        end = min(until, time.monotonic() + HOLD_SPIN_S)
+        while time.monotonic() < end:
+            pass
+    elif left > 0:
         line._nap(left, None)
+
+
+#: A body held for its slot sleeps until this long before it, then waits the rest awake:
+#: a sleep ends 50-100 µs late (the kernel's timer slack, the wake), which every start
+#: would add to the line.
+HOLD_SPIN_S = 0.00015
 
 
 def _report(line: Line, decision: Decision, task_id: str, ask: bool = False) -> bool:
@@ -1014,6 +1048,6 @@ def _sleep_before_asking(wait: float, round_trip: float) -> float:
     request takes half of one to get there); if that is early, the store says so and the
     remaining wait is tiny.
     """
-    if wait > COARSE_WAIT_S:
+    if wait > (COARSE_WAIT_S if green.GREEN else ONE_NAP_S):
         return max(min(wait - NEAR_SLOT_S - round_trip, MAX_SLEEP_STEP_S), 0.0)
     return max(wait - round_trip, 0.0)

@@ -8,12 +8,20 @@ error or a refusal then means it does not begin."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
 from siq_celery import green
-from siq_celery.queue import LATE_BEGIN_S, REPORT_AGAIN_S, REPORTS, body_may_begin, report_again_if_late, still_holds
+from siq_celery.queue import (
+    HOLD_SPIN_S,
+    LATE_BEGIN_S,
+    REPORT_AGAIN_S,
+    REPORTS,
+    body_may_begin,
+    report_again_if_late,
+    still_holds,
+)
 from siq_celery.types import Decision, Verdict
 
 
@@ -175,3 +183,17 @@ def test_a_question_after_a_slow_report_that_fails_is_no_start(pool: bool) -> No
     line.began = began  # type: ignore[method-assign]
     assert not body_may_begin(line, decision(asked_at=99.99))  # type: ignore[arg-type]
     assert asks == [False, True]
+
+
+def test_a_start_held_for_its_slot_is_held_by_the_store_clock_read_from_recent_answers(pool: bool) -> None:
+    """The answer came back 0.5 ms after the store read its clock; recent answers place the
+    store's clock 0.4 ms closer (``slot_at``, ReplyClock): the body is held until then, the
+    last of it awake (``HOLD_SPIN_S``), not a whole way back later."""
+    line = FakeLine([REPORT_AGAIN_S / 2], now=100.0005)
+    ahead = Decision(Verdict.AUTHORIZED, 1, 5_003_000, 3_000, 5_003_000, asked_at=100.0, answered_at=100.0005,
+                     slot_at=100.0031)  # fmt: skip
+    assert body_may_begin(line, ahead)  # type: ignore[arg-type]
+    assert line.naps == [pytest.approx(0.0026 - HOLD_SPIN_S)]
+    later = replace(ahead, slot_at=100.009)  # never later than the answer alone places the slot
+    line = FakeLine([REPORT_AGAIN_S / 2], now=100.0005)
+    assert body_may_begin(line, later) and line.naps == [pytest.approx(0.003 - HOLD_SPIN_S)]  # type: ignore[arg-type]
