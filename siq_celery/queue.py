@@ -959,19 +959,15 @@ def report_again_if_late(decision: Decision | None) -> None:
     """The very last step before a body, after the caller's own (Celery's ``before_start``,
     the ``with`` of a slot): a process that stood still since the report of ``decision``
     was sent reports again, without waiting (the body can no longer be held back here), so
-    the store places the start when its body begins, while it is still the last start; and
-    again while such a send took long (the process stood still in it: the store's wake
-    can take its CPU), :data:`REPORTS` sends at most."""
+    the store places the start when its body begins, while it is still the last start."""
     last = _LAST_REPORT
     line = last.line
     if line is None or decision is None or last.decision is not decision:
         return
     stood = _stood_still(decision)
     last.line = last.decision = None
-    for _ in range(REPORTS if stood else 0):
-        sent = line._monotonic()
-        if not _tell(line, decision, last.task_id) or line._monotonic() - sent <= REPORT_AGAIN_S:
-            return
+    if stood:
+        _tell(line, decision, last.task_id)
 
 
 def begin_body(

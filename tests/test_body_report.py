@@ -136,23 +136,6 @@ def test_a_process_that_stood_still_after_its_report_asks_then_reports_again_as_
     assert not still_holds(three)
 
 
-def test_a_report_sent_again_as_the_body_begins_is_sent_once_more_while_its_send_took_long(pool: bool) -> None:
-    """The last step before the body: stood still since the report, it reports again; the
-    send itself took long (the store's wake took the CPU), so once more, until a quick one."""
-    line = FakeLine([REPORT_AGAIN_S / 2, REPORT_AGAIN_S * 5, REPORT_AGAIN_S * 5, REPORT_AGAIN_S / 2])
-    one = decision(asked_at=99.99)
-    assert body_may_begin(line, one)  # type: ignore[arg-type]
-    line.now += 0.002
-    report_again_if_late(one)
-    assert line.reports == [False, False, False, False]  # none waited for: the body begins whatever
-    line = FakeLine([REPORT_AGAIN_S / 2, REPORT_AGAIN_S * 5])  # every send slow: REPORTS at most
-    two = decision(asked_at=99.99)
-    assert body_may_begin(line, two)  # type: ignore[arg-type]
-    line.now += 0.002
-    report_again_if_late(two)
-    assert line.reports == [False] * (1 + REPORTS)
-
-
 def test_a_report_waited_for_is_not_sent_again_as_the_body_begins(pool: bool) -> None:
     line = FakeLine([REPORT_AGAIN_S / 2])
     late = decision(asked_at=100.0 - LATE_BEGIN_S - 0.01)
