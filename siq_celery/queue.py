@@ -47,6 +47,7 @@ from .leases import KEEPER
 from .ledger import LedgerRow, StartRecord
 from .limits import Limit, QuotaLike, format_limits, interval_and_limits, limits_override
 from .model import BEGIN_WAIT_US, start_lead_us
+from .reply_clock import ReplyClock
 from .types import US, ClaimResult, Decision, Declared, FairTask, QueueState, QueueStatus, Ticket, Verdict
 
 logger = logging.getLogger("siq_celery")
@@ -187,6 +188,7 @@ class IntervalQueue:
                 raise ConfigurationError(f"queue {name!r}: idle_expiry is at least 1s, not {idle_expiry!r}")
             backend.expire_when_idle(self.name, idle_us)
         self._sleep, self._monotonic = sleep, monotonic
+        self._replies = ReplyClock()  # this process's clock against the store's, from this queue's answers
         #: Seconds from claim to estimated start of the last ticket this object claimed:
         #: a producer uses it to see that its queue has a long backlog.
         self.last_delay = 0.0
@@ -609,7 +611,10 @@ class IntervalQueue:
         if self.backend.clock is not None or self._sleep is not nap or self._monotonic is not time.monotonic:
             return 0.0
         ahead = decision.wait_us if decision.authorized else 0
-        low = self.backend.replies.note(asked_at, answered_at, decision.now_us - ahead)
+        try:
+            low = self._replies.note(asked_at, answered_at, decision.now_us - ahead)
+        except Exception:  # never into a start: the hold timed from the answer alone
+            return 0.0
         return decision.now_us / US - low if ahead > 0 else 0.0
 
     @contextmanager
@@ -858,7 +863,7 @@ def hold_until(line: Line, decision: Decision) -> None:
     if decision.slot_at:  # read against the store's clock from recent answers too: less late
         until = min(until, decision.slot_at)
     left = until - line._monotonic()
-    if left > HOLD_SPIN_S and decision.slot_at:  # read on time.monotonic: sleep, then the last of it awake
+    if left > HOLD_SPIN_S and decision.slot_at and not green.GREEN:  # time.monotonic's: the last of it awake
         line._nap(left - HOLD_SPIN_S, None)
         end = min(until, time.monotonic() + HOLD_SPIN_S)
         while time.monotonic() < end:
@@ -869,7 +874,8 @@ def hold_until(line: Line, decision: Decision) -> None:
 
 #: A body held for its slot sleeps until this long before it, then waits the rest awake:
 #: a sleep ends 50-100 µs late (the kernel's timer slack, the wake), which every start
-#: would add to the line.
+#: would add to the line. Not on a green pool: its nap ends on time by yielding
+#: (green.py), and a wait awake would hold the hub.
 HOLD_SPIN_S = 0.00015
 
 

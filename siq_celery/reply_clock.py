@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections import deque
 
 #: Answers older than this say nothing of where the store's clock is now: this host's
-#: monotonic clock and the store's wall clock drift apart (50 µs in 0.1 s at 500 ppm).
+#: monotonic clock and the store's wall clock drift apart ...
 REPLY_WINDOW_S = 0.1
 REPLIES_KEPT = 16
+#: ... by at most this much a second (a clock slewed by NTP: 500 ppm), which comes off each
+#: older answer's bound; a faster slew, or a step, is capped by the newest answer's own
+#: upper bound (the body then waits at most its ask's way there too little).
+DRIFT = 0.0005
 
 
 class ReplyClock:
@@ -21,10 +25,12 @@ class ReplyClock:
     the answers to its asks bound it. An ask sent at ``t1`` and answered at ``t2`` (this
     process's clock) on which the store read ``T`` says ``T - t2 <= store - local <= T - t1``:
     the store's clock is at least ``T - t2`` ahead of this one. The largest such bound among
-    the last answers (within :data:`REPLY_WINDOW_S`, never above the newest answer's upper
-    bound) is the one a body held for its slot waits by (``queue.hold_until``): the slot on
-    the store's clock comes no later than it says, and less late than by one answer alone,
-    which counts its whole way back (the reply, the process's wake) as the store's time."""
+    the last answers (within :data:`REPLY_WINDOW_S`, each less the drift since, never above
+    the newest answer's upper bound) is the one a body held for its slot waits by
+    (``queue.hold_until``): the slot on the store's clock comes no later than it says, and
+    less late than by one answer alone, which counts its whole way back (the reply, the
+    process's wake) as the store's time. One a queue: on a Cluster each queue's answers
+    come from the master of its slot, with its own clock."""
 
     def __init__(self) -> None:
         self._lows: deque[tuple[float, float]] = deque(maxlen=REPLIES_KEPT)
@@ -35,4 +41,5 @@ class ReplyClock:
         low, high = store_us / 1e6 - answered_at, store_us / 1e6 - asked_at
         self._lows.append((answered_at, low))
         since = answered_at - REPLY_WINDOW_S
-        return min(max([b for at, b in tuple(self._lows) if at >= since], default=low), high)
+        bounds = [b - DRIFT * (answered_at - at) for at, b in tuple(self._lows) if at >= since]
+        return min(max(bounds, default=low), high)

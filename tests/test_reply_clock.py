@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from siq_celery.reply_clock import REPLIES_KEPT, REPLY_WINDOW_S, ReplyClock
+from siq_celery.reply_clock import DRIFT, REPLIES_KEPT, REPLY_WINDOW_S, ReplyClock
 
 OFFSET_S = 1234.5678  # the store's clock minus this process's
 
@@ -33,7 +33,7 @@ def test_a_quick_answer_lately_makes_the_bound_tighter_than_a_slow_answer_alone(
     clock = ReplyClock()
     answer(clock, 100.0, 0.00002, 0.00003)  # 50 µs there and back
     low = answer(clock, 100.005, 0.0001, 0.0009)  # 1 ms: on its own, 0.9 ms short
-    assert OFFSET_S - low == pytest.approx(0.00003, abs=2e-6)
+    assert OFFSET_S - low == pytest.approx(0.00003 + DRIFT * 0.006, abs=2e-6)  # less the drift since
     later = answer(clock, 100.005 + REPLY_WINDOW_S + 0.001, 0.0001, 0.0009)  # the quick one is too old now
     assert OFFSET_S - later == pytest.approx(0.0009, abs=2e-6)
 
@@ -53,6 +53,23 @@ def test_it_keeps_the_last_answers_only() -> None:
     for n in range(REPLIES_KEPT):
         low = answer(clock, 100.001 + n * 1e-4, 0.0005, 0.0005)
     assert OFFSET_S - low == pytest.approx(0.0005, abs=2e-6)
+
+
+@given(st.floats(-DRIFT, DRIFT), st.lists(st.tuples(st.floats(0, 0.002), st.floats(0, 0.002)), min_size=2, max_size=40))
+def test_a_store_clock_drifting_within_the_allowance_is_never_overtaken(
+    rate: float, asks: list[tuple[float, float]]
+) -> None:
+    """The store's clock runs ``rate`` faster than this process's (NTP's slew: 500 ppm at
+    most): older answers' bounds lose the drift since, and none passes the difference now."""
+    clock, now = ReplyClock(), 100.0
+    for there, back in asks:
+
+        def store(local: float) -> float:
+            return local + OFFSET_S + rate * (local - 100.0)
+
+        low = clock.note(now, now + there + back, round(store(now + there) * 1e6))
+        assert low <= store(now + there + back) - (now + there + back) + 1e-6
+        now += there + back + 0.001
 
 
 def test_bodies_held_by_it_never_begin_before_their_slots_on_the_stores_clock(redis_url: str) -> None:
@@ -75,9 +92,41 @@ def test_bodies_held_by_it_never_begin_before_their_slots_on_the_stores_clock(re
                                                                                 reports=True))  # fmt: skip
             began = time.time()
             used += d.slot_at > 0
-            early += [(n, d.slot_us / 1e6 - began)] if began < d.slot_us / 1e6 else []
+            early += [(n, d.now_us / 1e6 - began)] if began < d.now_us / 1e6 else []  # where the store placed it
             q.backend.finish(q.name, f"id{n}", "SUCCESS", remember=True)
     finally:
         q.close()
     assert early == []
     assert used >= 60  # held ahead of their slots (the lead), the bound read from the answers
+
+
+def test_a_queue_reads_its_answers_only_on_the_stores_own_clock_and_never_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``IntervalQueue._read_answer``: a start authorized 3 ms ahead of its slot, answered
+    0.5 ms after it was asked: the slot comes on this clock no later than the answer alone
+    says; nothing with a pinned clock (a test's store time is not this process's); a bound
+    that cannot be read is no bound (the hold as the answer alone times it), never an error."""
+    import time
+
+    from siq_celery import IntervalQueue
+    from siq_celery.backends.memory import MemoryBackend
+    from siq_celery.testing import PinnedClock
+    from siq_celery.types import Decision, Verdict
+
+    t1 = time.monotonic()
+    store_now = 1_000_000_000_000
+    ahead = Decision(Verdict.AUTHORIZED, 1, store_now + 3_000, 3_000, store_now + 3_000)
+    q = IntervalQueue("reads", interval="10ms", backend=MemoryBackend())
+    slot_at = q._read_answer(ahead, t1, t1 + 0.0005)
+    assert 0 < slot_at <= t1 + 0.0005 + 0.003 + 1e-9
+    waiting = Decision(Verdict.WAIT, 2, store_now + 9_000, 4_000, store_now + 13_000)
+    assert q._read_answer(waiting, t1 + 0.009, t1 + 0.0091) == 0.0  # noted: only a start held ahead gets a time
+    pinned = IntervalQueue("reads", interval="10ms", backend=MemoryBackend(clock=PinnedClock()))
+    assert pinned._read_answer(ahead, t1, t1 + 0.0005) == 0.0
+
+    def broken(*_: object) -> float:
+        raise RuntimeError("deque mutated during iteration")
+
+    monkeypatch.setattr(q._replies, "note", broken)
+    assert q._read_answer(ahead, t1, t1 + 0.0005) == 0.0

@@ -31,7 +31,6 @@ from ..ledger import DEFAULT_LEDGER_MAX, LedgerRow, StartRecord
 from ..logs import Throttle
 from ..lru import LRUCache
 from ..messages import with_fair_share
-from ..reply_clock import ReplyClock
 from ..types import (
     NO_LIMITS,
     ClaimResult,
@@ -132,8 +131,6 @@ class Backend(ABC):
         self.ledger_max = max(int(ledger_max), 0)
         self._keys_cache: dict[str, QueueKeys] = {}
         self._idle_expiry_us: LRUCache[str, int] = LRUCache(IDLE_EXPIRY_REMEMBERED)
-        #: This process's clock read against the store's, from the answers to its asks.
-        self.replies = ReplyClock()
 
     def expire_when_idle(self, queue: str, idle_us: int) -> None:
         """Let ``queue``'s state disappear ``idle_us`` after its last claim, start or
