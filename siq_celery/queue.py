@@ -188,7 +188,7 @@ class IntervalQueue:
                 raise ConfigurationError(f"queue {name!r}: idle_expiry is at least 1s, not {idle_expiry!r}")
             backend.expire_when_idle(self.name, idle_us)
         self._sleep, self._monotonic = sleep, monotonic
-        self._replies = ReplyClock()  # this process's clock against the store's, from this queue's answers
+        self._replies: ReplyClock | None = None  # this process's clock against the store's: made at the first answer
         #: Seconds from claim to estimated start of the last ticket this object claimed:
         #: a producer uses it to see that its queue has a long backlog.
         self.last_delay = 0.0
@@ -612,6 +612,8 @@ class IntervalQueue:
             return 0.0
         ahead = decision.wait_us if decision.authorized else 0
         try:
+            if self._replies is None:  # not with the queue: a per-key queue that never starts costs nothing
+                self._replies = ReplyClock()
             low = self._replies.note(asked_at, answered_at, decision.now_us - ahead)
         except Exception:  # never into a start: the hold timed from the answer alone
             return 0.0

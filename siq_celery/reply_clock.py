@@ -32,6 +32,8 @@ class ReplyClock:
     process's wake) as the store's time. One a queue: on a Cluster each queue's answers
     come from the master of its slot, with its own clock."""
 
+    __slots__ = ("_lows",)
+
     def __init__(self) -> None:
         self._lows: deque[tuple[float, float]] = deque(maxlen=REPLIES_KEPT)
 

@@ -128,5 +128,5 @@ def test_a_queue_reads_its_answers_only_on_the_stores_own_clock_and_never_raises
     def broken(*_: object) -> float:
         raise RuntimeError("deque mutated during iteration")
 
-    monkeypatch.setattr(q._replies, "note", broken)
+    monkeypatch.setattr(ReplyClock, "note", broken)
     assert q._read_answer(ahead, t1, t1 + 0.0005) == 0.0
