@@ -43,5 +43,4 @@ class ReplyClock:
         low, high = store_us / 1e6 - answered_at, store_us / 1e6 - asked_at
         self._lows.append((answered_at, low))
         since = answered_at - REPLY_WINDOW_S
-        bounds = [b - DRIFT * (answered_at - at) for at, b in tuple(self._lows) if at >= since]
-        return min(max(bounds, default=low), high)
+        return min(max(b - DRIFT * (answered_at - at) for at, b in tuple(self._lows) if at >= since), high)
