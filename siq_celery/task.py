@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from celery import Task, signals
+from celery.exceptions import Ignore
 
 from .app_state import siq_state
 from .broker_kombu import kombu_problem
@@ -324,7 +325,18 @@ class IntervalTask(Task):  # type: ignore[misc]
     # -- worker (gate.py) -----------------------------------------------------------
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        self.request.siq_decision = authorize(self, task_id, args, kwargs)
+        try:
+            self.request.siq_decision = authorize(self, task_id, args, kwargs)
+            ended = False
+        except Ignore:  # deferred, parked, a finished copy: this delivery ends
+            ended = True
+        if ended:
+            # Raised again here, outside the ``except``: Celery formats an Ignore's traceback
+            # twice (billiard's ExceptionInfo, each frame's positions listed) and pickles it
+            # to the pool's parent; from our wait's frames and its chained exception that cost
+            # a busy worker more CPU per deferral than the rest of the start (bench/peers.py
+            # --scenarios spacing --intervals 20: about 9 ms a task), from here two frames.
+            raise Ignore()
         super().before_start(task_id, args, kwargs)
         report_again_if_late(self.request.siq_decision)  # the last step before Celery calls the body
 

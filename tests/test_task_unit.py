@@ -424,3 +424,33 @@ def test_an_interval_option_on_a_task_defined_later_stops_the_worker_start(caplo
         signals.worker_init.send(sender=worker)
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(lines) == 1 and "task pkg.late: interval= is an option of IntervalTask" in lines[0]
+
+
+def test_a_deferred_delivery_ends_with_a_short_ignore_raised_in_before_start(
+    celery_app: Celery, siq_store: SiqStore
+) -> None:
+    """Celery lists every frame of an Ignore's traceback twice and pickles it to the pool's
+    parent: a deferral's Ignore carries no chained exception and no frame of the wait."""
+    import traceback
+
+    from celery.exceptions import Ignore
+
+    @celery_app.task(base=IntervalTask, shared=False, interval="10s", interval_queue="deferred-short")
+    def work(n: int) -> None: ...
+
+    queue = work.siq_queue()
+    queue.claim()  # its slot now; the next ticket's is 10 s out: that delivery is deferred
+    headers = ticket_headers(queue.claim())
+    work.push_request(
+        id="deferred-1", args=[1], kwargs={}, headers=headers, is_eager=False, hostname="unit@test",
+        delivery_info={"exchange": "", "routing_key": "celery"}, retries=0,
+    )  # fmt: skip
+    try:
+        with pytest.raises(Ignore) as ended:
+            work.before_start("deferred-1", [1], {})
+    finally:
+        work.pop_request()
+    frames = [frame.name for frame in traceback.extract_tb(ended.value.__traceback__)]
+    assert frames == ["test_a_deferred_delivery_ends_with_a_short_ignore_raised_in_before_start", "before_start"]
+    assert ended.value.__context__ is None and ended.value.__cause__ is None
+    assert siq_store.starts("deferred-short") == []  # deferred: nothing started
