@@ -310,9 +310,16 @@ class Bench:
             for w in workers:
                 w.stop(10)
             self.broker.delete(queue)  # what a run could not start must not leak into the next
-        if os.environ.get("SIQ_BENCH_DUMP"):  # every body's record, for a closer look
+        if os.environ.get("SIQ_BENCH_DUMP"):  # every body's record (and the ledger's), for a closer look
+            ledger_rows = (
+                [{"ticket": r.ticket, "start_us": r.start_us, "slot_us": r.slot_us, "began_us": r.began_us,
+                  "outcome": r.outcome, "pid": r.pid, "deferrals": r.deferrals}
+                 for r in publish.siq_queue().ledger(since=begin - 0.5)]
+                if limiter.startswith("siq") else []
+            )  # fmt: skip
             with open(os.environ["SIQ_BENCH_DUMP"], "a") as dump:
-                dump.write(json.dumps({"limiter": limiter, "interval_s": interval_s, "rows": rows}) + "\n")
+                dump.write(json.dumps({"limiter": limiter, "interval_s": interval_s, "rows": rows,
+                                       "ledger": ledger_rows}) + "\n")  # fmt: skip
         out = metrics(rows, interval_s) if len(rows) > 1 else {}
         if out:  # the worker processes' CPU (user + system) a task, bodies' sleeps aside
             out["cpu_ms"] = 1e3 * cpu / len(rows)
