@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .backends import Backend, backend_from_url
+from .broker.green import nap
 from .combined import CombinedQueue, declared_combined_queue
 from .errors import ConfigurationError, redacted_url
-from .green import nap
 from .intervals import IntervalLike, parse_interval
 from .limits import Limit, QuotaLike, limits_of
 from .lru import LRUCache

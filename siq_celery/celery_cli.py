@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from .app_state import siq_state
-from .broker_transit import guard_transit
+from .broker.transit import guard_transit
 from .cli import QUEUE_COMMANDS, SiqGroup, StoreOptions, one_line_errors, version_option
 from .declarations import describe, sync_app
 from .intervals import format_interval
@@ -59,7 +59,7 @@ def sync_command(ctx: click.Context) -> None:
 def __getattr__(name: str) -> Any:
     """``siq``: the command group as the ``celery`` command loads it (its
     ``celery.commands`` entry point), at the start of every ``celery`` command. Loading it
-    puts the transit guard on kombu's Redis transport (broker_transit.py), so that
+    puts the transit guard on kombu's Redis transport (broker/transit.py), so that
     ``celery -A app purge``, which binds no task, drops the transit records of what it
     purged and a worker's sweep does not put it back. Importing this module installs
     nothing (the guard changes only messages of interval tasks)."""

@@ -85,7 +85,7 @@ CLOCK = ClockWatch()
 
 def store_time() -> float:
     """Now on the store's clock, as well as this process knows it. The Redis broker's
-    unacknowledged messages are stamped and swept by it (broker_transit.py): a worker
+    unacknowledged messages are stamped and swept by it (broker/transit.py): a worker
     whose clock went back would otherwise stamp its messages minutes in the past, and
     another worker's restore sweep would hand them out again while they wait or run."""
     return CLOCK.store_time()

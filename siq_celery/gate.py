@@ -31,12 +31,12 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Reject
 
-from .admission import ADMISSION
 from .app_state import siq_state
+from .broker.admission import ADMISSION
+from .broker.green import nap
 from .combined import CombinedQueue
 from .deferral_log import note_deferral
 from .errors import CorruptStateError, LostDeliveriesError, QueueNotFoundError, StoreUnavailableError
-from .green import nap
 from .intervals import IntervalLike, parse_duration
 from .leases import FINISH_RETRY_S, KEEPER, PendingFinish
 from .ledger import StartRecord
@@ -88,7 +88,7 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
         fair_key, fair_tag, fair_weight,
     )  # fmt: skip
     # On a green pool the waiting tasks of a queue take their turn in ticket order, a few at
-    # a time: the others wait without asking the store (admission.py); a wait holds only a
+    # a time: the others wait without asking the store (broker/admission.py); a wait holds only a
     # greenlet, so longer ones are slept (siq_green_max_sleep) rather than re-published.
     in_order = WORKER.green and not eager
     max_sleep = None if eager else settings.green_max_sleep if WORKER.green else settings.max_sleep

@@ -27,9 +27,10 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from . import green
 from .backends import Backend, backend_from_url
 from .backends.base import PendingClaim
+from .broker import green
+from .broker.green import nap
 from .errors import (
     ConfigurationError,
     CorruptStateError,
@@ -40,7 +41,6 @@ from .errors import (
     SiqError,
     StoreUnavailableError,
 )
-from .green import nap
 from .intervals import MAX_BACKOFF_US, IntervalLike, format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
 from .leases import KEEPER
@@ -60,7 +60,7 @@ MAX_CLAIM = 100_000
 #: store is asked again (so a pause or an interval change is noticed in time) ...
 COARSE_WAIT_S = 0.005
 NEAR_SLOT_S = 0.002
-#: ... on a green pool, whose long naps are the hub's timer (a millisecond late: green.py).
+#: ... on a green pool, whose long naps are the hub's timer (a millisecond late: broker/green.py).
 #: Elsewhere a sleep ends tens of microseconds late whatever its length, and a wait up to
 #: this is slept in one nap: one ask a start fewer at short intervals (its CPU, a round
 #: trip), and a pause or a changed interval is still met by the ask at the slot.
@@ -877,7 +877,7 @@ def hold_until(line: Line, decision: Decision) -> None:
 #: A body held for its slot sleeps until this long before it, then waits the rest awake:
 #: a sleep ends 50-100 µs late (the kernel's timer slack, the wake), which every start
 #: would add to the line. Not on a green pool: its nap ends on time by yielding
-#: (green.py), and a wait awake would hold the hub.
+#: (broker/green.py), and a wait awake would hold the hub.
 HOLD_SPIN_S = 0.00015
 
 

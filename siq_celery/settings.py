@@ -23,7 +23,7 @@
 * ``siq_green_max_sleep`` (5 s): the same on a green pool (``-P gevent``, ``-P eventlet``),
   where a wait holds only a greenlet and only the two lowest tickets of a queue in a
   process wait at once (the others wait their turn without asking the store:
-  admission.py); a node's lowest ticket may be every other node's greenlets behind the
+  broker/admission.py); a node's lowest ticket may be every other node's greenlets behind the
   head of the line. Never below ``siq_max_sleep``.
 * ``siq_countdown_margin`` (0.02 s): a task is brought this much before its slot.
 * ``siq_broker_wait_below`` (0.02 s): tasks of a queue whose interval is shorter than this

@@ -24,8 +24,8 @@ from celery import Task, signals
 from celery.exceptions import Ignore
 
 from .app_state import siq_state
-from .broker_kombu import kombu_problem
-from .broker_transit import guard_transit
+from .broker.kombu_api import kombu_problem
+from .broker.transit import guard_transit
 from .combined import CombinedQueue
 from .errors import ConfigurationError, InvalidQueueNameError, LostDeliveriesError, SiqError
 from .gate import authorize, back_off, paused_countdown, record_finish, record_retry, release_leftover_lease
@@ -360,7 +360,7 @@ def _release_leftover_lease(sender: Any = None, state: str | None = None, **_: A
 def install() -> None:
     """Install, once per process, what interval tasks need outside the package: on a Redis
     broker no interval task is lost between its list and a worker's unacked hash (the
-    transit guard on kombu's Redis transport: broker_transit.py; a purge drops the records
+    transit guard on kombu's Redis transport: broker/transit.py; a purge drops the records
     of what it purged), the ticket in the headers of a publish (publish.py) and the
     worker's signal handlers (worker_hooks.py). Called when an
     interval task binds to an app: a producer's first use of its tasks, a worker's start

@@ -7,9 +7,9 @@
 * renew the node's interval declarations when due (declarations.py);
 * on a worker without Celery's event loop (a green pool) and a Redis broker, put back
   the unacknowledged tasks of dead workers once their visibility timeout passed, as the
-  event loop's timer does elsewhere (broker_restore.py);
+  event loop's timer does elsewhere (broker/restore.py);
 * on a Redis broker, put back the messages of interval tasks lost between the list and a
-  consumer's unacknowledged hash (broker_transit.py).
+  consumer's unacknowledged hash (broker/transit.py).
 
 Nothing here is needed for correctness: any worker, or a producer, does the same work,
 and a missed round is done by the next. While the store is unreachable a round stops at
@@ -25,8 +25,8 @@ from collections.abc import Hashable
 from typing import Any
 
 from .app_state import siq_state
-from .broker_restore import UnackedRestore
-from .broker_transit import TransitSweep
+from .broker.restore import UnackedRestore
+from .broker.transit import TransitSweep
 from .clock import CLOCK
 from .declarations import app_declarations
 from .errors import StoreUnavailableError
@@ -135,7 +135,7 @@ class WorkerUpkeep(threading.Thread):
             return
         if count:
             logger.warning("siq_celery: put back %d task message(s) a worker took from the broker and died "
-                           "before holding (see broker_transit.py)", count)  # fmt: skip
+                           "before holding (see broker/transit.py)", count)  # fmt: skip
 
     def _warn(self, key: Hashable, message: str, *args: Any) -> None:
         """A failure other than an unreachable store: at most once a minute per kind."""

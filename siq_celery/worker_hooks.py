@@ -1,14 +1,14 @@
 """What siq_celery does in a worker around its interval tasks, through Celery's signals.
 
 * ``worker_init`` (main process, before any task is taken): refuse to start on a kombu
-  whose Redis transport lacks what siq_celery patches (broker_kombu.py), or with a task
+  whose Redis transport lacks what siq_celery patches (broker/kombu_api.py), or with a task
   given an interval task's option on another base; note whether task events are sent and
-  whether the pool is green (gevent, eventlet: admission.py), guard the Redis broker's
-  paused replies (unread_replies.py), announce the node's interval declarations
+  whether the pool is green (gevent, eventlet: broker/admission.py), guard the Redis broker's
+  paused replies (broker/unread_replies.py), announce the node's interval declarations
   (declarations.py), and warn of a Redis store that may evict keys.
 * ``worker_process_init`` / ``worker_ready``: connect to the store and load its scripts,
   so a fresh process's first task is not late; start the upkeep thread (upkeep.py), which
-  on a green pool with a Redis broker also restores dead workers' tasks (broker_restore.py).
+  on a green pool with a Redis broker also restores dead workers' tasks (broker/restore.py).
 * ``worker_ready`` with ``siq_metrics_port`` set: serve Prometheus metrics from the main
   process (worker_metrics.py), read from the store like ``siq exporter``.
 * ``worker_shutdown``: stop the upkeep thread and the metrics server, and withdraw the
@@ -18,7 +18,7 @@
   (deferral_gc.py).
 
 It connects the signals; the jobs are in their modules (declarations.py, upkeep.py,
-worker_metrics.py, broker_check.py for the warning about the broker's redelivery time,
+worker_metrics.py, broker/check.py for the warning about the broker's redelivery time,
 deferral_gc.py). What a worker process keeps between signals is one object, ``WORKER``.
 
 It knows interval tasks by their ``siq_queue`` method (task_api.is_interval_task), so it
@@ -34,18 +34,18 @@ from typing import Any, NoReturn
 
 from celery import signals
 
-from . import green
 from .app_state import siq_state
-from .broker_check import warn_if_broker_forgets_before_horizon
-from .broker_kombu import kombu_problem
-from .broker_restore import UnackedRestore, needs_restore_sweep, redis_broker
-from .broker_transit import TransitSweep
+from .broker import green
+from .broker.check import warn_if_broker_forgets_before_horizon
+from .broker.green_credit import add_green_credit
+from .broker.kombu_api import kombu_problem
+from .broker.restore import UnackedRestore, needs_restore_sweep, redis_broker
+from .broker.transit import TransitSweep
+from .broker.unread_replies import guard_unread_replies
 from .declarations import NodeDeclarations, PerKeyDeclarations, app_declarations
 from .deferral_gc import DeferralCollector
 from .errors import ConfigurationError, StoreUnavailableError, redacted, redacted_url
-from .green_credit import add_green_credit
 from .task_api import check_interval_options, has_interval_tasks
-from .unread_replies import guard_unread_replies
 from .upkeep import WorkerUpkeep
 from .worker_metrics import WorkerMetrics
 
@@ -59,7 +59,7 @@ class WorkerProcess:
 
     #: Whether this process runs its tasks on a green pool (gevent, eventlet: monkey-patched
     #: by Celery before anything was imported), noted at worker start: its many waiting
-    #: tasks of a queue take their turn in ticket order (admission.py).
+    #: tasks of a queue take their turn in ticket order (broker/admission.py).
     green: bool = False
     #: Whether the worker sends task events (``-E``, ``worker_send_task_events``), noted at
     #: worker start. (Events enabled later by remote control, as Flower can, reach only
@@ -87,8 +87,8 @@ def _note_task_events(sender: Any = None, **_: Any) -> None:
 
 
 def _note_green_pool(sender: Any = None, **_: Any) -> None:
-    """A green pool: waiting tasks take their turn in ticket order (admission.py), and its
-    consumer gets a message of credit more on the Redis broker (green_credit.py)."""
+    """A green pool: waiting tasks take their turn in ticket order (broker/admission.py), and its
+    consumer gets a message of credit more on the Redis broker (broker/green_credit.py)."""
     from kombu.utils.compat import detect_environment
 
     WORKER.green = green.GREEN = detect_environment() in ("gevent", "eventlet")  # type: ignore[no-untyped-call]
@@ -109,7 +109,7 @@ def _check_before_start(sender: Any = None, **_: Any) -> None:
     """``worker_init``, first: a node of interval tasks refuses to start when a task of
     its app has an interval task's option on another base (task_api.check_interval_options:
     one defined after the app was finalized), or when the broker is Redis and kombu lacks
-    what siq_celery's guards patch (broker_kombu.py)."""
+    what siq_celery's guards patch (broker/kombu_api.py)."""
     app = getattr(sender, "app", None)
     if app is None or not has_interval_tasks(app):
         return
@@ -124,7 +124,7 @@ def _check_before_start(sender: Any = None, **_: Any) -> None:
 
 def _guard_unread_replies(sender: Any = None, **_: Any) -> None:
     """A node of interval tasks never leaves a message unread in a paused BRPOP reply of
-    the Redis broker, where a SIGKILL would lose it (unread_replies.py)."""
+    the Redis broker, where a SIGKILL would lose it (broker/unread_replies.py)."""
     app = getattr(sender, "app", None)
     if app is not None and has_interval_tasks(app):
         guard_unread_replies()
@@ -243,9 +243,9 @@ def _start_upkeep(sender: Any = None, **_: Any) -> None:
     settings = siq_state(app).settings
     warn_if_broker_forgets_before_horizon(app, settings.horizon)
     # sender: the consumer. Without the event loop (a green pool) nothing else restores
-    # a dead worker's unacknowledged tasks on the Redis broker (broker_restore.py).
+    # a dead worker's unacknowledged tasks on the Redis broker (broker/restore.py).
     restore = UnackedRestore(app) if needs_restore_sweep(sender) else None
-    # On a Redis broker, a message lost in a BRPOP reply goes back to its list (broker_transit.py).
+    # On a Redis broker, a message lost in a BRPOP reply goes back to its list (broker/transit.py).
     transit = TransitSweep(app) if redis_broker(app) else None
     upkeep = WorkerUpkeep(app, settings.release_every, restore, transit)
     upkeep.start()

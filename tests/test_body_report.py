@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from siq_celery import green
+from siq_celery.broker import green
 from siq_celery.queue import (
     HOLD_SPIN_S,
     LATE_BEGIN_S,

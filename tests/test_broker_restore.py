@@ -1,4 +1,4 @@
-"""The restore sweep of a worker without Celery's event loop (broker_restore.py), against
+"""The restore sweep of a worker without Celery's event loop (broker/restore.py), against
 a real Redis broker: what a dead consumer left unacknowledged comes back to its queue once
 the visibility timeout passed, and only on the workers that need it."""
 
@@ -12,7 +12,7 @@ import redis
 from celery import Celery
 from kombu import Connection
 
-from siq_celery.broker_restore import UnackedRestore, needs_restore_sweep
+from siq_celery.broker.restore import UnackedRestore, needs_restore_sweep
 
 
 def app_on(broker: str, **transport: object) -> Celery:

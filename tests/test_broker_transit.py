@@ -20,8 +20,8 @@ import redis
 from celery import Celery
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from siq_celery import broker_transit
-from siq_celery.broker_transit import TRANSIT, TRANSIT_DUE, TransitSweep, guard_transit
+from siq_celery.broker import transit as broker_transit
+from siq_celery.broker.transit import TRANSIT, TRANSIT_DUE, TransitSweep, guard_transit
 from siq_celery.clock import CLOCK
 
 pytestmark = [pytest.mark.processes]

@@ -1,7 +1,7 @@
 """The pieces of a green pool's wait for a slot, without a worker: admission in ticket
-order (admission.py), precise naps (green.py), the re-stamp sent without waiting
+order (broker/admission.py), precise naps (broker/green.py), the re-stamp sent without waiting
 (queue.IntervalQueue.settle, RedisBackend.restamp_soon), the extra credit of the consumer
-(green_credit.py) and siq_green_max_sleep."""
+(broker/green_credit.py) and siq_green_max_sleep."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import pytest
 from celery import Celery
 
 from siq_celery import IntervalQueue
-from siq_celery import green as green_module
-from siq_celery.admission import Admission
 from siq_celery.backends.memory import MemoryBackend
 from siq_celery.backends.redis import RedisBackend
-from siq_celery.green import nap
-from siq_celery.green_credit import GreenCredit
+from siq_celery.broker import green as green_module
+from siq_celery.broker.admission import Admission
+from siq_celery.broker.green import nap
+from siq_celery.broker.green_credit import GreenCredit
 from siq_celery.queue import _sleep_before_asking
 from siq_celery.settings import SiqSettings
 from siq_celery.testing import PinnedClock

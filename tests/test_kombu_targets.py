@@ -14,7 +14,7 @@ from celery import Celery, signals
 from kombu.transport import redis as transport
 
 from siq_celery import IntervalTask
-from siq_celery.broker_kombu import PAUSE_BRPOP_SINCE, missing_kombu_targets
+from siq_celery.broker.kombu_api import PAUSE_BRPOP_SINCE, missing_kombu_targets
 
 NEWER_POLLER = tuple(kombu.VERSION[:2]) >= PAUSE_BRPOP_SINCE
 
@@ -83,8 +83,8 @@ def test_on_another_broker_the_worker_starts(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_nothing_is_patched_half_way(monkeypatch: pytest.MonkeyPatch) -> None:
-    from siq_celery.broker_transit import guard_transit
-    from siq_celery.unread_replies import guard_unread_replies
+    from siq_celery.broker.transit import guard_transit
+    from siq_celery.broker.unread_replies import guard_unread_replies
 
     monkeypatch.setattr(transport.Channel, "_siq_transit", False, raising=False)  # as before the first guard
     monkeypatch.setattr(transport.MultiChannelPoller, "_siq_guarded", False, raising=False)

@@ -207,7 +207,7 @@ def test_a_worker_warns_when_the_broker_would_forget_before_the_horizon(
 ) -> None:
     from celery import Celery
 
-    from siq_celery.broker_check import warn_if_broker_forgets_before_horizon
+    from siq_celery.broker.check import warn_if_broker_forgets_before_horizon
 
     app = Celery("warn", broker=broker, set_as_current=False)
     app.conf.broker_transport_options = options

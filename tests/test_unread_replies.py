@@ -19,7 +19,7 @@ import pytest
 import redis
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from siq_celery.unread_replies import guard_unread_replies
+from siq_celery.broker.unread_replies import guard_unread_replies
 
 pytestmark = [pytest.mark.processes]
 

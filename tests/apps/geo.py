@@ -253,10 +253,10 @@ def make_app(env: Mapping[str, str], *, this_process: bool = False) -> Celery:
 def die_in_transit(n: int) -> None:
     """The node (its whole process group) SIGKILLs itself when it has taken task ``n``'s
     message from the Redis broker (BRPOP's reply read) and is about to hold it in the
-    unacked hash: the window in which kombu alone loses a message (broker_transit.py)."""
+    unacked hash: the window in which kombu alone loses a message (broker/transit.py)."""
     from kombu.transport import redis as transport
 
-    from siq_celery.broker_transit import guard_transit
+    from siq_celery.broker.transit import guard_transit
 
     guard_transit()
     hold = transport.QoS.append

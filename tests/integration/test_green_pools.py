@@ -1,7 +1,7 @@
 """Interval tasks on green pools (``-P gevent``, ``-P eventlet``), real workers: many
 greenlets of each node hold tasks of one queue at once, most of them far from their slot.
 
-Without the green-pool handling (admission.py, green.py, green_credit.py) two gevent nodes
+Without the green-pool handling (broker/admission.py, broker/green.py, broker/green_credit.py) two gevent nodes
 of ``-c 50`` at 10 ms ran the line at 16-18 % of its rate on this machine, deferring each
 task about five times (1,550 deferrals for 300 tasks) with some 200 order inversions."""
 

@@ -1,7 +1,7 @@
 """What a worker process on a green pool (``-P gevent``, ``-P eventlet``) does differently
 in the wait for a slot: :data:`GREEN` is set at worker start (worker_hooks.py). The others:
-admission.py (its waiting tasks take their turn in ticket order), green_credit.py (its
-consumer's credit on the Redis broker), broker_restore.py (a dead worker's tasks on the
+broker/admission.py (its waiting tasks take their turn in ticket order), broker/green_credit.py (its
+consumer's credit on the Redis broker), broker/restore.py (a dead worker's tasks on the
 Redis broker), and queue.IntervalQueue.settle (a late reply re-stamped without waiting).
 
 Sleeping to a slot precisely.
@@ -19,7 +19,7 @@ queue._sleep_before_asking) with the hub's timer until :data:`SPIN_S` before its
 yields (``time.sleep(0)``: other greenlets run, the hub polls its sockets) until the end;
 longer naps end a few milliseconds before the slot anyway, and only the hub's timer is
 used. Elsewhere it is ``time.sleep``. Only the tasks let in to ask for their slot (two per
-queue and process: admission.py) nap, so the yielding costs well under a millisecond of
+queue and process: broker/admission.py) nap, so the yielding costs well under a millisecond of
 CPU per start.
 """
 

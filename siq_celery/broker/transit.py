@@ -51,9 +51,9 @@ import logging
 import time
 from typing import Any
 
-from .broker_kombu import kombu_problem
-from .broker_restore import BrokerSweep
-from .clock import store_time
+from ..clock import store_time
+from .kombu_api import kombu_problem
+from .restore import BrokerSweep
 
 logger = logging.getLogger("siq_celery")
 
@@ -151,7 +151,7 @@ def guard_transit() -> bool:
     """Patch kombu's Redis transport (once per process) so that the messages of interval
     tasks carry a transit record from publish to the consumer's unacked hash. True if the
     guard is in place (False: no redis-py, so no Redis broker; or a kombu without what it
-    patches: broker_kombu.py, where a worker refuses to start and a producer's first
+    patches: broker/kombu_api.py, where a worker refuses to start and a producer's first
     publish says so in a WARNING)."""
     try:
         from kombu.transport import redis as transport

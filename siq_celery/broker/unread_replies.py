@@ -26,14 +26,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .broker_kombu import missing_kombu_targets
+from .kombu_api import missing_kombu_targets
 
 logger = logging.getLogger("siq_celery")
 
 
 def guard_unread_replies() -> bool:
     """Patch kombu's Redis poller (once per process). True if the guard is in place (False:
-    no redis-py, or a kombu without what it patches: broker_kombu.py, where a worker of
+    no redis-py, or a kombu without what it patches: broker/kombu_api.py, where a worker of
     interval tasks refuses to start)."""
     try:
         from kombu.transport import redis as transport

@@ -24,7 +24,7 @@ import logging
 import time
 from typing import Any
 
-from .clock import store_time
+from ..clock import store_time
 
 logger = logging.getLogger("siq_celery")
 

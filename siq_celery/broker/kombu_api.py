@@ -1,6 +1,6 @@
 """What siq_celery patches or calls of kombu's Redis transport, checked before anything is
-patched: the transit guard (broker_transit.py), the unread-reply guard (unread_replies.py)
-and the restore sweep (broker_restore.py). A kombu that renamed one of them would leave a
+patched: the transit guard (broker/transit.py), the unread-reply guard (broker/unread_replies.py)
+and the restore sweep (broker/restore.py). A kombu that renamed one of them would leave a
 guard silently off (a task lost in a BRPOP reply, a message left unread in a paused
 reply, unacknowledged stamps on the host's clock): a worker of interval tasks on the Redis
 broker refuses to start instead, in one line naming the kombu version and what it lacks
@@ -23,7 +23,7 @@ REDIS_TRANSPORT = (
     ("QoS", ("append",), ("pipe_or_acquire", "restore_visible", "can_consume")),
     ("MultiChannelPoller", ("on_readable",), ()),
 )  # fmt: skip
-#: From this kombu on, the poller stops watching a paused BRPOP's socket (unread_replies.py).
+#: From this kombu on, the poller stops watching a paused BRPOP's socket (broker/unread_replies.py).
 PAUSE_BRPOP_SINCE = (5, 7)
 
 
@@ -65,6 +65,6 @@ def kombu_problem() -> str | None:
         return None
     return (
         f"kombu {kombu_version()} has no {', '.join(missing)}: siq_celery's guards of the Redis broker "
-        "(broker_transit.py, unread_replies.py) cannot be put in place; install a kombu from 5.3 to the "
+        "(broker/transit.py, broker/unread_replies.py) cannot be put in place; install a kombu from 5.3 to the "
         "newest siq_celery supports"
     )
