@@ -30,13 +30,13 @@ import click
 from . import __version__
 from .backends import Backend, backend_from_url
 from .errors import CorruptStateError, QueueNotFoundError, SiqError, StoreUnavailableError, redacted
-from .export import FORMATS, format_for, ledger_rows, parse_time, write_parked, write_rows
 from .intervals import MAX_BACKOFF_US, format_interval, parse_duration, parse_interval
 from .keys import DEFAULT_KEY_PREFIX
 from .limits import NO_SPACING_US, format_limits, format_override, limits_override
 from .model import no_limit_known
+from .observe.export import FORMATS, format_for, ledger_rows, parse_time, write_parked, write_rows
+from .observe.readings import has_limits, limits_text
 from .queue import RESUME_GRACE_S, IntervalQueue, new_epoch, who
-from .readings import has_limits, limits_text
 from .types import NO_LIMITS, FairBacklog, QueueStatus
 
 _T = TypeVar("_T")
@@ -470,8 +470,8 @@ def exporter_command(
 ) -> None:
     """Serve Prometheus metrics of the queues matching PATTERNS (default: all), read-only."""
     need_metrics_extra("siq exporter", "prometheus_client")
-    from .metrics import StoreCollector
-    from .metrics_http import serve, text
+    from .observe.metrics import StoreCollector
+    from .observe.metrics_http import serve, text
 
     if max_queues < 1:
         raise click.BadParameter(f"must be at least 1, not {max_queues}", param_hint="--max-queues")
@@ -512,7 +512,7 @@ def exporter_command(
 def top_command(store: StoreOptions, pattern: str, refresh: str, max_queues: int) -> None:
     """A live view of the queues matching PATTERN: rate, backlog, lateness; q quits."""
     need_metrics_extra("siq top", "rich")
-    from .top import run
+    from .observe.top import run
 
     every = _value(parse_duration, refresh, hint="--refresh") / 1e6
     with one_line_errors():

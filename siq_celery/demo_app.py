@@ -20,7 +20,7 @@ import redis
 from celery import Celery
 
 from siq_celery import IntervalTask
-from siq_celery.readings import drain_seconds
+from siq_celery.observe.readings import drain_seconds
 
 STARTS_KEY = "siq-demo:starts"
 BROKER = os.environ.get("SIQ_DEMO_BROKER", "redis://127.0.0.1:6379/0")

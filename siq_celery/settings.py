@@ -62,7 +62,7 @@
   declarations), least recently used forgotten first: a worker that sees 100,000 keys
   of a per-key queue holds this many, not all of them.
 * ``siq_metrics_port`` (``None``: off): the worker's main process serves the exporter's
-  Prometheus metrics (siq_celery.metrics) on this port, for fleets that scrape workers;
+  Prometheus metrics (siq_celery.observe.metrics) on this port, for fleets that scrape workers;
   pool processes are not involved, so it is prefork-safe. ``siq_metrics_queues``
   (default: the queues the app's tasks declare): glob patterns of the queues it
   exports, ``["shop:*"]`` for per-key queues.

@@ -1,6 +1,6 @@
 """A worker's own Prometheus metrics (``siq_metrics_port``): its main process serves, from
 ``worker_ready`` to ``worker_shutdown``, what ``siq exporter`` would (the collector of
-metrics.py on the server of metrics_http.py), read from the store. Pool processes are not
+observe/metrics.py on the server of observe/metrics_http.py), read from the store. Pool processes are not
 involved, so it is prefork-safe."""
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ class WorkerMetrics:
         port = state.settings.metrics_port
         if port is None:
             return
-        from .metrics import StoreCollector
-        from .metrics_http import serve
+        from .observe.metrics import StoreCollector
+        from .observe.metrics_http import serve
 
         patterns = metrics_patterns(app)
         if not patterns:

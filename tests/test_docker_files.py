@@ -223,8 +223,8 @@ def test_grafana_is_provisioned_from_the_files_here() -> None:
 
 def test_the_dashboard_reads_only_metrics_the_exporter_serves(redis_url: str) -> None:
     from siq_celery.backends import backend_from_url
-    from siq_celery.metrics import StoreCollector
-    from siq_celery.metrics_http import text
+    from siq_celery.observe.metrics import StoreCollector
+    from siq_celery.observe.metrics_http import text
 
     backend = backend_from_url(redis_url, key_prefix="dashboard-test")
     backend.ensure("api", 100_000, "e1")

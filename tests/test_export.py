@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from siq_celery import IntervalQueue
 from siq_celery.cli import siq
-from siq_celery.export import parse_time
 from siq_celery.ledger import COLUMNS, StartRecord, arrow_schema
+from siq_celery.observe.export import parse_time
 from siq_celery.testing import PinnedClock
 from tests.cli_runner import separate_runner
 
@@ -127,7 +127,7 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(store_url: str, tmp_path
 
 def test_a_failed_export_leaves_no_file(store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_queue(store_url, "geo", 3, PinnedClock())
-    import siq_celery.export as export_module
+    import siq_celery.observe.export as export_module
 
     def broken(*_: object) -> None:
         raise OSError("disk full")

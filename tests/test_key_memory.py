@@ -23,10 +23,10 @@ SCRIPT = textwrap.dedent("""
     from siq_celery import IntervalTask
     from siq_celery.declarations import PerKeyDeclarations
     from siq_celery.errors import CorruptStateError
-    from siq_celery.metrics import StoreCollector
+    from siq_celery.observe.metrics import StoreCollector
     from siq_celery.parking import _RELEASE_THROTTLE
     from siq_celery.queue import IntervalQueue
-    from siq_celery.top import QueueRates, RecentLateness
+    from siq_celery.observe.top import QueueRates, RecentLateness
     from siq_celery.types import Declared, IntervalSources, QueueState, QueueStatus
 
     IntervalQueue.declare = lambda self, **_: Declared(True, 0, 0, 0, 0)  # the store's side is not measured

@@ -17,12 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from siq_celery.backends import backend_from_url
 from siq_celery.ledger import LedgerRow, StartRecord
-from siq_celery.metrics import LATENESS_BUCKETS, StoreCollector
-from siq_celery.metrics_http import text
 from siq_celery.model import start_counts
-from siq_celery.readings import drain_seconds, held_until
+from siq_celery.observe.metrics import LATENESS_BUCKETS, StoreCollector
+from siq_celery.observe.metrics_http import text
+from siq_celery.observe.readings import drain_seconds, held_until
+from siq_celery.observe.top import RecentLateness
 from siq_celery.testing import PinnedClock
-from siq_celery.top import RecentLateness
 from siq_celery.types import IntervalSources, QueueState, QueueStatus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -211,7 +211,7 @@ def test_queues_no_longer_seen_are_forgotten_by_the_exporter_and_top(tmp_path: P
     it still sees, not for every queue it ever saw."""
     import sqlite3
 
-    from siq_celery.top import QueueRates, table
+    from siq_celery.observe.top import QueueRates, table
 
     backend = backend_from_url(f"sqlite:///{tmp_path}/siq.db")
     for n in range(50):
@@ -267,7 +267,7 @@ def test_top_shows_the_limits_beyond_the_interval_as_siq_status_does() -> None:
 
     from siq_celery import IntervalQueue
     from siq_celery.cli import status_rows
-    from siq_celery.top import QueueRates, table
+    from siq_celery.observe.top import QueueRates, table
 
     def shown(backend: object) -> list[list[str]]:
         console = Console(file=io.StringIO(), width=200, color_system=None)
@@ -353,7 +353,7 @@ def test_top_shows_who_waits_in_fair_lines_below_the_queues() -> None:
 
     from rich.console import Console
 
-    from siq_celery.top import QueueRates, table
+    from siq_celery.observe.top import QueueRates, table
     from siq_celery.types import FairTask
 
     backend = backend_from_url("memory://top-fair", clock=PinnedClock())

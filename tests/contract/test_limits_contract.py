@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from siq_celery import CombinedQueue, ConfigurationError, IntervalQueue, Limit, Verdict
-from siq_celery.readings import drain_seconds
+from siq_celery.observe.readings import drain_seconds
 from siq_celery.types import Ticket
 from tests.conftest import Store
 

@@ -1,6 +1,6 @@
 """``siq top``: a live terminal view of interval queues, refreshed every second.
 
-It reads the store as the exporter does (:class:`siq_celery.metrics.StoreCollector`):
+It reads the store as the exporter does (:class:`siq_celery.observe.metrics.StoreCollector`):
 for each queue the rate of the last few seconds (from the store's count of starts) and the
 use of the limit that binds (the largest of the spacing's, the quota's and the cap's), what
 binds beyond the interval as ``siq status`` shows it (a ``limits`` column: the quota's use of
@@ -24,12 +24,12 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from .backends import Backend
-from .errors import SiqError
-from .limits import NO_SPACING_US
+from ..backends import Backend
+from ..errors import SiqError
+from ..limits import NO_SPACING_US
+from ..types import QueueStatus
 from .metrics import Scrape, StoreCollector
 from .readings import binding_use, drain_seconds, has_limits, held_until, limits_text
-from .types import QueueStatus
 
 #: The rate is measured over about this many seconds of readings.
 RATE_WINDOW_S = 5.0

@@ -4,9 +4,9 @@ what binds beyond the interval."""
 
 from __future__ import annotations
 
-from .intervals import format_interval
-from .limits import NO_SPACING_US
-from .types import US, QueueStatus
+from ..intervals import format_interval
+from ..limits import NO_SPACING_US
+from ..types import US, QueueStatus
 
 
 def held_until(st: QueueStatus) -> int:

@@ -8,8 +8,8 @@ same atomic step as each start (model.start_counts). So every exporter reads the
 values, a restarted one carries on where the others are, nothing reads a ledger, and a
 trimmed ledger lowers nothing.
 
-Serving it (the HTTP server, one scrape as text) is metrics_http.py; the readings derived
-from a status that siq top shows too are readings.py.
+Serving it (the HTTP server, one scrape as text) is observe/metrics_http.py; the readings derived
+from a status that siq top shows too are observe/readings.py.
 
 Labels are bounded: one ``queue`` label, and at most ``max_queues`` queues exported (by
 name; the others are counted in ``siq_queues_left_out``); a fair queue's keys with the most
@@ -28,11 +28,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends import Backend
-from .errors import SiqError
-from .model import LATENESS_BUCKETS_US
+from ..backends import Backend
+from ..errors import SiqError
+from ..model import LATENESS_BUCKETS_US
+from ..types import FairBacklog, QueueStatus
 from .readings import drain_seconds, held_until
-from .types import FairBacklog, QueueStatus
 
 log = logging.getLogger("siq_celery.metrics")
 

@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from .backends import Backend
-from .errors import ConfigurationError, MissingDependencyError
-from .ledger import COLUMNS, LedgerRow, arrow_schema
+from ..backends import Backend
+from ..errors import ConfigurationError, MissingDependencyError
+from ..ledger import COLUMNS, LedgerRow, arrow_schema
 
 FORMATS = ("jsonl", "parquet")
 PARQUET_BATCH = 50_000

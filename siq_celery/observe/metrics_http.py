@@ -1,4 +1,4 @@
-"""Serving :class:`siq_celery.metrics.StoreCollector` with ``prometheus_client``: the
+"""Serving :class:`siq_celery.observe.metrics.StoreCollector` with ``prometheus_client``: the
 ``/metrics`` HTTP server (``siq exporter``, a worker's ``siq_metrics_port``) and one
 scrape as text (``siq exporter --once``)."""
 
