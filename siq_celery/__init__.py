@@ -23,7 +23,7 @@ from .errors import (
 from .intervals import format_interval, parse_interval
 from .limits import Limit
 from .queue import DuplicateTaskError, IntervalQueue, SlotTimeoutError
-from .task import IntervalTask
+from .tasks.task import IntervalTask
 from .types import ClaimResult, Decision, QueueState, QueueStatus, Ticket, Verdict
 
 __version__ = "0.1.0"

@@ -11,11 +11,11 @@ from typing import Any
 
 import click
 
-from .app_state import siq_state
 from .broker.transit import guard_transit
 from .cli import QUEUE_COMMANDS, SiqGroup, StoreOptions, one_line_errors, version_option
-from .declarations import describe, sync_app
 from .intervals import format_interval
+from .tasks.app_state import siq_state
+from .tasks.declarations import describe, sync_app
 
 
 @click.group(name="siq", cls=SiqGroup)

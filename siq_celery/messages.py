@@ -25,7 +25,7 @@ QUEUE, TICKET, EPOCH = "siq_queue", "siq_ticket", "siq_epoch"
 HEADER_NAMES = (QUEUE, TICKET, EPOCH)
 #: Message header: times the task was deferred (sent back to wait), for the ledger.
 DEFERRALS = "siq_deferrals"
-#: Message header: deferrals in a row of a start held by a full concurrency cap (gate.py
+#: Message header: deferrals in a row of a start held by a full concurrency cap (tasks/gate.py
 #: waits longer each time).
 HELD = "siq_held"
 #: apply_async option (popped, never sent) that re-publishes with the ticket in headers.

@@ -685,7 +685,7 @@ def decide(
 #: (:func:`began`): until then no later start of the queue is authorized, unless the report
 #: came. A body that did not report by then (its process died, or was stopped longer) no
 #: longer holds the queue; one that is about to begin later than half of it asks first
-#: (gate.py: a late body).
+#: (tasks/gate.py: a late body).
 BEGIN_WAIT_US = 500_000
 
 

@@ -52,17 +52,17 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from .app_state import SiqState, replace_siq_state
 from .backends import Backend
 from .backends.memory import forget_memory_store
 from .embedded import EmbeddedRedis
 from .errors import ConfigurationError
 from .ledger import LedgerRow
 from .queue import IntervalQueue
-from .task_api import is_interval_task
+from .tasks.app_state import SiqState, replace_siq_state
+from .tasks.task_api import is_interval_task
+from .tasks.worker_hooks import WORKER
 from .testing import PinnedClock
 from .types import QueueStatus
-from .worker_hooks import WORKER
 
 #: Seconds between two polls of the memory broker by a test worker and its results.
 POLL_S = 0.01

@@ -186,7 +186,7 @@ def test_a_redis_cluster_url_naming_another_database_than_0_is_refused() -> None
 def test_bad_metrics_settings_name_the_setting(key: str, value: object) -> None:
     from celery import Celery
 
-    from siq_celery.settings import SiqSettings
+    from siq_celery.tasks.settings import SiqSettings
 
     app = Celery("bad-metrics", set_as_current=False)
     app.conf.update(siq_url="memory://bad-metrics", **{key: value})
@@ -262,7 +262,7 @@ def test_a_back_off_that_cannot_be_read_suggests_durations_not_rates() -> None:
 def test_bad_replica_settings_name_the_setting(conf: dict[str, object], message: str) -> None:
     from celery import Celery
 
-    from siq_celery.app_state import siq_state
+    from siq_celery.tasks.app_state import siq_state
 
     app = Celery("bad", broker="memory://", set_as_current=False)
     app.conf.update({"siq_url": "redis://127.0.0.1:1/0", **conf})

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from siq_celery.clock import ClockWatch, StoreClockRequest
-from siq_celery.task import IntervalTask
+from siq_celery.tasks.task import IntervalTask
 
 ETA = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 STORE_NOW_US = 1_800_000_000_000_000

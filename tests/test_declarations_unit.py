@@ -1,4 +1,4 @@
-"""Declarations without workers (declarations.py): what an app declares, bad declarations
+"""Declarations without workers (tasks/declarations.py): what an app declares, bad declarations
 named at definition, ``siq sync``, per-key queues declared on use, producers that only
 say so, and the log line a changed declaration writes."""
 
@@ -16,16 +16,17 @@ from typing import Any
 import pytest
 from celery import Celery, signals
 
-from siq_celery import ConfigurationError, IntervalTask, worker_hooks
-from siq_celery.app_state import siq_state
+from siq_celery import ConfigurationError, IntervalTask
 from siq_celery.backends import backend_from_url
 from siq_celery.backends.sqlite import SqliteBackend
-from siq_celery.declarations import NodeDeclarations, PerKeyDeclarations, app_declarations, describe, sync_app
 from siq_celery.errors import StoreUnavailableError
 from siq_celery.queue import IntervalQueue
+from siq_celery.tasks import worker_hooks
+from siq_celery.tasks.app_state import siq_state
+from siq_celery.tasks.declarations import NodeDeclarations, PerKeyDeclarations, app_declarations, describe, sync_app
+from siq_celery.tasks.upkeep import WorkerUpkeep
 from siq_celery.testing import PinnedClock
 from siq_celery.types import Declared, Limits
-from siq_celery.upkeep import WorkerUpkeep
 
 
 def make_app(tmp_path: Any, **conf: Any) -> Celery:
@@ -120,7 +121,7 @@ def test_per_key_queues_are_declared_on_first_use_and_renewed_only_when_due(
 
     monkeypatch.setattr(backend, "declare", counting)
     now = [1000.0]
-    monkeypatch.setattr("siq_celery.declarations.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("siq_celery.tasks.declarations.time.monotonic", lambda: now[0])
     per_key = PerKeyDeclarations(ttl=30.0)
     shop = IntervalQueue("shop:1", backend=backend, interval="500ms")
     for _ in range(3):
@@ -360,7 +361,7 @@ def renew_after_an_old_node_expired(
     state._backend = backend_from_url(f"sqlite:///{tmp_path}/s.db", clock=clock)
     IntervalQueue("api", backend=state.backend, **old).declare(node="old@host", ttl=30)  # then killed
     now = [1000.0]
-    monkeypatch.setattr("siq_celery.declarations.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("siq_celery.tasks.declarations.time.monotonic", lambda: now[0])
     node = NodeDeclarations(app, "w1@host")
     node.announce()
     before(state)

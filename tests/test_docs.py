@@ -171,7 +171,7 @@ def test_the_api_reference_lists_every_option_of_interval_task() -> None:
     reference's ``:members:`` of it (autodoc shows only those listed). Read from the source
     as autodoc reads it (a ``#:`` comment right above the attribute), without Sphinx: the
     suite also runs where only the package's floors are installed."""
-    source = (ROOT / "siq_celery" / "task.py").read_text()
+    source = (ROOT / "siq_celery" / "tasks/task.py").read_text()
     body = source.split("\nclass IntervalTask(", 1)[1].split("\nclass ", 1)[0].split("\ndef ", 1)[0]
     documented = {
         name for name in re.findall(r"^    #:[^\n]*\n(?:    #:[^\n]*\n)*    (\w+)\s*[:=]", body, re.M)

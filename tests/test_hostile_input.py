@@ -48,7 +48,7 @@ from siq_celery.intervals import MAX_INTERVAL_US, MIN_INTERVAL_US, parse_duratio
 from siq_celery.keys import QueueKeys
 from siq_celery.ledger import StartRecord
 from siq_celery.messages import DEFERRALS, EPOCH, MAX_TICKET, QUEUE, TICKET, ticket_from_headers
-from siq_celery.parking import parked_message
+from siq_celery.tasks.parking import parked_message
 from siq_celery.testing import PinnedClock
 from siq_celery.types import ParkedTask, QueueState
 

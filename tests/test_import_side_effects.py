@@ -91,7 +91,7 @@ def test_importing_every_module_changes_nothing_outside_the_package() -> None:
     )
     found = changes(result["before"], result["after"])  # type: ignore[arg-type]
     print(f"\n{len(result['imported'])} modules imported (skipped: {result['skipped']}); changed: {found}")  # type: ignore[arg-type]
-    assert "siq_celery.worker_hooks" in result["imported"] and "siq_celery.task" in result["imported"]  # type: ignore[operator]
+    assert "siq_celery.tasks.worker_hooks" in result["imported"] and "siq_celery.tasks.task" in result["imported"]  # type: ignore[operator]
     assert found == []
 
 
@@ -119,7 +119,7 @@ def test_binding_an_interval_task_installs_the_guards_once() -> None:
     found = changes(result["before"], result["once"])  # type: ignore[arg-type]
     print(f"\nafter the first bind: {found}")
     assert any(line.startswith("kombu Channel._put") for line in found)
-    assert any("worker_init: siq_celery.worker_hooks" in line for line in found)
+    assert any("worker_init: siq_celery.tasks.worker_hooks" in line for line in found)
     assert changes(result["once"], result["twice"]) == []  # type: ignore[arg-type]
 
 
@@ -190,7 +190,7 @@ def test_the_test_app_built_in_the_test_process_patches_nothing_of_it() -> None:
     from celery.canvas import Signature
     from kombu.transport import redis as transport
 
-    from siq_celery.task import install
+    from siq_celery.tasks.task import install
     from tests.apps.geo import make_app
 
     install()  # siq_celery's own patches, made at the first bind of an interval task, first

@@ -32,8 +32,8 @@ from kombu.exceptions import EncodeError
 import siq_celery
 from siq_celery import IntervalTask, SiqError
 from siq_celery.messages import DEFERRALS, HEADER_NAMES
-from siq_celery.parking import parked_message, release_due
-from siq_celery.task import install
+from siq_celery.tasks.parking import parked_message, release_due
+from siq_celery.tasks.task import install
 
 PACKAGE = Path(siq_celery.__file__).resolve().parent
 SIQ_HEADERS = (*HEADER_NAMES, DEFERRALS)

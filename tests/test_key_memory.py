@@ -21,10 +21,10 @@ SCRIPT = textwrap.dedent("""
     import gc, logging, sys
     from celery import Celery
     from siq_celery import IntervalTask
-    from siq_celery.declarations import PerKeyDeclarations
+    from siq_celery.tasks.declarations import PerKeyDeclarations
     from siq_celery.errors import CorruptStateError
     from siq_celery.observe.metrics import StoreCollector
-    from siq_celery.parking import _RELEASE_THROTTLE
+    from siq_celery.tasks.parking import _RELEASE_THROTTLE
     from siq_celery.queue import IntervalQueue
     from siq_celery.observe.top import QueueRates, RecentLateness
     from siq_celery.types import Declared, IntervalSources, QueueState, QueueStatus

@@ -97,7 +97,7 @@ def test_nothing_is_patched_half_way(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_producer_says_once_that_it_publishes_without_transit_records(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from siq_celery import task as task_module
+    from siq_celery.tasks import task as task_module
 
     monkeypatch.setattr(task_module, "_UNGUARDED", ["kombu 9.0 has no kombu.transport.redis.QoS.append: ..."])
     app = Celery("kombu-check-producer", broker="memory://", set_as_current=False)

@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 
 from siq_celery import ConfigurationError, IntervalTask
-from siq_celery.settings import SiqSettings
+from siq_celery.tasks.settings import SiqSettings
 
 
 def make_app(tmp_path: Any, **conf: Any) -> Celery:

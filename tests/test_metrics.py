@@ -179,7 +179,7 @@ def test_a_worker_of_per_key_tasks_exports_only_its_own_queues() -> None:
 
     from siq_celery import IntervalTask
     from siq_celery.embedded import free_port
-    from siq_celery.worker_metrics import WorkerMetrics
+    from siq_celery.tasks.worker_metrics import WorkerMetrics
 
     backend = backend_from_url("memory://per-key-metrics")
     for name in ("billing", "shop:1"):

@@ -16,8 +16,8 @@ import pytest
 from celery import Celery
 
 from siq_celery import IntervalTask
-from siq_celery.app_state import siq_state
 from siq_celery.pytest_plugin import FollowEtas, SiqStore, wired
+from siq_celery.tasks.app_state import siq_state
 from siq_celery.testing import PinnedClock
 
 US = 1_000_000

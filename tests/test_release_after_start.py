@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from siq_celery import parking
-from siq_celery.parking import ReleaseAfterStart
+from siq_celery.tasks import parking
+from siq_celery.tasks.parking import ReleaseAfterStart
 
 
 class Queue:

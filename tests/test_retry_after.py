@@ -21,9 +21,9 @@ import requests
 from celery import Celery
 
 from siq_celery import ConfigurationError, IntervalQueue, IntervalTask
-from siq_celery.app_state import replace_siq_state
 from siq_celery.pytest_plugin import SiqStore
-from siq_celery.retry_after import MAX_HOLD_S, hold_from
+from siq_celery.tasks.app_state import replace_siq_state
+from siq_celery.tasks.retry_after import MAX_HOLD_S, hold_from
 from siq_celery.testing import PinnedClock
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z: the pinned clock
@@ -194,7 +194,7 @@ def test_the_real_clock_is_the_default() -> None:
 def task(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[object]]:
     """An IntervalTask whose back-off records the hold it was given (no worker, no store)."""
     held: list[object] = []
-    monkeypatch.setattr("siq_celery.task.back_off", lambda task, seconds: held.append(seconds))
+    monkeypatch.setattr("siq_celery.tasks.task.back_off", lambda task, seconds: held.append(seconds))
     app = Celery("retry_after", broker="memory://", set_as_current=False)
     app.conf.siq_url = "memory://retry-after"
 

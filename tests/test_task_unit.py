@@ -13,11 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from siq_celery import ConfigurationError, IntervalQueue, IntervalTask, InvalidQueueNameError
-from siq_celery.app_state import siq_state
 from siq_celery.messages import ticket_from_headers, ticket_headers
 from siq_celery.pytest_plugin import SiqStore
-from siq_celery.settings import SiqSettings
-from siq_celery.task import install
+from siq_celery.tasks.app_state import siq_state
+from siq_celery.tasks.settings import SiqSettings
+from siq_celery.tasks.task import install
 from siq_celery.testing import PinnedClock
 from siq_celery.types import Ticket
 
@@ -152,7 +152,7 @@ def test_a_short_interval_waits_in_the_broker_queue_not_by_eta(
     slowly than the line moves, and a ticket whose slot has come has no ETA either way."""
     from celery import signals
 
-    from siq_celery import publish
+    from siq_celery.tasks import publish
 
     conf = {} if setting is None else {"siq_broker_wait_below": setting}
     app = make_app(broker=redis_url.replace("/0", "/5"), siq_url=redis_url, **conf)

@@ -3,4 +3,4 @@ never lost between the broker's list and a consumer's unacked hash, no message l
 unread in a paused reply, a dead worker's tasks brought back from a green pool), the
 worker's check of its broker at start, and what a green pool (gevent, eventlet) does
 differently while its tasks wait. Importing it patches nothing: the worker's and the
-producer's paths install what they need (task.install, worker_hooks.py)."""
+producer's paths install what they need (task.install, tasks/worker_hooks.py)."""

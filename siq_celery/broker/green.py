@@ -1,5 +1,5 @@
 """What a worker process on a green pool (``-P gevent``, ``-P eventlet``) does differently
-in the wait for a slot: :data:`GREEN` is set at worker start (worker_hooks.py). The others:
+in the wait for a slot: :data:`GREEN` is set at worker start (tasks/worker_hooks.py). The others:
 broker/admission.py (its waiting tasks take their turn in ticket order), broker/green_credit.py (its
 consumer's credit on the Redis broker), broker/restore.py (a dead worker's tasks on the
 Redis broker), and queue.IntervalQueue.settle (a late reply re-stamped without waiting).
@@ -13,7 +13,7 @@ of a wait, the one that ends at the slot, ended that late: at a 10 ms interval, 
 twentieth of the rate at least. Prefork's ``time.sleep`` is exact to tens of microseconds.
 (gevent's ``linux_iouring`` backend, ``GEVENT_BACKEND=linux_iouring``, is: 0.07 ms.)
 
-:func:`nap`, when :data:`GREEN` is set (a green pool's worker process, worker_hooks.py),
+:func:`nap`, when :data:`GREEN` is set (a green pool's worker process, tasks/worker_hooks.py),
 sleeps a short nap (up to :data:`PRECISE_BELOW_S`, the last one before a slot: see
 queue._sleep_before_asking) with the hub's timer until :data:`SPIN_S` before its end, then
 yields (``time.sleep(0)``: other greenlets run, the hub polls its sockets) until the end;

@@ -4,7 +4,7 @@ and the restore sweep (broker/restore.py). A kombu that renamed one of them woul
 guard silently off (a task lost in a BRPOP reply, a message left unread in a paused
 reply, unacknowledged stamps on the host's clock): a worker of interval tasks on the Redis
 broker refuses to start instead, in one line naming the kombu version and what it lacks
-(worker_hooks.py), and a producer publishes without transit records, with one WARNING.
+(tasks/worker_hooks.py), and a producer publishes without transit records, with one WARNING.
 
 Checked from kombu 5.3 (the floor ``pyproject.toml`` declares) to the newest: kombu 5.7
 added ``MultiChannelPoller._pause_brpop``, which the unread-reply guard must replace there.

@@ -12,7 +12,7 @@ answers the poll (nil after ``brpop_timeout``): the sweep never runs, and a SIGK
 node's tasks stay unacknowledged forever (kombu #1025, celery #4976; measured: 31 of 60
 tasks after 40 s, a 10 s visibility timeout).
 
-:class:`UnackedRestore` does that sweep from the worker's upkeep (upkeep.py) at kombu's
+:class:`UnackedRestore` does that sweep from the worker's upkeep (tasks/upkeep.py) at kombu's
 own cadence (``unacked_restore_interval`` x ``unacked_restore_throttle``, kombu's defaults
 when unset: 100 s), on a broker connection of its own, under kombu's own mutex: a worker with
 the event loop (prefork, threads, solo) needs none, and none is made there.

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..app_state import siq_state
 from ..intervals import IntervalLike
 from ..queue import IntervalQueue
+from ..tasks.app_state import siq_state
 
 logger = logging.getLogger("siq_celery")
 
@@ -43,7 +43,7 @@ class TaskTarget:
 
     @classmethod
     def of(cls, task: Any) -> TaskTarget:
-        from ..task import IntervalTask, declared
+        from ..tasks.task import IntervalTask, declared
 
         if not isinstance(task, IntervalTask):
             raise TypeError(f"submit_dataframe needs an IntervalTask, not {type(task).__name__}")
@@ -74,7 +74,7 @@ class TaskTarget:
         """The task, on an app of its own that only publishes it (in an executor)."""
         from celery import Celery
 
-        from ..task import IntervalTask
+        from ..tasks.task import IntervalTask
 
         app = Celery("siq-spark-submit", broker=self.broker_url, set_as_current=False)
         app.conf.update(self.conf)
@@ -147,7 +147,7 @@ def publish_rows(
     in a worker. A failed chunk is counted and reported, and the rest goes on."""
     from celery import Task
 
-    from ..publish import Progress, publish_many
+    from ..tasks.publish import Progress, publish_many
 
     result = PartitionResult(partition)
     task = target.task()

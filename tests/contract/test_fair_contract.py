@@ -17,7 +17,7 @@ import pytest
 from siq_celery import IntervalQueue
 from siq_celery.backends.base import Backend
 from siq_celery.model import DictFairLines, fair_lookahead, fair_next, fair_push
-from siq_celery.parking import release_due
+from siq_celery.tasks.parking import release_due
 from siq_celery.types import FairTask, ParkedTask
 from tests.conftest import Store
 
@@ -205,7 +205,7 @@ class RecordingApp:
 
 
 def test_a_malformed_fair_share_is_named() -> None:
-    from siq_celery.parking import _readable
+    from siq_celery.tasks.parking import _readable
 
     base = {"task": "t", "args": [], "kwargs": {}, "options": {}}
     assert _readable(json.dumps({"fair": ["A", 0, 1000], **base}))["fair"] == ("A", 0, 1000)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from siq_celery.parking import parked_message, release_due
+from siq_celery.tasks.parking import parked_message, release_due
 from siq_celery.types import ParkedTask, Verdict
 from tests.conftest import Store
 

@@ -1,4 +1,4 @@
-"""A deploy that changes ``interval=`` takes effect (declarations.py), with real workers:
+"""A deploy that changes ``interval=`` takes effect (tasks/declarations.py), with real workers:
 the code's declaration against a stored interval, an operator's override across
 restarts, and a rolling deploy with old and new code side by side.
 

@@ -68,7 +68,7 @@
   exports, ``["shop:*"]`` for per-key queues.
 
 Precedence: task attribute > app setting > default. :class:`SiqSettings` reads them once
-per app (app_state.py keeps it, with the store client and the queues).
+per app (tasks/app_state.py keeps it, with the store client and the queues).
 """
 
 from __future__ import annotations
@@ -78,11 +78,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .errors import ConfigurationError, redacted_url
-from .intervals import parse_interval
-from .keys import DEFAULT_KEY_PREFIX
-from .ledger import DEFAULT_LEDGER_MAX
-from .limits import parse_quota, validate_burst, validate_concurrency, validate_margin
+from ..errors import ConfigurationError, redacted_url
+from ..intervals import parse_interval
+from ..keys import DEFAULT_KEY_PREFIX
+from ..ledger import DEFAULT_LEDGER_MAX
+from ..limits import parse_quota, validate_burst, validate_concurrency, validate_margin
 from .retry_after import DEFAULT_BACKOFF_S, MAX_HOLD_S
 
 REDIS_BROKER_SCHEMES = {"redis", "rediss", "unix"}

@@ -32,15 +32,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import SiqError, StoreUnavailableError
+from ..intervals import format_interval
+from ..limits import NO_SPACING_US, format_limits, format_override
+from ..logs import Throttle
+from ..lru import LRUCache
+from ..model import strictest
+from ..queue import IntervalQueue, who
+from ..types import NO_LIMITS, Declared, Limits
 from .app_state import siq_state
-from .errors import SiqError, StoreUnavailableError
-from .intervals import format_interval
-from .limits import NO_SPACING_US, format_limits, format_override
-from .logs import Throttle
-from .lru import LRUCache
-from .model import strictest
-from .queue import IntervalQueue, who
-from .types import NO_LIMITS, Declared, Limits
 
 logger = logging.getLogger("siq_celery")
 

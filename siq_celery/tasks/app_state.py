@@ -1,6 +1,6 @@
-"""What siq_celery keeps per Celery app: its settings (settings.py), the store client, one
+"""What siq_celery keeps per Celery app: its settings (tasks/settings.py), the store client, one
 :class:`IntervalQueue` per queue name and one :class:`CombinedQueue` per task of several
-limits, and the worker's declarations (declarations.py).
+limits, and the worker's declarations (tasks/declarations.py).
 
 It is kept on the app (never in a module global) and built lazily, so it is rebuilt after
 a fork.
@@ -12,14 +12,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .backends import Backend, backend_from_url
-from .broker.green import nap
-from .combined import CombinedQueue, declared_combined_queue
-from .errors import ConfigurationError, redacted_url
-from .intervals import IntervalLike, parse_interval
-from .limits import Limit, QuotaLike, limits_of
-from .lru import LRUCache
-from .queue import IntervalQueue
+from ..backends import Backend, backend_from_url
+from ..broker.green import nap
+from ..combined import CombinedQueue, declared_combined_queue
+from ..errors import ConfigurationError, redacted_url
+from ..intervals import IntervalLike, parse_interval
+from ..limits import Limit, QuotaLike, limits_of
+from ..lru import LRUCache
+from ..queue import IntervalQueue
 from .settings import SiqSettings
 
 
@@ -45,7 +45,7 @@ class SiqState:
         self._by_declaration: LRUCache[tuple[object, ...], IntervalQueue] | None = None
         self._combined: dict[str, CombinedQueue] = {}
         #: The worker node's declarations (main process) and the per-key queues' (pool
-        #: processes): declarations.py; None outside a worker.
+        #: processes): tasks/declarations.py; None outside a worker.
         self.node_declarations: Any = None
         self.per_key_declarations: Any = None
         self.declared_queues: list[IntervalQueue] | None = None  #: declarations.app_declarations

@@ -9,7 +9,7 @@ arguments, headers, retry count, routing), and *released* back to the broker, wi
 ticket and an ETA, once its slot comes within the horizon.
 
 Releases need no leader: whoever parks, every worker after a task finishes (at most once
-a second per queue and process), and every worker's upkeep thread (upkeep.py, every
+a second per queue and process), and every worker's upkeep thread (tasks/upkeep.py, every
 ``siq_release_every`` seconds, so an idle fleet still releases) call :func:`release_due`.
 The store leases each parked task to one releaser at a time, and hands it out again
 only if that releaser dies before publishing it.
@@ -28,12 +28,12 @@ from typing import Any
 from kombu.exceptions import EncodeError
 from kombu.utils.json import dumps, loads  # Celery's JSON: datetimes, UUIDs, Decimals
 
+from ..backends.base import RELEASE_LIMIT
+from ..lru import LRUCache
+from ..messages import DEFERRALS, FAIR_HEADERS, fair_headers, fair_share, ticket_headers
+from ..queue import IntervalQueue
+from ..types import ParkedTask, Ticket
 from .app_state import siq_state
-from .backends.base import RELEASE_LIMIT
-from .lru import LRUCache
-from .messages import DEFERRALS, FAIR_HEADERS, fair_headers, fair_share, ticket_headers
-from .queue import IntervalQueue
-from .types import ParkedTask, Ticket
 
 logger = logging.getLogger("siq_celery")
 

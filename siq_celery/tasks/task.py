@@ -7,10 +7,10 @@ This module is the declaration: the task's attributes, which queue (or queues) a
 belongs to and what it costs. Each side lives in a module of its own, read by one reader:
 
 * the producer side (``apply_async``, ``apply_many``): claim a ticket, put it in the
-  headers, set an ETA near its slot, park beyond the horizon: publish.py;
+  headers, set an ETA near its slot, park beyond the horizon: tasks/publish.py;
 * the worker side (``before_start``, ``after_return``, ``siq_backoff``): the gate that
-  authorizes, sleeps, defers or parks, and records the finish: gate.py;
-* the worker around its tasks (signals: warm-up, declarations, upkeep): worker_hooks.py.
+  authorizes, sleeps, defers or parks, and records the finish: tasks/gate.py;
+* the worker around its tasks (signals: warm-up, declarations, upkeep): tasks/worker_hooks.py.
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ from typing import Any, NoReturn
 from celery import Task, signals
 from celery.exceptions import Ignore
 
+from ..broker.kombu_api import kombu_problem
+from ..broker.transit import guard_transit
+from ..combined import CombinedQueue
+from ..errors import ConfigurationError, InvalidQueueNameError, LostDeliveriesError, SiqError
+from ..intervals import IntervalLike, parse_interval
+from ..keys import validate_queue_name
+from ..limits import Limit, check_not_a_quota, parse_quota, validate_burst, validate_concurrency, validate_margin
+from ..messages import DEFERRALS, KEEP_TICKET
+from ..model import MAX_FAIR_WEIGHT
+from ..queue import IntervalQueue, report_again_if_late, validate_cost
 from .app_state import siq_state
-from .broker.kombu_api import kombu_problem
-from .broker.transit import guard_transit
-from .combined import CombinedQueue
-from .errors import ConfigurationError, InvalidQueueNameError, LostDeliveriesError, SiqError
 from .gate import authorize, back_off, paused_countdown, record_finish, record_retry, release_leftover_lease
-from .intervals import IntervalLike, parse_interval
-from .keys import validate_queue_name
-from .limits import Limit, check_not_a_quota, parse_quota, validate_burst, validate_concurrency, validate_margin
-from .messages import DEFERRALS, KEEP_TICKET
-from .model import MAX_FAIR_WEIGHT
 from .publish import publish, publish_many, put_ticket_in_headers
-from .queue import IntervalQueue, report_again_if_late, validate_cost
 from .retry_after import BackoffSource, backoff_hold
 from .task_api import check_interval_options
 from .worker_hooks import connect_worker_hooks
@@ -51,7 +51,7 @@ class IntervalTask(Task):  # type: ignore[misc]
     #: Least time between two starts of this task's interval queue: seconds, a timedelta,
     #: "200ms", "2s", or a rate "5/s". Falls back to ``app.conf.siq_default_interval``.
     #: The declaration: a worker starting with a new one makes it the queue's interval
-    #: for every worker (declarations.py); producers never write it.
+    #: for every worker (tasks/declarations.py); producers never write it.
     interval: IntervalLike | None = None
 
     #: The interval queue's name; several task types may share one queue (one API, one
@@ -184,7 +184,7 @@ class IntervalTask(Task):  # type: ignore[misc]
 
     def siq_declared_queues(self) -> list[IntervalQueue]:
         """The queues whose interval this task's code declares, each with that interval
-        (declarations.py: a worker announces them at start); none for per-key queues,
+        (tasks/declarations.py: a worker announces them at start); none for per-key queues,
         which are declared when a key is first used."""
         if self.siq_per_key:
             return []
@@ -276,7 +276,7 @@ class IntervalTask(Task):  # type: ignore[misc]
 
         ``seconds`` may be the service's response itself (requests, httpx, aiohttp,
         urllib's HTTPError) or its headers: the hold is then read from Retry-After,
-        RateLimit-Reset or X-RateLimit-Reset (retry_after.py says how). A response that
+        RateLimit-Reset or X-RateLimit-Reset (tasks/retry_after.py says how). A response that
         has none of them, or one that cannot be read or asks for more than a day, does
         not fail the task: the hold is ``default`` if given, else ``siq_backoff_default``
         (60 s), with one warning naming the header and its value (none for a ``default``
@@ -290,7 +290,7 @@ class IntervalTask(Task):  # type: ignore[misc]
             )  # fmt: skip
         back_off(self, hold)
 
-    # -- producer (publish.py) -------------------------------------------------------
+    # -- producer (tasks/publish.py) -------------------------------------------------------
 
     def apply_async(
         self,
@@ -322,7 +322,7 @@ class IntervalTask(Task):  # type: ignore[misc]
             _say_unguarded()
         return publish_many(self, super().apply_async, calls, chunk_size, options)
 
-    # -- worker (gate.py) -----------------------------------------------------------
+    # -- worker (tasks/gate.py) -----------------------------------------------------------
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         try:
@@ -361,8 +361,8 @@ def install() -> None:
     """Install, once per process, what interval tasks need outside the package: on a Redis
     broker no interval task is lost between its list and a worker's unacked hash (the
     transit guard on kombu's Redis transport: broker/transit.py; a purge drops the records
-    of what it purged), the ticket in the headers of a publish (publish.py) and the
-    worker's signal handlers (worker_hooks.py). Called when an
+    of what it purged), the ticket in the headers of a publish (tasks/publish.py) and the
+    worker's signal handlers (tasks/worker_hooks.py). Called when an
     interval task binds to an app: a producer's first use of its tasks, a worker's start
     (Celery finalizes the app before ``worker_init``). Importing a module installs nothing."""
     global _INSTALLED

@@ -5,21 +5,21 @@
   given an interval task's option on another base; note whether task events are sent and
   whether the pool is green (gevent, eventlet: broker/admission.py), guard the Redis broker's
   paused replies (broker/unread_replies.py), announce the node's interval declarations
-  (declarations.py), and warn of a Redis store that may evict keys.
+  (tasks/declarations.py), and warn of a Redis store that may evict keys.
 * ``worker_process_init`` / ``worker_ready``: connect to the store and load its scripts,
-  so a fresh process's first task is not late; start the upkeep thread (upkeep.py), which
+  so a fresh process's first task is not late; start the upkeep thread (tasks/upkeep.py), which
   on a green pool with a Redis broker also restores dead workers' tasks (broker/restore.py).
 * ``worker_ready`` with ``siq_metrics_port`` set: serve Prometheus metrics from the main
-  process (worker_metrics.py), read from the store like ``siq exporter``.
+  process (tasks/worker_metrics.py), read from the store like ``siq exporter``.
 * ``worker_shutdown``: stop the upkeep thread and the metrics server, and withdraw the
   node's declarations; ``worker_process_shutdown``: a pool process withdraws the per-key
   declarations it made.
 * ``task_postrun``: collect the garbage Celery's ``Ignore`` leaves after deferrals
-  (deferral_gc.py).
+  (tasks/deferral_gc.py).
 
-It connects the signals; the jobs are in their modules (declarations.py, upkeep.py,
-worker_metrics.py, broker/check.py for the warning about the broker's redelivery time,
-deferral_gc.py). What a worker process keeps between signals is one object, ``WORKER``.
+It connects the signals; the jobs are in their modules (tasks/declarations.py, tasks/upkeep.py,
+tasks/worker_metrics.py, broker/check.py for the warning about the broker's redelivery time,
+tasks/deferral_gc.py). What a worker process keeps between signals is one object, ``WORKER``.
 
 It knows interval tasks by their ``siq_queue`` method (task_api.is_interval_task), so it
 imports neither the task class nor parking.
@@ -34,17 +34,17 @@ from typing import Any, NoReturn
 
 from celery import signals
 
+from ..broker import green
+from ..broker.check import warn_if_broker_forgets_before_horizon
+from ..broker.green_credit import add_green_credit
+from ..broker.kombu_api import kombu_problem
+from ..broker.restore import UnackedRestore, needs_restore_sweep, redis_broker
+from ..broker.transit import TransitSweep
+from ..broker.unread_replies import guard_unread_replies
+from ..errors import ConfigurationError, StoreUnavailableError, redacted, redacted_url
 from .app_state import siq_state
-from .broker import green
-from .broker.check import warn_if_broker_forgets_before_horizon
-from .broker.green_credit import add_green_credit
-from .broker.kombu_api import kombu_problem
-from .broker.restore import UnackedRestore, needs_restore_sweep, redis_broker
-from .broker.transit import TransitSweep
-from .broker.unread_replies import guard_unread_replies
 from .declarations import NodeDeclarations, PerKeyDeclarations, app_declarations
 from .deferral_gc import DeferralCollector
-from .errors import ConfigurationError, StoreUnavailableError, redacted, redacted_url
 from .task_api import check_interval_options, has_interval_tasks
 from .upkeep import WorkerUpkeep
 from .worker_metrics import WorkerMetrics
@@ -283,7 +283,7 @@ HOOKS: tuple[tuple[Any, Any], ...] = (
 def connect_worker_hooks() -> None:
     """Connect the worker's signal handlers (idempotent: each has a ``dispatch_uid``). Not at
     import: importing the package changes nothing outside it; the first interval task bound
-    to an app connects them (task.py), before any worker of that app starts (Celery
+    to an app connects them (tasks/task.py), before any worker of that app starts (Celery
     finalizes the app, binding its tasks, before ``worker_init``)."""
     for number, (signal, receiver) in enumerate(HOOKS):
         signal.connect(receiver, weak=False, dispatch_uid=f"siq_celery.worker_hooks.{number}")

@@ -1,16 +1,16 @@
-"""What the two sides of an interval task use of it: the producer side (publish.py) and
-the worker side (gate.py) type against :class:`IntervalTaskLike`, and task.py, which
-builds :class:`~siq_celery.task.IntervalTask` from both, satisfies it. Neither side
-imports task.py, so the modules form no import circle. The worker's signal handlers know
+"""What the two sides of an interval task use of it: the producer side (tasks/publish.py) and
+the worker side (tasks/gate.py) type against :class:`IntervalTaskLike`, and tasks/task.py, which
+builds :class:`~siq_celery.tasks.task.IntervalTask` from both, satisfies it. Neither side
+imports tasks/task.py, so the modules form no import circle. The worker's signal handlers know
 an interval task by its ``siq_queue`` (:func:`is_interval_task`)."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from .combined import CombinedQueue
-from .errors import ConfigurationError
-from .queue import IntervalQueue
+from ..combined import CombinedQueue
+from ..errors import ConfigurationError
+from ..queue import IntervalQueue
 
 
 class IntervalTaskLike(Protocol):

@@ -37,8 +37,8 @@ from datetime import UTC, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Protocol, TypeAlias, runtime_checkable
 
-from .errors import ConfigurationError
-from .intervals import MAX_BACKOFF_US, US_PER_S, IntervalLike
+from ..errors import ConfigurationError
+from ..intervals import MAX_BACKOFF_US, US_PER_S, IntervalLike
 
 RETRY_AFTER = "Retry-After"
 RATELIMIT_RESET = "RateLimit-Reset"

@@ -4,7 +4,7 @@
 * release parked tasks that came within the horizon, of the app's fixed queues and of the
   queues found holding parked tasks (looked up every ``DISCOVER_EVERY`` rounds:
   thousands of per-key queues are never polled one by one);
-* renew the node's interval declarations when due (declarations.py);
+* renew the node's interval declarations when due (tasks/declarations.py);
 * on a worker without Celery's event loop (a green pool) and a Redis broker, put back
   the unacknowledged tasks of dead workers once their visibility timeout passed, as the
   event loop's timer does elsewhere (broker/restore.py);
@@ -24,15 +24,15 @@ import threading
 from collections.abc import Hashable
 from typing import Any
 
+from ..broker.restore import UnackedRestore
+from ..broker.transit import TransitSweep
+from ..clock import CLOCK
+from ..errors import StoreUnavailableError
+from ..logs import Outage, Throttle
+from ..queue import IntervalQueue
 from .app_state import siq_state
-from .broker.restore import UnackedRestore
-from .broker.transit import TransitSweep
-from .clock import CLOCK
 from .declarations import app_declarations
-from .errors import StoreUnavailableError
-from .logs import Outage, Throttle
 from .parking import release_due
-from .queue import IntervalQueue
 
 logger = logging.getLogger("siq_celery")
 

@@ -31,16 +31,14 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Reject
 
-from .app_state import siq_state
-from .broker.admission import ADMISSION
-from .broker.green import nap
-from .combined import CombinedQueue
-from .deferral_log import note_deferral
-from .errors import CorruptStateError, LostDeliveriesError, QueueNotFoundError, StoreUnavailableError
-from .intervals import IntervalLike, parse_duration
-from .leases import FINISH_RETRY_S, KEEPER, PendingFinish
-from .ledger import StartRecord
-from .messages import (
+from ..broker.admission import ADMISSION
+from ..broker.green import nap
+from ..combined import CombinedQueue
+from ..errors import CorruptStateError, LostDeliveriesError, QueueNotFoundError, StoreUnavailableError
+from ..intervals import IntervalLike, parse_duration
+from ..leases import FINISH_RETRY_S, KEEPER, PendingFinish
+from ..ledger import StartRecord
+from ..messages import (
     DEFERRALS,
     HEADER_NAMES,
     HELD,
@@ -51,11 +49,13 @@ from .messages import (
     ticket_from_headers,
     ticket_headers,
 )
+from ..queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, begin_body
+from ..types import Decision, FairTask, QueueState, Ticket, Verdict
+from .app_state import siq_state
+from .deferral_log import note_deferral
 from .parking import RELEASE_AFTER_START, park, parked_message, release_fair, release_now_and_then
 from .publish import REJOIN_AFTER_S
-from .queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, begin_body
 from .task_api import IntervalTaskLike
-from .types import Decision, FairTask, QueueState, Ticket, Verdict
 from .worker_hooks import WORKER
 
 logger = logging.getLogger("siq_celery")
@@ -82,7 +82,7 @@ def authorize(task: IntervalTaskLike, task_id: str, args: Any, kwargs: Any) -> D
     if joins:
         join_fair_line(task, queue, task_id, cost)  # ends the delivery, unless the store is out
     settings = siq_state(task.app).settings
-    fair_key, fair_tag, fair_weight = fair_from_headers(request.headers)  # given at release (parking.py)
+    fair_key, fair_tag, fair_weight = fair_from_headers(request.headers)  # given at release (tasks/parking.py)
     record = StartRecord(
         task.name, task_id, request.hostname or socket.gethostname(), os.getpid(), deferrals(request.headers),
         fair_key, fair_tag, fair_weight,
@@ -202,7 +202,7 @@ def defer(task: IntervalTaskLike, ticket: Ticket, decision: Decision, own_wait: 
     eta = datetime.fromtimestamp(decision.now_us / 1e6 + countdown, UTC)
     republish(task, signature, "deferral", eta=eta, **{KEEP_TICKET: True})
     # Waiting is normal: a line per deferral at DEBUG, a summary a minute at INFO, and
-    # Celery's "Task ... ignored" of this delivery left out (deferral_log.py).
+    # Celery's "Task ... ignored" of this delivery left out (tasks/deferral_log.py).
     logger.debug("%s[%s]: %s; ticket %s of %r deferred %.3fs",
                  task.name, request.id, decision.verdict.value, ticket.number, ticket.queue, countdown)  # fmt: skip
     note_deferral(ticket.queue, request.id)

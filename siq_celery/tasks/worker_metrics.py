@@ -32,8 +32,8 @@ class WorkerMetrics:
         port = state.settings.metrics_port
         if port is None:
             return
-        from .observe.metrics import StoreCollector
-        from .observe.metrics_http import serve
+        from ..observe.metrics import StoreCollector
+        from ..observe.metrics_http import serve
 
         patterns = metrics_patterns(app)
         if not patterns:

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from .lru import LRUCache
+from ..lru import LRUCache
 
 logger = logging.getLogger("siq_celery")
 

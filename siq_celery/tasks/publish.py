@@ -5,7 +5,7 @@ ticket, puts it in three message headers (messages.py) and sets an ETA that brin
 task ``siq_countdown_margin`` before its estimated slot, on the store's clock, so the
 producer's own clock does not matter. The claim's round trip overlaps Celery building
 the message: the reply is read in ``before_task_publish`` (:func:`put_ticket_in_headers`).
-A task whose slot is beyond ``siq_horizon`` is parked in the store (parking.py). If the
+A task whose slot is beyond ``siq_horizon`` is parked in the store (tasks/parking.py). If the
 store is unreachable, the task is published without a ticket and the worker claims one:
 nothing is lost.
 
@@ -24,14 +24,14 @@ from typing import Any
 
 from kombu.utils.uuid import uuid
 
+from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError
+from ..messages import DEFERRALS, FAIR_HEADERS, HEADER_NAMES, HELD, ticket_headers
+from ..queue import IntervalQueue, PendingTicket
+from ..types import FairTask, Ticket
 from .app_state import siq_state
-from .errors import ConfigurationError, CorruptStateError, StoreUnavailableError
-from .messages import DEFERRALS, FAIR_HEADERS, HEADER_NAMES, HELD, ticket_headers
 from .parking import park, parked_message, release_fair, release_now_and_then
-from .queue import IntervalQueue, PendingTicket
 from .settings import SiqSettings
 from .task_api import IntervalTaskLike
-from .types import FairTask, Ticket
 
 logger = logging.getLogger("siq_celery")
 
@@ -104,7 +104,7 @@ def publish_fair(
     options: dict[str, Any], link: Any, link_error: Any, shadow: str | None, send: Send, producer: Any,
 ) -> Any:  # fmt: skip
     """A task with a fairness key waits in its key's line in the store, with no ticket; a
-    release hands it one in fair order and publishes it (parking.py), at once if the
+    release hands it one in fair order and publishes it (tasks/parking.py), at once if the
     queue has room, else when a start tops the queue's lookahead up."""
     key, weight = task.siq_fair_share(args, kwargs)
     extra = {"link": link, "link_error": link_error, "shadow": shadow, **later_options(task, options)}
