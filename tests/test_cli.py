@@ -117,7 +117,7 @@ def test_celery_siq_never_prints_the_brokers_password() -> None:
 
     from celery import Celery
 
-    from siq_celery.celery_cli import siq as celery_siq
+    from siq_celery.cli.celery_command import siq as celery_siq
 
     app = Celery("pw", broker="amqp://alice:s3cretpw@127.0.0.1:5672//", set_as_current=False)
     result = CliRunner().invoke(celery_siq, ["status"], obj=SimpleNamespace(app=app))
@@ -188,7 +188,7 @@ def test_celery_siq_usage_errors_are_one_line_too() -> None:
 
     from celery import Celery
 
-    from siq_celery.celery_cli import siq as celery_siq
+    from siq_celery.cli.celery_command import siq as celery_siq
 
     app = Celery("usage", broker="memory://", set_as_current=False)
     app.conf.siq_url = "memory://"
@@ -357,7 +357,7 @@ def test_celery_siq_set_limits_acts_on_the_apps_store(tmp_path: object) -> None:
 
     from celery import Celery
 
-    from siq_celery.celery_cli import siq as celery_siq
+    from siq_celery.cli.celery_command import siq as celery_siq
 
     store = f"sqlite:///{tmp_path}/app.db"
     IntervalQueue("api", url=store, interval="100ms", concurrency=4).declare()
@@ -420,7 +420,7 @@ def test_siq_version_prints_the_package_version() -> None:
     from celery import Celery
 
     import siq_celery
-    from siq_celery.celery_cli import siq as celery_siq
+    from siq_celery.cli.celery_command import siq as celery_siq
 
     result = CliRunner().invoke(siq, ["--version"])
     assert (result.exit_code, result.output) == (0, f"siq {siq_celery.__version__}\n"), result.output

@@ -163,7 +163,7 @@ def test_the_celery_command_guards_the_transport_for_a_purge() -> None:
         """
         from importlib.metadata import entry_points
         before = snapshot()
-        import siq_celery.celery_cli
+        import siq_celery.cli.celery_command
         imported = snapshot()
         (command,) = [ep for ep in entry_points(group="celery.commands") if ep.name == "siq"]
         group = command.load()

@@ -30,7 +30,7 @@ run lease and finished records answer it ``RUNNING`` or ``DUPLICATE`` (docs/desi
 its records in the same atomic step, so a purge stays a purge, in a process where the guard
 is installed (task.install: once an interval task has bound to an app, as in a worker or
 a producer that used one; and every ``celery`` command, which loads the ``siq`` command:
-celery_cli.py, so ``celery -A app purge`` too).
+cli/celery_command.py, so ``celery -A app purge`` too).
 
 Not covered: a transport without ack emulation (``ack_emulation=False``: no unacked hash,
 so no records are written), a consumer with ``no_ack`` (its messages' records end only by

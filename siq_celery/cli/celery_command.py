@@ -11,11 +11,12 @@ from typing import Any
 
 import click
 
-from .broker.transit import guard_transit
-from .cli import QUEUE_COMMANDS, SiqGroup, StoreOptions, one_line_errors, version_option
-from .intervals import format_interval
-from .tasks.app_state import siq_state
-from .tasks.declarations import describe, sync_app
+from ..broker.transit import guard_transit
+from ..intervals import format_interval
+from ..tasks.app_state import siq_state
+from ..tasks.declarations import describe, sync_app
+from .main import QUEUE_COMMANDS, version_option
+from .options import SiqGroup, StoreOptions, one_line_errors
 
 
 @click.group(name="siq", cls=SiqGroup)
