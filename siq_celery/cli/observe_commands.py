@@ -10,7 +10,7 @@ import click
 from ..errors import StoreUnavailableError, redacted
 from ..intervals import parse_duration
 from ..observe.export import FORMATS, format_for, ledger_rows, parse_time, write_parked, write_rows
-from .options import SiqCommand, StoreOptions, _names, _value, need_metrics_extra, one_line_errors
+from .options import SiqCommand, StoreOptions, matching_queues, need_metrics_extra, one_line_errors, param_value
 
 
 @click.command("export", cls=SiqCommand)
@@ -35,15 +35,15 @@ def export_command(
     With --parked: the tasks parked beyond the horizon, one JSON object each."""
     if parked:
         with one_line_errors():
-            names = _names(store, queues)
+            names = matching_queues(store, queues)
             count = write_parked(store.backend, names, out)
         click.echo(f"exported {count:,} parked tasks of {len(names)} queue(s)", err=out == "-")
         return
-    since_s = _value(parse_time, since, hint="--since") if since else None
-    until_s = _value(parse_time, until, hint="--until") if until else None
+    since_s = param_value(parse_time, since, hint="--since") if since else None
+    until_s = param_value(parse_time, until, hint="--until") if until else None
     with one_line_errors():
         fmt = format_for(out, fmt)
-        names = _names(store, queues)
+        names = matching_queues(store, queues)
         started = time.monotonic()
 
         def progress(count: int) -> None:
@@ -124,7 +124,7 @@ def top_command(store: StoreOptions, pattern: str, refresh: str, max_queues: int
     need_metrics_extra("siq top", "rich")
     from ..observe.top import run
 
-    every = _value(parse_duration, refresh, hint="--refresh") / 1e6
+    every = param_value(parse_duration, refresh, hint="--refresh") / 1e6
     with one_line_errors():
         store.backend.queues(pattern)  # the store answers, or a clear error before the screen changes
         run(store.backend, pattern, max(every, 0.1), max_queues)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
@@ -102,11 +103,11 @@ def need_metrics_extra(command: str, module: str) -> None:
         ) from None
 
 
-def _interval(_ctx: click.Context, _param: click.Parameter | None, value: str) -> int:
-    return _value(parse_interval, value)
+def interval_param(_ctx: click.Context, _param: click.Parameter | None, value: str) -> int:
+    return param_value(parse_interval, value)
 
 
-def _value(parse: Callable[..., _T], *args: Any, hint: str | None = None) -> _T:
+def param_value(parse: Callable[..., _T], *args: Any, hint: str | None = None) -> _T:
     """``parse(*args)``, a value of the command line: one it refuses is a usage error
     (exit 2, as click's own for a bad parameter), the same for every command."""
     try:
@@ -115,8 +116,15 @@ def _value(parse: Callable[..., _T], *args: Any, hint: str | None = None) -> _T:
         raise click.BadParameter(str(exc), param_hint=hint) from None
 
 
-def _names(store: StoreOptions, queues: tuple[str, ...]) -> list[str]:
+def matching_queues(store: StoreOptions, queues: tuple[str, ...]) -> list[str]:
     names: list[str] = []
     for q in queues or ("*",):
         names += store.backend.queues(q) if any(c in q for c in "*?[") else [q]
     return list(dict.fromkeys(names))
+
+
+def when_text(us: int, now_us: int) -> str:
+    """A store time for people: UTC, and how far from now."""
+    stamp = datetime.fromtimestamp(us / 1e6, tz=UTC).strftime("%H:%M:%S.%f")[:-3]
+    delta = (us - now_us) / 1e6
+    return f"{stamp} UTC ({'+' if delta >= 0 else ''}{delta:.3f}s)"

@@ -10,8 +10,7 @@ from ..intervals import MAX_BACKOFF_US, format_interval, parse_duration, parse_i
 from ..limits import format_limits, format_override, limits_override
 from ..model import no_limit_known
 from ..queue import new_epoch, who
-from .options import NEGATIVE_VALUES, SiqCommand, StoreOptions, _interval, _value, one_line_errors
-from .status import _when
+from .options import NEGATIVE_VALUES, SiqCommand, StoreOptions, interval_param, one_line_errors, param_value, when_text
 
 
 @click.command("pause", cls=SiqCommand)
@@ -35,12 +34,12 @@ def pause_command(store: StoreOptions, queue: str) -> None:
 def backoff_command(store: StoreOptions, queue: str, duration: str) -> None:
     """Hold every start of QUEUE, on every worker, for DURATION (30s, 2m): the service
     said "retry after". The line keeps its order; nothing starts closer than the interval."""
-    if _value(parse_duration, duration, hint="DURATION") > MAX_BACKOFF_US:
+    if param_value(parse_duration, duration, hint="DURATION") > MAX_BACKOFF_US:
         raise click.BadParameter(f"a back-off is at most a day, not {duration!r}", param_hint="DURATION")
     with one_line_errors():
         state = store.queue(queue).backoff(duration)
         now_us = store.backend.now_us()
-    click.echo(f"{queue}: held, no start before {_when(state.last_start_us + state.interval_us, now_us)}")
+    click.echo(f"{queue}: held, no start before {when_text(state.last_start_us + state.interval_us, now_us)}")
 
 
 @click.command("resume", cls=SiqCommand)
@@ -50,7 +49,7 @@ def backoff_command(store: StoreOptions, queue: str, duration: str) -> None:
 def resume_command(store: StoreOptions, queue: str, grace: str | None) -> None:
     """Continue QUEUE in ticket order (the first start after a short grace, so that every
     task polling the paused queue is back in time to keep its place)."""
-    seconds = _value(parse_duration, grace, hint="--grace") / 1e6 if grace else store.resume_grace
+    seconds = param_value(parse_duration, grace, hint="--grace") / 1e6 if grace else store.resume_grace
     with one_line_errors():
         store.queue(queue).resume(seconds)
     click.echo(f"resumed {queue}")
@@ -68,7 +67,7 @@ def set_interval_command(store: StoreOptions, queue: str, interval: str | None, 
     deploy that declares another one replaces it. --clear returns to the declaration."""
     if clear == (interval is not None):
         raise click.UsageError("give an INTERVAL, or --clear (not both)")
-    interval_us = None if clear else _interval(click.get_current_context(), None, interval)  # type: ignore[arg-type]
+    interval_us = None if clear else interval_param(click.get_current_context(), None, interval)  # type: ignore[arg-type]
     with one_line_errors():
         state = store.queue(queue).set_interval(None if interval_us is None else interval_us / 1e6)
     if clear:
@@ -97,7 +96,7 @@ def set_limits_command(
     given = burst is not None or quota is not None or concurrency is not None or margin is not None
     if clear == given:
         raise click.UsageError("give --burst, --quota, --concurrency or --margin, or --clear (not both)")
-    override = _value(limits_override, burst, quota, concurrency, margin)
+    override = param_value(limits_override, burst, quota, concurrency, margin)
     with one_line_errors():
         state = store.backend.set_limits(queue, None if clear else override, who())
     if clear:

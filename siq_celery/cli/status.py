@@ -13,20 +13,13 @@ from ..intervals import format_interval
 from ..limits import NO_SPACING_US, format_limits, format_override
 from ..observe.readings import has_limits, limits_text
 from ..types import NO_LIMITS, FairBacklog, QueueStatus
-from .options import SiqCommand, StoreOptions, one_line_errors
-
-
-def _when(us: int, now_us: int) -> str:
-    """A store time for people: UTC, and how far from now."""
-    stamp = datetime.fromtimestamp(us / 1e6, tz=UTC).strftime("%H:%M:%S.%f")[:-3]
-    delta = (us - now_us) / 1e6
-    return f"{stamp} UTC ({'+' if delta >= 0 else ''}{delta:.3f}s)"
+from .options import SiqCommand, StoreOptions, one_line_errors, when_text
 
 
 def _last_start(st: QueueStatus) -> str:
     """When the last start was authorized (what the ledger records), not the last slot a
     weighted start uses; '-' before the first."""
-    return _when(st.state.started_us, st.now_us) if st.state.started_us else "-"
+    return when_text(st.state.started_us, st.now_us) if st.state.started_us else "-"
 
 
 def _next_start(st: QueueStatus) -> str:
@@ -34,7 +27,7 @@ def _next_start(st: QueueStatus) -> str:
     once (an idle queue), else when."""
     if st.state.paused:
         return "paused"
-    return "now" if st.next_start_us <= st.now_us else _when(st.next_start_us, st.now_us)
+    return "now" if st.next_start_us <= st.now_us else when_text(st.next_start_us, st.now_us)
 
 
 def _spacing(st: QueueStatus) -> str:

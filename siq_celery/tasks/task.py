@@ -33,6 +33,7 @@ from ..limits import Limit, check_not_a_quota, parse_quota, validate_burst, vali
 from ..messages import DEFERRALS, KEEP_TICKET
 from ..model import MAX_FAIR_WEIGHT
 from ..queue import IntervalQueue, report_again_if_late, validate_cost
+from ..types import Decision
 from .app_state import siq_state
 from .gate import authorize, back_off, paused_countdown, record_finish, record_retry, release_leftover_lease
 from .publish import publish, publish_many, put_ticket_in_headers
@@ -326,19 +327,19 @@ class IntervalTask(Task):  # type: ignore[misc]
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         try:
-            self.request.siq_decision = authorize(self, task_id, args, kwargs)
-            ended = False
+            decision: Decision | None = authorize(self, task_id, args, kwargs)
         except Ignore:  # deferred, parked, a finished copy: this delivery ends
-            ended = True
-        if ended:
+            decision = None
+        if decision is None:
             # Raised again here, outside the ``except``: Celery formats an Ignore's traceback
             # twice (billiard's ExceptionInfo, each frame's positions listed) and pickles it
             # to the pool's parent; from our wait's frames and its chained exception that cost
             # a busy worker more CPU per deferral than the rest of the start (bench/peers.py
             # --scenarios spacing --intervals 20: about 9 ms a task), from here two frames.
             raise Ignore()
+        self.request.siq_decision = decision
         super().before_start(task_id, args, kwargs)
-        report_again_if_late(self.request.siq_decision)  # the last step before Celery calls the body
+        report_again_if_late(decision)  # the last step before Celery calls the body
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         record_retry(self)  # before the retry is published: its start must not see this run as lost
