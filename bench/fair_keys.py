@@ -2,7 +2,7 @@
 
     python bench/fair_keys.py [--keys 10,1000,10000] [--claims 2000] [--store redis,sqlite,memory]
 
-A fair queue hands its tickets out in the release (model.fair_promote): the claim of a
+A fair queue hands its tickets out in the release (rules.fair_promote): the claim of a
 fair task is the release that hands the head with the smallest tag its ticket, leases it
 and returns it to be published. Each key holds two waiting tasks (a message of about 200
 bytes each); each round starts the ticket handed out last (pinned clock, 100 ms apart,

@@ -33,8 +33,8 @@ from .errors import ConfigurationError, StoreUnavailableError
 from .leases import KEEPER
 from .ledger import StartRecord
 from .limits import check_not_a_quota
-from .model import BEGIN_WAIT_US, FREE
 from .queue import IntervalQueue, begin_body, logger, new_epoch, report_again_if_late, validate_cost, wait_in_line
+from .rules import BEGIN_WAIT_US, FREE
 from .types import Decision, Ticket
 
 

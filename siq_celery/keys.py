@@ -105,7 +105,7 @@ class QueueKeys:
     @property
     def refused(self) -> str:
         """The queue's counters, for the exporter: of refused starts (duplicate, reclaim)
-        and of authorized ones (model.start_counts). (Named for the first ones it held.)"""
+        and of authorized ones (rules.start_counts). (Named for the first ones it held.)"""
         return f"{self.base}:refused"
 
     @property
@@ -126,7 +126,7 @@ class QueueKeys:
 
     @property
     def fair(self) -> str:
-        """Fair shares (model.FairLines): the keys with waiting tasks, sorted set, member =
+        """Fair shares (rules.FairLines): the keys with waiting tasks, sorted set, member =
         fairness key, score = its head's start tag (siq_fair_* in the Lua prelude). Its
         presence pins the queue's keys (idle expiry), as parked tasks do."""
         return f"{self.base}:fair"

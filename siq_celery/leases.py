@@ -1,8 +1,12 @@
 """Keeping the leases of the bodies running in this process.
 
-A start with a task id (and any start in a queue with a concurrency cap) takes a lease that
-expires ``siq_lease_timeout`` after it (model.py: Leases): while it is live a redelivered
-copy of the task is not started, and a body whose process dies gives it back that way. A
+Three leases, three names (rules/concurrency.py): a start with a task id takes the **run
+lease**, named by its task id, which also holds its place under a concurrency cap; a start
+without a task id in a queue with a cap takes a **concurrency lease** of its own; a releaser
+of parked tasks holds a **release lease** on them (``Backend.release``; not kept here). A
+run or concurrency lease expires ``siq_lease_timeout`` after it: while a run lease is live a
+redelivered copy of the task is not started, and a body whose process dies gives its lease
+back that way. A
 body that runs longer keeps it while its process lives: :data:`KEEPER` renews every lease
 held here every third of the timeout, from one daemon thread per process (started on first
 use, so a prefork pool process starts its own after the fork; the parent's leases are not
@@ -51,6 +55,8 @@ class LeaseKeeper:
         self._pid = os.getpid()
         #: (backend, queue) -> members held there
         self._held: dict[tuple[int, str], tuple[Backend, set[str]]] = {}
+        #: The members held that are concurrency leases (the others are run leases), for the logs.
+        self._concurrency: set[str] = set()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._finishes: list[PendingFinish] = []
@@ -63,14 +69,18 @@ class LeaseKeeper:
     def _this_process(self) -> None:
         if self._pid != os.getpid():  # a forked child: nothing of the parent's is held here
             self._pid, self._held, self._thread, self._finishes = os.getpid(), {}, None, []
+            self._concurrency = set()
             self._lock, self._wake, self._cadence = threading.Lock(), threading.Event(), None
 
-    def hold(self, backend: Backend, queues: Sequence[str], member: str) -> None:
-        """A body that took lease ``member`` (in each of ``queues``) runs: renew it."""
+    def hold(self, backend: Backend, queues: Sequence[str], member: str, *, run: bool = True) -> None:
+        """A body that took lease ``member`` (in each of ``queues``) runs: renew it. ``run``:
+        the run lease of a task id, else a concurrency lease (a start without a task id)."""
         if not member:
             return
         self._this_process()
         with self._lock:
+            if not run:
+                self._concurrency.add(member)
             # A period not longer than this backend's needs is already running (a fresh lease
             # has a whole timeout before it), or the thread starts now: no wake-up per start.
             wake = self._cadence is not None and backend.lease_timeout_us / 3e6 < self._cadence
@@ -137,6 +147,8 @@ class LeaseKeeper:
                     entry[1].discard(member)
                     if not entry[1]:
                         del self._held[(id(backend), queue)]
+            if not any(member in members for _, members in self._held.values()):
+                self._concurrency.discard(member)
 
     def held(self) -> list[tuple[str, str]]:
         """(queue, member) of every lease held here (for tests and people)."""
@@ -183,9 +195,15 @@ class LeaseKeeper:
             try:
                 backend.renew_leases(queue, members)
             except Exception as exc:  # the next period tries again; past the timeout the leases expire
-                logger.warning(
-                    "siq_celery: could not renew %d concurrency lease(s) of %r: %s", len(members), queue, exc
-                )
+                logger.warning("siq_celery: could not renew %s of %r: %s", self.kinds(members), queue, exc)
+
+    def kinds(self, members: Sequence[str]) -> str:
+        """What ``members`` are, for a log line: "2 run leases and 1 concurrency lease"."""
+        with self._lock:
+            conc = sum(1 for m in members if m in self._concurrency)
+        runs = len(members) - conc
+        said = [f"{n} {kind} lease{'s' if n != 1 else ''}" for n, kind in ((runs, "run"), (conc, "concurrency")) if n]
+        return " and ".join(said) or "no lease"
 
 
 #: The keeper of this process.

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .model import MAX_FAIR_WEIGHT
+from .rules import MAX_FAIR_WEIGHT
 from .types import Ticket
 
 QUEUE, TICKET, EPOCH = "siq_queue", "siq_ticket", "siq_epoch"

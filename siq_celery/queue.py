@@ -46,8 +46,8 @@ from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
 from .leases import KEEPER
 from .ledger import LedgerRow, StartRecord
 from .limits import Limit, QuotaLike, format_limits, interval_and_limits, limits_override
-from .model import BEGIN_WAIT_US, start_lead_us
 from .reply_clock import ReplyClock
+from .rules import BEGIN_WAIT_US, start_lead_us
 from .types import US, ClaimResult, Decision, Declared, FairTask, QueueState, QueueStatus, Ticket, Verdict
 
 logger = logging.getLogger("siq_celery")
@@ -431,7 +431,7 @@ class IntervalQueue:
         :meth:`finish` gives it back. ``token``: the asking call's, the same in each of its
         asks: one whose reply was lost is given that start again (see Backend.start).
         ``reports``: the caller will report when the body begins (:meth:`began`); later
-        starts wait for that report (:data:`~siq_celery.model.BEGIN_WAIT_US` at most)."""
+        starts wait for that report (:data:`~siq_celery.rules.spacing.BEGIN_WAIT_US` at most)."""
         return self.backend.start(
             self.name,
             ticket.number,
@@ -472,7 +472,7 @@ class IntervalQueue:
     def finish(self, task_id: str, outcome: str = "SUCCESS", *, remember: bool = True, lease: str = "") -> None:
         """Record that ``task_id`` finished (a redelivered copy is then not started, unless
         not ``remember``: a run that ended in a retry), complete its ledger row and give
-        back its concurrency ``lease`` (``Decision.lease``), in one step."""
+        back its ``lease`` (``Decision.lease``: its run lease, or a concurrency lease), in one step."""
         self.backend.finish(self.name, task_id, outcome, remember=remember, lease=lease)
 
     def renew_leases(self, leases: Sequence[str]) -> int:
@@ -550,7 +550,7 @@ class IntervalQueue:
         waits a full interval from nearly the real start. Not with a burst: a late body is
         what the burst lets the line catch up on."""
         late_after = late_reply_threshold(decision.interval_us or self.interval_us)  # the stored interval
-        if self.limits.burst:  # the store would refuse it (model.restamp): spare the round trip
+        if self.limits.burst:  # the store would refuse it (rules.restamp): spare the round trip
             return decision
         if green.GREEN:
             # A green pool's replies come back late as a rule (the hub wakes the greenlet
@@ -808,7 +808,7 @@ def wait_in_line(
 
 
 #: A start whose body reports asks this share of the lead before its slot
-#: (:func:`~siq_celery.model.start_lead_us`), so that its ask reaches the store within the
+#: (:func:`~siq_celery.rules.spacing.start_lead_us`), so that its ask reaches the store within the
 #: lead: it is authorized for its slot and holds its body until then.
 START_LEAD_SHARE = 0.75
 
@@ -991,7 +991,7 @@ def begin_body(
     start the body begins on."""
     while True:
         decision = wait()
-        KEEPER.hold(line.backend, line.queue_names, decision.lease)
+        KEEPER.hold(line.backend, line.queue_names, decision.lease, run=decision.lease == ledger_id)
         if body_may_begin(line, decision, ledger_id):
             if begun is not None:
                 begun()  # the woken thread waits for the GIL: this thread holds it into the body

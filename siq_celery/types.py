@@ -34,7 +34,7 @@ class QueueState:
     (0: no cap), counted over the leases the store keeps apart from the state (the queue's
     leases: one per running body, with an expiry).
 
-    A start whose body reports when it began (:func:`siq_celery.model.began`) leaves
+    A start whose body reports when it began (:func:`siq_celery.rules.line.began`) leaves
     ``pending_us``: until then, at the latest, no later start is authorized, so the next
     start counts from the body's own start, not from its authorization (0: none pending;
     minus the start's authorization once its body reported); ``pending_due_us`` is the last
@@ -158,14 +158,14 @@ class IntervalSources:
     a new declaration), 0 if never declared. ``override_us``: an operator's runtime
     override (``set-interval``), 0 if none. ``nodes``: the live workers' declarations.
     The effective interval is the override if set, else the slowest live declaration,
-    else the last declaration (:func:`siq_celery.model.effective_interval`).
+    else the last declaration (:func:`siq_celery.rules.declarations.effective_interval`).
 
     ``declared_limits``: the limits the code said last (None: never declared, or declared
     by an earlier version). ``limits_override``: an operator's override of some kinds
     (``set-limits``), recorded with ``limits_override_by`` and ``limits_override_at_us``.
     The effective limits are, kind by kind, the override if set, else the strictest of
     the live declarations, else the last declaration, else what the state holds
-    (:func:`siq_celery.model.effective_limits`).
+    (:func:`siq_celery.rules.declarations.effective_limits`).
     """
 
     declared_us: int = 0
@@ -187,9 +187,9 @@ class IntervalSources:
 @dataclass(frozen=True)
 class StartCounts:
     """What the store counted of a queue's authorized starts, in the same atomic step as
-    each start (:func:`siq_celery.model.start_counts`): counters that never go down while
+    each start (:func:`siq_celery.rules.counters.start_counts`): counters that never go down while
     the queue exists, whoever reads them and however often. ``lateness_buckets``: the
-    starts per lateness bucket (``model.LATENESS_BUCKETS_US``, then one past the last),
+    starts per lateness bucket (``rules.LATENESS_BUCKETS_US``, then one past the last),
     not cumulative."""
 
     starts: int = 0
@@ -246,7 +246,7 @@ class QueueStatus:
     window_used: int = 0  #: cost units started in the window ending now (a quota's use)
     in_flight: int = 0  #: live leases: bodies running now (a concurrency cap's use)
     #: When the window quota lets the head of the line (the next ticket) start, as a start of
-    #: cost 1 (0: the window allows it now, or there is no quota): model.status_window.
+    #: cost 1 (0: the window allows it now, or there is no quota): rules.status_window.
     window_next_us: int = 0
     #: When the window quota lets the last ticket claimed start (0: as above, or no backlog).
     window_last_us: int = 0
@@ -259,7 +259,7 @@ class QueueStatus:
     def next_start_us(self) -> int:
         """Earliest store time at which the next ticket could start (now, if it could start
         at once): its slot by the interval, the rate cap less the burst credit (GCRA), and
-        the window quota, as a claim or a start computes it (model.slot_of, window_slot). A
+        the window quota, as a claim or a start computes it (rules.slot_of, window_slot). A
         pause, a full concurrency cap and an outage's settle are not counted."""
         s = self.state
         cap = s.last_start_us + s.interval_us - s.burst * s.interval_us

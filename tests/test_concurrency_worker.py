@@ -148,3 +148,31 @@ def test_a_finish_the_store_did_not_take_is_retried_with_the_lease_held(tmp_path
         time.sleep(0.05)
     assert keeper.pending_finishes() == 0 and keeper.held() == []
     assert q.start(ticket, task_id="a").verdict is Verdict.DUPLICATE, "the copy is refused"
+
+
+def test_the_keeper_names_each_kind_of_lease_it_could_not_renew(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run lease (a start with a task id) and a concurrency lease (one without, under a
+    cap) are two things: the keeper's log line says which it failed to renew, and a body's
+    wait holds its lease under the right name (queue.begin_body)."""
+    backend = backend_from_url(f"sqlite:///{tmp_path}/n.db", lease_timeout_us=1_500_000)
+    q = IntervalQueue("n", concurrency=3, backend=backend)
+    keeper = LeaseKeeper()
+    with q.slot(task_id="run-1") as run, q.slot() as bare:
+        assert run.lease == "run-1" and bare.lease and bare.lease != "run-1"
+        assert ("n", run.lease) in KEEPER.held() and ("n", bare.lease) in KEEPER.held()
+        assert KEEPER.kinds([run.lease, bare.lease]) == "1 run lease and 1 concurrency lease"
+        keeper.hold(backend, ["n"], run.lease)
+        keeper.hold(backend, ["n"], bare.lease, run=False)
+        keeper.hold(backend, ["n"], "run-2")
+
+        def refuse(queue: str, members: Any) -> int:
+            raise ConnectionError("the store is away")
+
+        backend.renew_leases = refuse  # type: ignore[method-assign]
+        with caplog.at_level("WARNING", logger="siq_celery"):
+            keeper.renew_now()
+        assert "could not renew 2 run leases and 1 concurrency lease of 'n': the store is away" in caplog.text
+        keeper.drop(backend, ["n"], bare.lease)
+        assert keeper.kinds(["run-1", "run-2"]) == "2 run leases" and keeper._concurrency == set()

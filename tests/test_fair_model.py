@@ -1,4 +1,4 @@
-"""The fair-share rule (model.fair_push / model.fair_next, start-time fair queuing) on the
+"""The fair-share rule (rules.fair_push / rules.fair_next, start-time fair queuing) on the
 reference lines: who gets the shared queue's next ticket."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from siq_celery import model
-from siq_celery.model import DictFairLines, fair_next, fair_push
+from siq_celery import rules
+from siq_celery.rules import DictFairLines, fair_next, fair_push
 
 EXAMPLES = int(os.environ.get("SIQ_HYPOTHESIS_EXAMPLES", "500"))
 
@@ -141,12 +141,12 @@ def test_order_within_a_key_and_the_fairness_bound(events: list[tuple[str, int]]
 
 
 def test_virtual_time_is_integral_for_every_weight_up_to_16() -> None:
-    assert all(model.FAIR_SCALE % w == 0 for w in range(1, 17))
+    assert all(rules.FAIR_SCALE % w == 0 for w in range(1, 17))
 
 
 def test_a_share_needs_a_cost_and_a_weight() -> None:
     lines = DictFairLines()
-    for cost, weight in [(0, 1), (1, 0), (1, model.MAX_FAIR_WEIGHT + 1)]:
+    for cost, weight in [(0, 1), (1, 0), (1, rules.MAX_FAIR_WEIGHT + 1)]:
         with pytest.raises(ValueError, match="fair share of 'A'"):
             fair_push(lines, "A", "A0", cost, weight)
     assert fair_next(lines) is None, "nothing half-written"
@@ -155,13 +155,13 @@ def test_a_share_needs_a_cost_and_a_weight() -> None:
 def test_one_keys_retries_joining_over_time_leave_another_key_its_share() -> None:
     """The rule the retries of a fair task follow (docs/design.md, "Fair shares"): each one
     joins its key's line when it is due, and every ticket of the queue is handed out by
-    the lines (model.fair_promote), so the lookahead bounds what is handed out ahead and a
+    the lines (rules.fair_promote), so the lookahead bounds what is handed out ahead and a
     key beside another's 200 retries is served within it. Here A's retries come due two a
     slot while B's 20 wait, starting one a slot at 20 ms."""
     interval = 20_000
-    state = model.new_state(0, interval, "e")
+    state = rules.new_state(0, interval, "e")
     lines = DictFairLines()
-    ahead = model.fair_lookahead(interval)
+    ahead = rules.fair_lookahead(interval)
     due = iter(f"A{n}" for n in range(200))
     handed: dict[int, str] = {}
     for n in range(20):
@@ -171,13 +171,13 @@ def test_one_keys_retries_joining_over_time_leave_another_key_its_share() -> Non
     while len(started) < 220:
         for task_id in itertools.islice(due, 2):  # the retries that came due: each joins A's line
             fair_push(lines, "A", task_id, 1, 1)
-        handed.update((ticket, turn.task_id) for ticket, turn in model.fair_promote(state, lines, now))
+        handed.update((ticket, turn.task_id) for ticket, turn in rules.fair_promote(state, lines, now))
         assert state.ticket - state.current <= ahead, "the lookahead bounds the tickets ahead of the starts"
         ticket = state.current + 1
-        decision = model.start(state, ticket, "e", now)
+        decision = rules.start(state, ticket, "e", now)
         if not decision.authorized:  # its slot: then it starts
             now += decision.wait_us
-            decision = model.start(state, ticket, "e", now)
+            decision = rules.start(state, ticket, "e", now)
         assert decision.authorized, decision
         started.append(handed.pop(ticket))
     b = [i + 1 for i, t in enumerate(started) if t.startswith("B")]

@@ -15,8 +15,8 @@ import pytest
 
 from siq_celery import IntervalTask
 from siq_celery.errors import ConfigurationError
-from siq_celery.model import FAIR_SCALE, fair_lookahead
 from siq_celery.pytest_plugin import SiqStore, wired
+from siq_celery.rules import FAIR_SCALE, fair_lookahead
 from siq_celery.tasks import parking
 from siq_celery.tasks.parking import release_fair
 from siq_celery.testing import PinnedClock

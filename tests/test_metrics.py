@@ -17,11 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from siq_celery.backends import backend_from_url
 from siq_celery.ledger import LedgerRow, StartRecord
-from siq_celery.model import start_counts
 from siq_celery.observe.metrics import LATENESS_BUCKETS, StoreCollector
 from siq_celery.observe.metrics_http import text
 from siq_celery.observe.readings import drain_seconds, held_until
 from siq_celery.observe.top import RecentLateness
+from siq_celery.rules import start_counts
 from siq_celery.testing import PinnedClock
 from siq_celery.types import IntervalSources, QueueState, QueueStatus
 

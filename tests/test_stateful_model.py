@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from siq_celery.backends import Backend, backend_from_url
-from siq_celery.model import BEGIN_WAIT_US
+from siq_celery.rules import BEGIN_WAIT_US
 from siq_celery.testing import PinnedClock
 from siq_celery.types import Limits
 
@@ -40,7 +40,7 @@ _run = itertools.count()
 
 @dataclass
 class Reference:
-    """The rules of docs/design.md, "The model", written independently of siq_celery.model."""
+    """The rules of docs/design.md, "The model", written independently of siq_celery.rules."""
 
     clock: PinnedClock
     q: dict[str, object] | None = None
@@ -399,7 +399,7 @@ class StoresAgree(RuleBasedStateMachine):
     def restamp(self, stale: bool, same_epoch: bool) -> None:
         q = self.ref.q
         epoch = q["epoch"] if same_epoch else "other"  # type: ignore[index]
-        started = q["last"] - (1 if stale else 0)  # type: ignore[index, operator]  # the last slot (model.restamp)
+        started = q["last"] - (1 if stale else 0)  # type: ignore[index, operator]  # the last slot (rules.restamp)
         got = self._all("restamp", epoch, started)
         now, began = self.clock.now_us, q["began"]
         expected = None
@@ -603,7 +603,7 @@ NODES = ["", "a", "b", "c"]  # "": a script's declaration (siq sync), no node re
 @dataclass
 class SourcesReference:
     """The deploy rules of docs/design.md ("The model": the interval's and the limits' sources),
-    written independently of siq_celery.model: per kind, an override, else the strictest
+    written independently of siq_celery.rules: per kind, an override, else the strictest
     live node declaration, else the last declaration, else what the state was created with."""
 
     interval: int

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import redis
 
-from siq_celery import IntervalQueue, model
+from siq_celery import IntervalQueue
 from siq_celery.backends.redis import ACL_RULES, Wakes
 from siq_celery.embedded import EmbeddedRedis
+from siq_celery.rules import concurrency
 from siq_celery.types import Verdict
 
 
@@ -128,7 +129,7 @@ def test_sqlite_has_no_wakes_and_its_starts_poll(tmp_path: Path) -> None:
 def test_the_wait_loop_hands_a_lease_over_at_once_not_at_its_next_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     """Memory store, real threads: the cap's poll made 2 s, a start held by the full cap
     begins its body within a fraction of that after the body before it ended."""
-    monkeypatch.setattr(model, "LEASE_POLL_US", 2_000_000)
+    monkeypatch.setattr(concurrency, "LEASE_POLL_US", 2_000_000)
     queue = IntervalQueue("handoff", url="memory://wakes-handoff", interval="1ms", concurrency=1)
     times: dict[str, float] = {}
     inside = threading.Event()

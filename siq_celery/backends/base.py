@@ -3,7 +3,7 @@
 A backend's methods are whole atomic operations of the model (claim, start, finish,
 pause, ...), never get/set primitives: two workers racing through a backend must never
 see a half-applied operation. Add a backend by subclassing :class:`Backend` (or
-:class:`ModelBackend`, which runs :mod:`siq_celery.model` inside a transaction you
+:class:`ModelBackend`, which runs :mod:`siq_celery.rules` inside a transaction you
 provide) and registering its URL scheme with :func:`siq_celery.backends.register_backend`;
 then run ``tests/contract`` against it.
 
@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, replace
 from typing import Any, ClassVar, Protocol
 
-from .. import model
+from .. import rules
 from ..errors import ConfigurationError, CorruptStateError, QueueNotFoundError, SiqError, StoreUnavailableError
 from ..keys import DEFAULT_KEY_PREFIX, QueueKeys, validate_key_prefix
 from ..ledger import DEFAULT_LEDGER_MAX, LedgerRow, StartRecord
@@ -103,9 +103,9 @@ class Backend(ABC):
     ``finished_max`` per queue. The ledger (:mod:`siq_celery.ledger`) keeps about the
     last ``ledger_max`` starts per queue (0: no ledger). ``max_lost_deliveries`` (0: no
     limit): a task id whose last that many authorized starts never finished is refused
-    (:func:`siq_celery.model.too_many_lost`); its count is kept like a finished record.
-    ``lease_timeout_us``: a concurrency lease taken by a start expires that long after the
-    start or its last renewal (a body whose process died gives it back that way).
+    (:func:`siq_celery.rules.too_many_lost`); its count is kept like a finished record.
+    ``lease_timeout_us``: a run lease or a concurrency lease taken by a start expires that long
+    after the start or its last renewal (a body whose process died gives it back that way).
     """
 
     #: URL schemes this backend is registered for.
@@ -200,14 +200,14 @@ class Backend(ABC):
         """Decide (and, if authorized, record) the start of ``ticket``. A missing state is
         created with ``new_epoch`` and ``limits`` (so the answer is RECLAIM). With ``record``, an
         authorized start is written to the ledger in the same atomic step. ``cost``: the
-        slots this start takes (see :func:`siq_celery.model.start`). With a ``task_id``,
+        slots this start takes (see :func:`siq_celery.rules.start`). With a ``task_id``,
         an authorized start counts one more start of it without a finish, and a task id
         with ``max_lost_deliveries`` of them is answered LOST. In a queue with a concurrency
         cap an authorized start takes a lease under ``lease`` (default: a new member, see
         :meth:`lease_member`), for ``lease_timeout_us``: ``Decision.lease``. ``token``: the
         asking call's (one per wait_in_line call, sent with each of its asks): a start it was
         given already, whose reply was lost, is answered again as it was and charged once
-        (:func:`siq_celery.model.own_start`), where another asker is answered RUNNING.
+        (:func:`siq_celery.rules.own_start`), where another asker is answered RUNNING.
         ``begin_wait_us``: the start's body will report when it began (:meth:`began`); later
         starts wait for the report, that long at most (0: it will not report)."""
 
@@ -229,7 +229,7 @@ class Backend(ABC):
     ) -> list[Decision]:
         """One start that must pass every queue of ``queues`` (ticket ``tickets[i]`` of
         epoch ``epochs[i]`` in each): authorized and recorded in all of them in one atomic
-        step, or in none (see :func:`siq_celery.model.start_all`). ``task_id`` is checked
+        step, or in none (see :func:`siq_celery.rules.start_all`). ``task_id`` is checked
         against the first queue's finished tasks (and ``token`` as in :meth:`start`, there).
         On Redis Cluster the queues must share a hash slot: name them ``{group}rest`` (see keys.py)."""
         raise ConfigurationError(f"{type(self).__name__} does not support several limits on one start")
@@ -237,12 +237,12 @@ class Backend(ABC):
     @abstractmethod
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
         """Move the queue's last start from ``started_us`` to now if it is still the last
-        start of ``epoch`` (see :func:`siq_celery.model.restamp`); the new time or None."""
+        start of ``epoch`` (see :func:`siq_celery.rules.restamp`); the new time or None."""
 
     def began(self, queue: str, started_us: int, task_id: str = "", *, soon: bool = False) -> int | None:
         """The body of the start authorized at ``started_us`` (of ``task_id``) begins now:
         place that start at now (store time), if it is still the queue's last, pending
-        start (see :func:`siq_celery.model.began`); its new time, or None if it is not.
+        start (see :func:`siq_celery.rules.began`); its new time, or None if it is not.
         The ledger records the report's time as the start's ``began_us`` when the body
         begins: when the start still held, or, ``soon`` (:meth:`began_soon`: the body did
         not wait for the answer), in any case."""
@@ -252,7 +252,7 @@ class Backend(ABC):
         """:meth:`began`, sent now and not waited for: the body begins while the report
         travels, and the store places the start when the report arrives. Best effort: a
         report lost leaves later starts waiting until the start's wait expires
-        (:data:`siq_celery.model.BEGIN_WAIT_US`). The base implementation reports at once."""
+        (:data:`siq_celery.rules.BEGIN_WAIT_US`). The base implementation reports at once."""
         with contextlib.suppress(SiqError):
             self.began(queue, started_us, task_id, soon=True)
 
@@ -264,7 +264,7 @@ class Backend(ABC):
         """Wait up to ``seconds`` for a wake of ``queue`` published after ``after_us`` (store
         time) that lets ``ticket`` ask again: a lease was given back under a full cap, while
         the next ticket in line was ``ticket`` or a later one (a start
-        without a place in the line, :data:`~siq_celery.model.FREE`, takes any wake). True:
+        without a place in the line, :data:`~siq_celery.rules.FREE`, takes any wake). True:
         woken; False: the time passed; None: this store (or this caller, another thread of
         the process waiting already) cannot be woken, and the caller sleeps instead. False
         may come up to a millisecond early (a socket's timeout is whole milliseconds): the
@@ -296,13 +296,13 @@ class Backend(ABC):
     def renew_leases(self, queue: str, leases: Sequence[str]) -> int:
         """The bodies holding ``leases`` still run: each of them kept expires
         ``lease_timeout_us`` from now (one that expired already is not taken again); how
-        many were renewed (:func:`siq_celery.model.renew_leases`)."""
-        raise ConfigurationError(f"{type(self).__name__} does not support concurrency leases")
+        many were renewed (:func:`siq_celery.rules.renew_leases`)."""
+        raise ConfigurationError(f"{type(self).__name__} does not support leases")
 
     @staticmethod
     def lease_member(task_id: str | None, record: StartRecord | None = None, named: str = "") -> str:
         """The lease member of one start: its task id (a copy of it is not started while the
-        lease is live: model.running_copy); without one, ``named`` or the ledger's id (for
+        lease is live: rules.running_copy); without one, ``named`` or the ledger's id (for
         people) and a token of its own."""
         if task_id:
             return task_id
@@ -317,11 +317,11 @@ class Backend(ABC):
     def pause(self, queue: str, epoch: str = "") -> QueueState:
         """Stop every start of the queue until resume. A queue with no state yet is created
         paused, in ``epoch`` (empty: a new one), with no interval known until the first
-        declaration (:func:`siq_celery.model.paused_new_state`)."""
+        declaration (:func:`siq_celery.rules.paused_new_state`)."""
 
     @abstractmethod
     def resume(self, queue: str, grace_us: int = 0) -> QueueState:
-        """Unpause; the line continues ``grace_us`` from now (see :func:`siq_celery.model.resume`).
+        """Unpause; the line continues ``grace_us`` from now (see :func:`siq_celery.rules.resume`).
         ConfigurationError for a queue paused before any declaration that still has no
         limit known (:func:`no_interval_yet`)."""
 
@@ -329,14 +329,14 @@ class Backend(ABC):
     def set_interval(self, queue: str, interval_us: int | None, origin: str = "") -> QueueState:
         """An operator's override of the queue's interval (``interval_us``), recorded with
         ``origin`` and the store time; None clears it, back to what the code declares
-        (see :func:`siq_celery.model.override`)."""
+        (see :func:`siq_celery.rules.override`)."""
 
     @abstractmethod
     def set_limits(self, queue: str, override: LimitsOverride | None, origin: str = "") -> QueueState:
         """An operator's override of some of the queue's limits (the kinds ``override``
         sets, merged into any earlier one), recorded with ``origin`` and the store time;
         None clears every override of them, back to what the code declares (see
-        :func:`siq_celery.model.override_limits`)."""
+        :func:`siq_celery.rules.override_limits`)."""
 
     @abstractmethod
     def declare(
@@ -353,20 +353,20 @@ class Backend(ABC):
     ) -> Declared:
         """The code declares ``interval_us`` and ``limits`` for ``queue`` (creating its
         state with ``epoch`` if missing), atomically with recomputing the effective interval
-        and limits; see :func:`siq_celery.model.declare` for ``node``, ``ttl_us`` and
+        and limits; see :func:`siq_celery.rules.declare` for ``node``, ``ttl_us`` and
         ``announce``."""
 
     @abstractmethod
     def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
-        """No start of ``queue`` before ``hold_us`` from now (see :func:`siq_celery.model.backoff`)."""
+        """No start of ``queue`` before ``hold_us`` from now (see :func:`siq_celery.rules.backoff`)."""
 
     @abstractmethod
     def reset(
         self, queue: str, interval_us: int | None, epoch: str, origin: str = "", *, limits: Limits = NO_LIMITS
     ) -> QueueState:
-        """Start the queue's state afresh (see :func:`siq_celery.model.reset`); creates it
+        """Start the queue's state afresh (see :func:`siq_celery.rules.reset`); creates it
         when missing if ``interval_us`` is given, else raises QueueNotFoundError. A given
-        interval is pinned (:func:`siq_celery.model.pin`), recorded with ``origin``. The
+        interval is pinned (:func:`siq_celery.rules.pin`), recorded with ``origin``. The
         limits and the window's starts are kept (``limits``: for a state created here)."""
 
     @abstractmethod
@@ -380,8 +380,8 @@ class Backend(ABC):
         self, queue: str, horizon_us: int, limit: int = RELEASE_LIMIT, lease_us: int = RELEASE_LEASE_US
     ) -> Release:
         """Lease to this caller, atomically, up to ``limit`` parked tasks whose slot is within
-        ``horizon_us`` (none while paused), and any whose earlier lease expired (a releaser
-        that died before publishing them). The caller publishes each, then calls
+        ``horizon_us`` (none while paused), and any whose earlier release lease expired (a
+        releaser that died before publishing them). The caller publishes each, then calls
         :meth:`unpark`; a task is handed out again only if that does not happen within
         ``lease_us``."""
 
@@ -395,9 +395,9 @@ class Backend(ABC):
         *, limits: Limits = NO_LIMITS,
     ) -> list[str]:  # fmt: skip
         """``tasks`` of fairness key ``key`` (its weight from now on) wait in the key's line
-        of ``queue``, with no ticket (:func:`siq_celery.model.fair_push`); the state is
+        of ``queue``, with no ticket (:func:`siq_celery.rules.fair_push`); the state is
         created if missing, as a claim creates it. A release hands them tickets in fair
-        order (:func:`siq_celery.model.fair_promote`) and then releases them as parked
+        order (:func:`siq_celery.rules.fair_promote`) and then releases them as parked
         tasks. A task already waiting in a line waits once. A task still parked under its
         id (a retry whose last run's releaser has not yet forgotten it: its unpark by id
         would drop it) does not join: its id is returned, for the caller to send it again
@@ -516,12 +516,12 @@ class Transaction(ABC):
     now_us: int
 
     @abstractmethod
-    def window(self) -> model.Window:
+    def window(self) -> rules.Window:
         """The queue's window: the starts a window quota counts (kept across a reset)."""
 
     @abstractmethod
-    def leases(self) -> model.Leases:
-        """The queue's concurrency leases (kept across a reset)."""
+    def leases(self) -> rules.Leases:
+        """The queue's run and concurrency leases (kept across a reset)."""
 
     @abstractmethod
     def is_finished(self, task_id: str) -> bool: ...
@@ -559,7 +559,7 @@ class Transaction(ABC):
     @abstractmethod
     def count_start(self, added: Mapping[str, int], start_us: int) -> None:
         """Add ``added`` to the queue's counters of authorized starts and set
-        ``model.LAST_COUNTED`` to ``start_us`` (see :func:`siq_celery.model.start_counts`)."""
+        ``rules.LAST_COUNTED`` to ``start_us`` (see :func:`siq_celery.rules.start_counts`)."""
 
     @abstractmethod
     def start_counts(self) -> dict[str, int]:
@@ -586,7 +586,7 @@ class Transaction(ABC):
         """Whether ``task_id`` is parked under a ticket (leased to a releaser or not)."""
 
     @abstractmethod
-    def fair_lines(self) -> model.FairLines:
+    def fair_lines(self) -> rules.FairLines:
         """The queue's fair lines (kept across a reset)."""
 
     @abstractmethod
@@ -624,7 +624,7 @@ class Transaction(ABC):
 
 
 class ModelBackend(Backend):
-    """A backend that runs :mod:`siq_celery.model` on state loaded inside a transaction.
+    """A backend that runs :mod:`siq_celery.rules` on state loaded inside a transaction.
 
     Subclasses provide :meth:`transactions` (load, yield, write back on success; several
     queues at once for a start with several limits) and :meth:`queues`; every operation
@@ -654,12 +654,12 @@ class ModelBackend(Backend):
     @contextlib.contextmanager
     def _following(self, queues: Sequence[str], *, replace_corrupt: bool = False) -> Iterator[list[Transaction]]:
         """:meth:`transactions` whose states' interval follows the expiry of node
-        declarations (:func:`siq_celery.model.follow_expiry`): for the operations that
+        declarations (:func:`siq_celery.rules.follow_expiry`): for the operations that
         decide by the interval."""
         with self.transactions(queues, replace_corrupt=replace_corrupt) as txs:
             for tx in txs:
                 if tx.state is not None:
-                    followed = model.follow_expiry(tx.state, tx.sources(), tx.now_us)
+                    followed = rules.follow_expiry(tx.state, tx.sources(), tx.now_us)
                     if followed is not None:
                         tx.save_sources(followed)
             yield txs
@@ -688,14 +688,14 @@ class ModelBackend(Backend):
         return tx.state
 
     @staticmethod
-    def _window(tx: Transaction, state: QueueState) -> model.Window | None:
+    def _window(tx: Transaction, state: QueueState) -> rules.Window | None:
         return tx.window() if state.quota else None
 
     def _lease_taken(
         self, states: Sequence[QueueState], task_id: str | None, member: str, now_us: int
     ) -> tuple[str, int] | None:
         """The lease a start takes if authorized: its run's, named by its task id (a copy is
-        not started while it is live: model.running_copy), or, without a task id, one only
+        not started while it is live: rules.running_copy), or, without a task id, one only
         under a concurrency cap (in any of ``states``)."""
         taken = task_id or any(state.concurrency for state in states)
         return (member, now_us + self.lease_timeout_us) if taken else None
@@ -708,7 +708,7 @@ class ModelBackend(Backend):
     def claim(self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS) -> ClaimResult:
         with self._following_one(queue) as tx:
             state = self._created(tx, queue, interval_us, epoch, limits)
-            return model.claim(state, count, tx.now_us, self._window(tx, state))
+            return rules.claim(state, count, tx.now_us, self._window(tx, state))
 
     def start(
         self,
@@ -733,12 +733,12 @@ class ModelBackend(Backend):
             lost = self._lost(tx, task_id)
             leases = tx.leases()
             token = self._run_token(task_id, member, token)
-            own = model.own_start(leases, task_id, token, tx.now_us)
-            decision = model.start(
+            own = rules.own_start(leases, task_id, token, tx.now_us)
+            decision = rules.start(
                 state, ticket, epoch, tx.now_us, finished=finished, cost=cost, lost=lost,
                 window=self._window(tx, state), leases=leases,
                 lease=self._lease_taken([state], task_id, member, tx.now_us),
-                running_us=model.running_copy(leases, task_id, tx.now_us), token=token, own=own,
+                running_us=rules.running_copy(leases, task_id, tx.now_us), token=token, own=own,
                 begin_wait_us=begin_wait_us,
             )  # fmt: skip
             if own is not None:  # given again: recorded and counted when it was first given
@@ -781,12 +781,12 @@ class ModelBackend(Backend):
             leases = [tx.leases() for tx in txs]
             now = txs[0].now_us
             token = self._run_token(task_id, member, token)
-            own = model.own_start(leases[0], task_id, token, now)
-            decisions = model.start_all(
+            own = rules.own_start(leases[0], task_id, token, now)
+            decisions = rules.start_all(
                 states, list(tickets), list(epochs), now, finished=finished, cost=cost, lost=lost,
                 windows=[self._window(tx, state) for tx, state in zip(txs, states, strict=True)], leases=leases,
                 lease=self._lease_taken(states, task_id, member, now),
-                running_us=model.running_copy(leases[0], task_id, now), token=token, own=own,
+                running_us=rules.running_copy(leases[0], task_id, now), token=token, own=own,
                 begin_wait_us=begin_wait_us,
             )  # fmt: skip
             if own is not None:  # given again: recorded and counted when it was first given
@@ -822,19 +822,19 @@ class ModelBackend(Backend):
     def _lost(self, tx: Transaction, task_id: str | None) -> bool:
         if task_id is None or not self.max_lost_deliveries:
             return False
-        return model.too_many_lost(tx.unfinished_starts(task_id), self.max_lost_deliveries)
+        return rules.too_many_lost(tx.unfinished_starts(task_id), self.max_lost_deliveries)
 
     def restamp(self, queue: str, epoch: str, started_us: int) -> int | None:
         with self.transaction(queue) as tx:
             if tx.state is None:
                 return None
-            return model.restamp(tx.state, epoch, started_us, tx.now_us, self._window(tx, tx.state))
+            return rules.restamp(tx.state, epoch, started_us, tx.now_us, self._window(tx, tx.state))
 
     def began(self, queue: str, started_us: int, task_id: str = "", *, soon: bool = False) -> int | None:
         with self.transaction(queue) as tx:
             if tx.state is None:
                 return None
-            at = model.began(tx.state, started_us, tx.now_us, self._window(tx, tx.state))
+            at = rules.began(tx.state, started_us, tx.now_us, self._window(tx, tx.state))
             if self.ledger_max and (at is not None or soon):
                 tx.record_began(task_id, started_us, tx.now_us if at is None else at)
             return at
@@ -844,7 +844,7 @@ class ModelBackend(Backend):
     ) -> None:
         lease = lease or task_id  # a run's lease is named by its task id (lease_member)
         with self.transaction(queue) as tx:
-            returned = bool(lease) and model.give_back(tx.state, tx.leases(), lease, tx.now_us)
+            returned = bool(lease) and rules.give_back(tx.state, tx.leases(), lease, tx.now_us)
             if returned and tx.state is not None and tx.state.concurrency:
                 self._woke(queue, tx.state.current + 1, tx.now_us)
             tx.clear_unfinished(task_id)
@@ -858,7 +858,7 @@ class ModelBackend(Backend):
         if not leases:
             return 0
         with self.transaction(queue) as tx:
-            return model.renew_leases(tx.state, tx.leases(), leases, tx.now_us, self.lease_timeout_us)
+            return rules.renew_leases(tx.state, tx.leases(), leases, tx.now_us, self.lease_timeout_us)
 
     def _existing(self, tx: Transaction, queue: str) -> QueueState:
         if tx.state is None:
@@ -869,28 +869,28 @@ class ModelBackend(Backend):
         with self.transaction(queue) as tx:
             if tx.state is None:  # before any worker: created paused, no interval known yet
                 tx.window().trim(1 << 62)
-                tx.state = model.paused_new_state(tx.now_us, epoch or secrets.token_hex(8))
-            model.pause(tx.state)
+                tx.state = rules.paused_new_state(tx.now_us, epoch or secrets.token_hex(8))
+            rules.pause(tx.state)
             return _copy(tx.state)
 
     def resume(self, queue: str, grace_us: int = 0) -> QueueState:
         with self._following_one(queue) as tx:
             state = self._existing(tx, queue)
-            if state.paused and model.no_limit_known(state):
+            if state.paused and rules.no_limit_known(state):
                 raise no_interval_yet(queue)
-            model.resume(state, tx.now_us, grace_us)
+            rules.resume(state, tx.now_us, grace_us)
             return _copy(state)
 
     def set_interval(self, queue: str, interval_us: int | None, origin: str = "") -> QueueState:
         with self.transaction(queue) as tx:
             state = self._existing(tx, queue)
-            tx.save_sources(model.override(state, tx.sources(), tx.now_us, interval_us, origin))
+            tx.save_sources(rules.override(state, tx.sources(), tx.now_us, interval_us, origin))
             return _copy(state)
 
     def set_limits(self, queue: str, override: LimitsOverride | None, origin: str = "") -> QueueState:
         with self.transaction(queue) as tx:
             state = self._existing(tx, queue)
-            tx.save_sources(model.override_limits(state, tx.sources(), tx.now_us, override, origin))
+            tx.save_sources(rules.override_limits(state, tx.sources(), tx.now_us, override, origin))
             return _copy(state)
 
     def declare(
@@ -908,7 +908,7 @@ class ModelBackend(Backend):
         with self.transaction(queue) as tx:
             created = tx.state is None
             state = self._created(tx, queue, interval_us, epoch, limits)
-            sources, done = model.declare(
+            sources, done = rules.declare(
                 state, tx.sources(), tx.now_us, interval_us, node=node, ttl_us=ttl_us, origin=origin,
                 announce=announce, limits=limits,
             )  # fmt: skip
@@ -919,7 +919,7 @@ class ModelBackend(Backend):
 
     def backoff(self, queue: str, hold_us: int, keep_first: bool = False) -> QueueState:
         with self._following_one(queue) as tx:
-            model.backoff(self._existing(tx, queue), tx.now_us, hold_us, keep_first)
+            rules.backoff(self._existing(tx, queue), tx.now_us, hold_us, keep_first)
             return _copy(self._existing(tx, queue))
 
     def reset(
@@ -930,9 +930,9 @@ class ModelBackend(Backend):
                 if interval_us is None:
                     raise QueueNotFoundError(f"queue {queue!r} has no state in this store")
                 tx.state = _new_state(tx, interval_us, epoch, limits)
-            tx.state = model.reset(tx.state, tx.now_us, epoch, interval_us)
+            tx.state = rules.reset(tx.state, tx.now_us, epoch, interval_us)
             if interval_us:
-                tx.save_sources(model.pin(tx.sources(), tx.now_us, interval_us, origin))
+                tx.save_sources(rules.pin(tx.sources(), tx.now_us, interval_us, origin))
             tx.state.ticket = tx.renumber_parked()  # parked tasks keep their order in the new life
             return _copy(tx.state)
 
@@ -942,13 +942,13 @@ class ModelBackend(Backend):
                 return None
             state, used, slots = tx.state, 0, (0, 0)
             if state.quota:  # read only: what a status read forgot would not move the anchor
-                used = model.window_used(tx.window(), tx.now_us - state.window_us)
-                slots = model.status_window(state, tx.window(), tx.now_us)
+                used = rules.window_used(tx.window(), tx.now_us - state.window_us)
+                slots = rules.status_window(state, tx.window(), tx.now_us)
             in_flight = tx.leases().live(tx.now_us) if state.concurrency else 0
             fair = tx.fair_backlog(0)
             return QueueStatus(
                 queue, _copy(state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources(), *tx.refusals(),
-                window_used=used, counts=model.counts_from_fields(tx.start_counts()), in_flight=in_flight,
+                window_used=used, counts=rules.counts_from_fields(tx.start_counts()), in_flight=in_flight,
                 window_next_us=slots[0], window_last_us=slots[1], fair_keys=fair.keys_waiting,
                 fair_tasks=fair.tasks_waiting,
             )  # fmt: skip
@@ -968,21 +968,21 @@ class ModelBackend(Backend):
                 return Release("", tx.now_us, [])
             state, now = tx.state, tx.now_us
             window = self._window(tx, state)
-            if not state.paused:  # see model.release_cutoff
-                units = model.window_units(state, window, now)
+            if not state.paused:  # see rules.release_cutoff
+                units = rules.window_units(state, window, now)
                 held = 0 if units is None else units.slot(state.current + 1, 1)
-                model.shift_after_outage(state, now, horizon_us, held)
-            promoted = model.fair_promote(state, tx.fair_lines(), now, window)
+                rules.shift_after_outage(state, now, horizon_us, held)
+            promoted = rules.fair_promote(state, tx.fair_lines(), now, window)
             if promoted:  # each parked with its fair share in its message, for the ledger
                 messages = tx.fair_messages()
                 tx.park([
                     ParkedTask(ticket, t.task_id, with_fair_share(messages.take(t.task_id), t.key, t.tag, t.weight))
                     for ticket, t in promoted
                 ])  # fmt: skip
-            units = model.window_units(state, window, now)  # read again: the line may have shifted
-            tasks = tx.leasable(model.release_cutoff(state, now, horizon_us, units), now, limit)
+            units = rules.window_units(state, window, now)  # read again: the line may have shifted
+            tasks = tx.leasable(rules.release_cutoff(state, now, horizon_us, units), now, limit)
             tx.lease([t.task_id for t in tasks], now + lease_us)
-            return Release(state.epoch, now, [(t, model.estimate_of(state, t.ticket, now, units)) for t in tasks])
+            return Release(state.epoch, now, [(t, rules.estimate_of(state, t.ticket, now, units)) for t in tasks])
 
     def unpark(self, queue: str, task_ids: Sequence[str]) -> None:
         with self.transaction(queue) as tx:
@@ -992,7 +992,7 @@ class ModelBackend(Backend):
         self, queue: str, key: str, weight: int, tasks: Sequence[FairTask], interval_us: int, epoch: str,
         *, limits: Limits = NO_LIMITS,
     ) -> list[str]:  # fmt: skip
-        model.fair_check(key, weight, [t.cost for t in tasks])  # before anything is written
+        rules.fair_check(key, weight, [t.cost for t in tasks])  # before anything is written
         still_parked: list[str] = []
         with self._following_one(queue) as tx:
             self._created(tx, queue, interval_us, epoch, limits)
@@ -1001,7 +1001,7 @@ class ModelBackend(Backend):
                 if tx.is_parked(task.task_id):  # its last run's releaser may be about to unpark it
                     still_parked.append(task.task_id)
                 elif messages.get(task.task_id) is None:  # a publish sent again waits once
-                    model.fair_push(lines, key, task.task_id, task.cost, weight)
+                    rules.fair_push(lines, key, task.task_id, task.cost, weight)
                     messages.keep(task.task_id, task.message)
         return still_parked
 
@@ -1028,11 +1028,11 @@ def check_top(top: int) -> None:
 
 
 def _count_start(tx: Transaction, decision: Decision, record: StartRecord | None) -> None:
-    """Count an authorized start in its queue's counters (model.start_counts), in the
+    """Count an authorized start in its queue's counters (rules.start_counts), in the
     start's own transaction."""
-    last = tx.start_counts().get(model.LAST_COUNTED)
+    last = tx.start_counts().get(rules.LAST_COUNTED)
     deferrals = record.deferrals if record is not None else 0
-    added = model.start_counts(last, decision.now_us, decision.slot_us, decision.interval_us, deferrals)
+    added = rules.start_counts(last, decision.now_us, decision.slot_us, decision.interval_us, deferrals)
     tx.count_start(added, decision.now_us)
 
 
@@ -1048,7 +1048,7 @@ def _new_state(tx: Transaction, interval_us: int, epoch: str, limits: Limits) ->
     """A state created from nothing, with an empty window: a lost state forgets its window's
     starts as it forgets its last start (docs/design.md, "The guarantees": the window across a lost state)."""
     tx.window().trim(1 << 62)
-    return model.new_state(tx.now_us, interval_us, epoch, limits)
+    return rules.new_state(tx.now_us, interval_us, epoch, limits)
 
 
 def _copy(state: QueueState) -> QueueState:

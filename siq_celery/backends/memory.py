@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from ..ledger import LedgerRow, complete
-from ..model import FREE, LAST_COUNTED, DictFairLines, DictLeases, ListWindow
+from ..rules import FREE, LAST_COUNTED, DictFairLines, DictLeases, ListWindow
 from ..types import FairBacklog, IntervalSources, ParkedTask, QueueState
 from .base import ModelBackend, Transaction, _copy, match_names
 
@@ -32,7 +32,7 @@ class _Store:
     sources: dict[str, IntervalSources] = field(default_factory=dict)
     #: per queue: verdict -> starts refused with it
     refusals: dict[str, dict[str, int]] = field(default_factory=dict)
-    #: per queue: the counters of authorized starts (model.start_counts)
+    #: per queue: the counters of authorized starts (rules.start_counts)
     start_counts: dict[str, dict[str, int]] = field(default_factory=dict)
     #: per queue: the starts its window quota counts
     windows: dict[str, ListWindow] = field(default_factory=dict)

@@ -37,7 +37,7 @@ from ..errors import (
 from ..keys import QueueKeys
 from ..ledger import BeganEntry, FinishEntry, LedgerRow, StartRecord, join_finishes
 from ..lru import LRUCache
-from ..model import FREE, counts_from_fields, fair_check
+from ..rules import FREE, counts_from_fields, fair_check
 from ..types import (
     NO_LIMITS,
     NO_OVERRIDE,

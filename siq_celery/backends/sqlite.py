@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError, redacted
 from ..ledger import LedgerRow
-from ..model import LAST_COUNTED, RunOwner
+from ..rules import LAST_COUNTED, RunOwner
 from ..types import NO_LIMITS, ClaimResult, FairBacklog, IntervalSources, Limits, ParkedTask
 from .base import ModelBackend, Transaction, match_names, sources_from_json, sources_to_json, state_from_fields
 
@@ -78,7 +78,7 @@ CREATE TABLE IF NOT EXISTS siq_start_counts (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL,
     PRIMARY KEY (prefix, queue, name)
 );
--- A queue's burst and window quota, and the starts its window counts (model.Window): tables
+-- A queue's burst and window quota, and the starts its window counts (rules.Window): tables
 -- of their own too. A reset keeps both; a deleted queue loses both.
 CREATE TABLE IF NOT EXISTS siq_queue_limits (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, burst INTEGER NOT NULL, quota INTEGER NOT NULL,
@@ -88,13 +88,13 @@ CREATE TABLE IF NOT EXISTS siq_window (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, t_us INTEGER NOT NULL, cost INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS siq_window_by_time ON siq_window (prefix, queue, t_us);
--- A queue's concurrency cap, and the leases it counts (model.Leases): one per running body,
+-- A queue's concurrency cap, and the leases it counts (rules.Leases): one per running body,
 -- with its expiry. Tables of their own (processes of an earlier version go on writing
 -- siq_queue_limits); a reset keeps both, a deleted queue loses both.
 CREATE TABLE IF NOT EXISTS siq_queue_concurrency (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, concurrency INTEGER NOT NULL, PRIMARY KEY (prefix, queue)
 );
--- A queue's margin (model.set_limits: already in siq_queues.interval_us and in the window
+-- A queue's margin (rules.set_limits: already in siq_queues.interval_us and in the window
 -- of siq_queue_limits, the spacing and window in force), in a table of its own as the
 -- concurrency cap is.
 CREATE TABLE IF NOT EXISTS siq_queue_margin (
@@ -104,14 +104,14 @@ CREATE TABLE IF NOT EXISTS siq_leases (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, member TEXT NOT NULL, expires_us INTEGER NOT NULL,
     PRIMARY KEY (prefix, queue, member)
 );
--- Who took a run's lease (model.RunOwner): the asking call's token and the start it was
+-- Who took a run's lease (rules.RunOwner): the asking call's token and the start it was
 -- given. A table of its own (processes of an earlier version write siq_leases as it was);
 -- a row goes with its lease.
 CREATE TABLE IF NOT EXISTS siq_lease_owners (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, member TEXT NOT NULL, token TEXT NOT NULL,
     start_us INTEGER NOT NULL, slot_us INTEGER NOT NULL, PRIMARY KEY (prefix, queue, member)
 );
--- A start whose body has not reported that it began (model.QueueState.pending_us): until
+-- A start whose body has not reported that it began (types.QueueState.pending_us): until
 -- when later starts wait for it, and the last slot used before it. A table of its own
 -- (processes of an earlier version neither report nor wait); no row: none pending.
 CREATE TABLE IF NOT EXISTS siq_pending (
@@ -121,7 +121,7 @@ CREATE TABLE IF NOT EXISTS siq_pending (
 CREATE TABLE IF NOT EXISTS siq_interval_sources (
     prefix TEXT NOT NULL, queue TEXT NOT NULL, sources TEXT NOT NULL, PRIMARY KEY (prefix, queue)
 );
--- A fair queue's lines (model.FairLines): its virtual time (no row: 0); per key with waiting
+-- A fair queue's lines (rules.FairLines): its virtual time (no row: 0); per key with waiting
 -- work or a kept finish tag, its head's tag (NULL: no waiting work), its finish tag (NULL:
 -- none kept), its weight and how many of its tasks wait (a key with neither tag has no row);
 -- per waiting task, in its key's order (the rowid), its cost and message. The partial
@@ -163,7 +163,7 @@ _LEDGER_ADDED = {
 }  # fmt: skip
 _FIELDS = ("epoch", "interval_us", "ticket", "current", "anchor_us", "last_start_us", "paused")
 
-#: The window's starts numbered by their cost units (model.ListWindow's running count): per
+#: The window's starts numbered by their cost units (rules.ListWindow's running count): per
 #: start of siq_window a row of siq_window_units with ``cum``, the units of the queue's
 #: window up to and including that start, in time order (equal times: as they came). So the
 #: units kept are the newest's ``cum`` less the units before the oldest (its ``cum - cost``)
@@ -552,7 +552,7 @@ class _SqliteTransaction(Transaction):
 
 
 class _SqliteWindow:
-    """The queue's window (model.Window) in table siq_window, inside the transaction; read
+    """The queue's window (rules.Window) in table siq_window, inside the transaction; read
     by the numbers of siq_window_units (_COUNT_IN), never whole."""
 
     def __init__(self, conn: sqlite3.Connection, key: tuple[str, str]) -> None:
@@ -599,7 +599,7 @@ class _SqliteWindow:
 
 
 class _SqliteLeases:
-    """The queue's concurrency leases (model.Leases) in table siq_leases, inside the transaction."""
+    """The queue's run and concurrency leases (rules.Leases) in table siq_leases, inside the transaction."""
 
     def __init__(self, conn: sqlite3.Connection, key: tuple[str, str]) -> None:
         self._c, self._key = conn, key
@@ -698,7 +698,7 @@ FAIR_MOST_WAITING = (
 
 
 class _SqliteFairLines:
-    """The queue's fair lines (model.FairLines) in tables siq_fair_vtime, siq_fair_keys and
+    """The queue's fair lines (rules.FairLines) in tables siq_fair_vtime, siq_fair_keys and
     siq_fair_tasks, inside the transaction. A key's row goes once it has neither a head nor
     a finish tag: keys served and forgotten leave nothing behind."""
 

@@ -8,8 +8,8 @@ import click
 from ..errors import CorruptStateError, QueueNotFoundError
 from ..intervals import MAX_BACKOFF_US, format_interval, parse_duration, parse_interval
 from ..limits import format_limits, format_override, limits_override
-from ..model import no_limit_known
 from ..queue import new_epoch, who
+from ..rules import no_limit_known
 from .options import NEGATIVE_VALUES, SiqCommand, StoreOptions, interval_param, one_line_errors, param_value, when_text
 
 

@@ -4,7 +4,7 @@ Leaderless and read-only: the collector reads each queue's status when it is scr
 (one pipelined read of many queues) and writes nothing. Any number may run, and none is
 needed for the queues to work. Gauges come from the queue state at scrape time; counters
 and the lateness histogram from the counters the store keeps itself, incremented in the
-same atomic step as each start (model.start_counts). So every exporter reads the same
+same atomic step as each start (rules.start_counts). So every exporter reads the same
 values, a restarted one carries on where the others are, nothing reads a ledger, and a
 trimmed ledger lowers nothing.
 
@@ -30,14 +30,14 @@ from typing import Any
 
 from ..backends import Backend
 from ..errors import SiqError
-from ..model import LATENESS_BUCKETS_US
+from ..rules import LATENESS_BUCKETS_US
 from ..types import FairBacklog, QueueStatus
 from .readings import drain_seconds, held_until
 
 log = logging.getLogger("siq_celery.metrics")
 
 US = 1_000_000
-#: The lateness histogram's bounds in seconds (the store counts in model.LATENESS_BUCKETS_US).
+#: The lateness histogram's bounds in seconds (the store counts in rules.LATENESS_BUCKETS_US).
 LATENESS_BUCKETS = tuple(bound / US for bound in LATENESS_BUCKETS_US)
 DEFAULT_MAX_QUEUES = 1000
 #: Keys of each fair queue exported with their backlog (siq_fair_key_waiting): those with the most waiting.

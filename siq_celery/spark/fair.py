@@ -9,7 +9,7 @@
   ``fair_hours`` has them per hour; ``fair_keys`` over the whole ledger, the weight's
   share then the mean of the hours' weighted by the queue's units in each.
 * **Order.** A fair queue hands its tickets out in the order of the virtual start tags it
-  served (model.fair_next): in ticket order, within an epoch, the tags never go down while
+  served (rules.fair_next): in ticket order, within an epoch, the tags never go down while
   some key has work, and start over from 0 when none has any (a *busy period* begins at
   each row of tag 0). A start whose tag is below the largest tag before it in its busy
   period was handed its ticket out of fair order: ``unfair``. Only the tags are checked,

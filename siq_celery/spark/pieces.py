@@ -54,7 +54,7 @@ def in_pieces(df: Any, spans: Any, time: str = "start_us") -> Any:
 
 def last_slot_us() -> Any:
     """When a start's last slot falls: a start of ``cost`` c is recorded as if its last slot
-    were used (c - 1) intervals after it (model.commit_start); a missing cost is 1."""
+    were used (c - 1) intervals after it (rules.commit_start); a missing cost is 1."""
     from pyspark.sql import functions as F
 
     extra = F.greatest(F.coalesce(F.col("cost"), F.lit(1)) - 1, F.lit(0))

@@ -1,7 +1,7 @@
 """The code's ``interval=`` is the source of truth for a deploy.
 
 Each queue keeps the interval the code *declared* last next to the *effective* one it
-runs at (model.py: ``declare``, ``override``, ``effective_interval``). A worker node:
+runs at (rules/declarations.py: ``declare``, ``override``, ``effective_interval``). A worker node:
 
 * at start (``worker_init``, before it takes a task) *announces* the declarations of
   its app's interval tasks: one that differs from the stored declaration becomes the
@@ -11,7 +11,7 @@ runs at (model.py: ``declare``, ``override``, ``effective_interval``). A worker 
   and renews it every third of that (its upkeep thread), so while old and new code run
   side by side the queue runs at the slowest live declaration; a node that stops
   withdraws its declarations, and one that dies stops counting after the TTL (every
-  operation that decides by the interval follows the expiry: model.follow_expiry);
+  operation that decides by the interval follows the expiry: rules.follow_expiry);
 * declares a per-key queue (``interval_queue`` a callable) when one of its pool
   processes first uses the key, renews it while it keeps using it, and withdraws it when
   the process stops.
@@ -37,8 +37,8 @@ from ..intervals import format_interval
 from ..limits import NO_SPACING_US, format_limits, format_override
 from ..logs import Throttle
 from ..lru import LRUCache
-from ..model import strictest
 from ..queue import IntervalQueue, who
+from ..rules import strictest
 from ..types import NO_LIMITS, Declared, Limits
 from .app_state import siq_state
 
@@ -80,7 +80,7 @@ def _declared_queues(app: Any) -> list[IntervalQueue]:
 
 def _stricter(seen: tuple[IntervalQueue, str], queue: IntervalQueue, task: str) -> IntervalQueue:
     """Two tasks of one app declare one queue: the slower interval holds, and the strictest
-    of their limits (model.strictest), each with a warning naming both tasks."""
+    of their limits (rules.strictest), each with a warning naming both tasks."""
     first, by = seen
     slower = max(first, queue, key=lambda q: q.interval_us or 0)
     if first.interval_us != queue.interval_us:
@@ -107,7 +107,7 @@ def describe(queue: str, done: Declared, origin: str) -> str | None:
         interval = format_interval(done.interval_us)
         return f"queue {queue!r} created with interval {interval}{limits}, declared by {origin}"
     if done.old_interval_us <= NO_SPACING_US and done.old_limits == NO_LIMITS and not done.old_declared_us:
-        # a queue paused before any worker (model.paused_new_state): this is its first interval
+        # a queue paused before any worker (rules.paused_new_state): this is its first interval
         limits = f" and limits {format_limits(done.limits)}" if done.limits != NO_LIMITS else ""
         return (
             f"queue {queue!r}: interval {format_interval(done.interval_us)}{limits} declared by {origin}; paused "
@@ -166,7 +166,7 @@ class NodeDeclarations:
         self.origin = who(node)
         self._announced: set[str] = set()
         #: The effective interval and limits each queue had at this node's last declaration: a
-        #: start may have followed an expiry since (model.follow_expiry), and the renewal says so.
+        #: start may have followed an expiry since (rules.follow_expiry), and the renewal says so.
         self._effective: dict[str, tuple[int, Limits]] = {}
         self._next_renewal = 0.0
         self._closed = False

@@ -158,7 +158,8 @@ def join_fair_line(task: IntervalTaskLike, queue: IntervalQueue, task_id: str, c
 
 
 def _lease(task: IntervalTaskLike) -> str:
-    """The concurrency lease the running body holds ("" none)."""
+    """The run lease the running body holds, named by its task id ("" none; it also holds the
+    body's place under a concurrency cap)."""
     return getattr(task.request, "siq_lease", "") or ""
 
 
@@ -292,7 +293,7 @@ def release_leftover_lease(task: IntervalTaskLike, state: str) -> None:
     try:
         line.finish(request.id, state or "ENDED", remember=False, lease=_lease(task))
     except (StoreUnavailableError, CorruptStateError) as exc:
-        logger.warning("%s[%s]: could not give back its concurrency lease (it expires): %s",
+        logger.warning("%s[%s]: could not give back its run lease (it expires): %s",
                        task.name, request.id, exc)  # fmt: skip
     finally:
         _dropped(task, line)

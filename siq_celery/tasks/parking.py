@@ -156,7 +156,7 @@ def release_now_and_then(app: Any, queue: IntervalQueue, who: str) -> None:
 
 def release_fair(app: Any, queue: IntervalQueue, who: str) -> None:
     """Release ``queue``'s parked tasks that came within the horizon now, unthrottled; on a
-    fair queue this first tops its lookahead up (model.fair_promote): after each publish
+    fair queue this first tops its lookahead up (rules.fair_promote): after each publish
     and each start, so the queue never runs dry while keys have work (one round trip; a
     release that finds the lookahead full hands out nothing)."""
     try:

@@ -31,8 +31,8 @@ from ..intervals import IntervalLike, parse_interval
 from ..keys import validate_queue_name
 from ..limits import Limit, check_not_a_quota, parse_quota, validate_burst, validate_concurrency, validate_margin
 from ..messages import DEFERRALS, KEEP_TICKET
-from ..model import MAX_FAIR_WEIGHT
 from ..queue import IntervalQueue, report_again_if_late, validate_cost
+from ..rules import MAX_FAIR_WEIGHT
 from ..types import Decision
 from .app_state import siq_state
 from .gate import authorize, back_off, paused_countdown, record_finish, record_retry, release_leftover_lease
@@ -353,7 +353,7 @@ class IntervalTask(Task):  # type: ignore[misc]
 
 def _release_leftover_lease(sender: Any = None, state: str | None = None, **_: Any) -> None:
     """task_postrun: a run of an interval task that ended without giving back its
-    concurrency lease (the body raised Ignore or Reject) gives it back now."""
+    run lease (the body raised Ignore or Reject) gives it back now."""
     if isinstance(sender, IntervalTask):
         release_leftover_lease(sender, state or "")
 

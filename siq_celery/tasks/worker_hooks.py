@@ -271,7 +271,7 @@ HOOKS: tuple[tuple[Any, Any], ...] = (
     (signals.worker_ready, _start_upkeep),
     (signals.worker_ready, WORKER.metrics.serve),
     # A stopping worker releases nothing more: what it would release is for the workers that
-    # stay, and a release as the outage begins must not stand in for the restart (model.release_cutoff).
+    # stay, and a release as the outage begins must not stand in for the restart (rules.release_cutoff).
     (signals.worker_shutting_down, _stop_upkeep),
     (signals.worker_shutdown, _stop_upkeep),
     (signals.worker_shutdown, WORKER.metrics.stop),

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from siq_celery import CombinedQueue, IntervalQueue, Limit, Verdict
-from siq_celery.model import LEASE_GRACE_US, LEASE_POLL_US
+from siq_celery.rules import LEASE_GRACE_US, LEASE_POLL_US
 from siq_celery.types import Decision
 from tests.conftest import Store
 

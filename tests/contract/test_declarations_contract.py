@@ -1,5 +1,5 @@
 """Where the interval comes from, on every store: the code's declarations, an operator's
-override, and live workers side by side (model.py: declare, override, effective_interval).
+override, and live workers side by side (rules/declarations.py: declare, override, effective_interval).
 
 Pinned store clock, nothing sleeps. Node declarations count ``TTL`` unless renewed.
 """

@@ -11,7 +11,7 @@ import sqlite3
 import pytest
 
 from siq_celery.backends.base import Backend
-from siq_celery.model import DictFairLines, fair_next, fair_push
+from siq_celery.rules import DictFairLines, fair_next, fair_push
 from siq_celery.types import FairBacklog, FairTask
 from tests.conftest import Store
 from tests.contract.test_fair_contract import AHEAD, H, I, park, tasks

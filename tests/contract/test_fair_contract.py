@@ -1,6 +1,6 @@
 """Fair shares on every store: tasks of a fair queue wait in their key's line with no
 ticket; a release hands the shared queue's tickets to the keys' heads in fair order
-(model.fair_promote), a lookahead at a time, and releases them as parked tasks. Pinned
+(rules.fair_promote), a lookahead at a time, and releases them as parked tasks. Pinned
 clock; the rule itself is tests/test_fair_model.py's."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from siq_celery import IntervalQueue
 from siq_celery.backends.base import Backend
-from siq_celery.model import DictFairLines, fair_lookahead, fair_next, fair_push
+from siq_celery.rules import DictFairLines, fair_lookahead, fair_next, fair_push
 from siq_celery.tasks.parking import release_due
 from siq_celery.types import FairTask, ParkedTask
 from tests.conftest import Store
@@ -32,7 +32,7 @@ def tasks(key: str, first: int, last: int, cost: int = 1) -> list[FairTask]:
 
 def hand_out_everything(store: Store, backend: Backend, queue: str = "q") -> None:
     """Hand every waiting task a ticket, whatever the lookahead: nothing starts, so each
-    release past the outage span hands out another lookahead (model.fair_room)."""
+    release past the outage span hands out another lookahead (rules.fair_room)."""
     while backend.fair_backlog(queue).tasks_waiting:
         store.clock.now_us += 1_000_000_000
         backend.release(queue, H)

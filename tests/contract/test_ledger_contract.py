@@ -9,7 +9,7 @@ import pytest
 
 from siq_celery import IntervalQueue
 from siq_celery.ledger import StartRecord
-from siq_celery.model import BEGIN_WAIT_US
+from siq_celery.rules import BEGIN_WAIT_US
 from siq_celery.types import Verdict
 from tests.conftest import Store
 

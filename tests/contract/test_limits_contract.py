@@ -425,12 +425,12 @@ def test_a_sqlite_window_beside_a_process_of_an_earlier_version_counts_as_the_mo
     """A process of an earlier version writes siq_window by its own statements (an INSERT
     naming no columns, its trim, its re-stamp), which number nothing: the starts it records,
     in time order or not, and the ones it moves are counted as the model's window counts
-    them (model.ListWindow), read by this version's numbers after each write."""
+    them (rules.ListWindow), read by this version's numbers after each write."""
     import random
     import sqlite3
 
     from siq_celery.backends import backend_from_url
-    from siq_celery.model import ListWindow
+    from siq_celery.rules import ListWindow
     from siq_celery.testing import PinnedClock
 
     rng = random.Random(seed)

@@ -130,7 +130,7 @@ def test_one_tenants_retries_leave_another_its_share(celery_run: CeleryRun) -> N
     lookahead, and B waited for all 200), so B's first starts within the lookahead and its
     20 within 60 slots."""
     from siq_celery.backends import backend_from_url
-    from siq_celery.model import fair_lookahead
+    from siq_celery.rules import fair_lookahead
 
     celery_run.env.update(SIQ_TEST_INTERVAL="20ms", SIQ_TEST_TENANTS="A,B")
     celery_run.start_workers(1, 4, "prefork")

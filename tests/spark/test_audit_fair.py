@@ -1,5 +1,5 @@
 """siq audit of fair shares (ledger schema 4): ledgers served by the reference lines
-(model.fair_push / fair_next), an unfair stretch injected, every figure checked against a
+(rules.fair_push / fair_next), an unfair stretch injected, every figure checked against a
 plain Python reading of the same rows (PySpark local[2])."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from siq_celery.ledger import COLUMNS, LedgerRow
-from siq_celery.model import DictFairLines, FairTurn, fair_next, fair_push
+from siq_celery.rules import DictFairLines, FairTurn, fair_next, fair_push
 from siq_celery.spark.audit import _hour_of, auditable, read_ledger, run_audit
 from siq_celery.spark.fair import fair_rows, in_ticket_order
 
