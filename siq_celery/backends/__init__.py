@@ -11,7 +11,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import UnknownBackendError, redacted_url
-from .base import Backend, ModelBackend, Transaction
+from .base import Backend
+from .transaction import Transaction
+from .transactional import ModelBackend
 
 # Scheme -> "module:Class", imported on first use so that redis-py stays optional.
 _REGISTRY: dict[str, str | type[Backend]] = {

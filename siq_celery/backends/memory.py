@@ -16,7 +16,9 @@ from urllib.parse import urlsplit
 from ..ledger import LedgerRow, complete
 from ..rules import FREE, LAST_COUNTED, DictFairLines, DictLeases, ListWindow
 from ..types import FairBacklog, IntervalSources, ParkedTask, QueueState
-from .base import ModelBackend, Transaction, _copy, match_names
+from .stored import copy_state, match_names
+from .transaction import Transaction
+from .transactional import ModelBackend
 
 
 @dataclass
@@ -66,7 +68,7 @@ class _MemoryTransaction(Transaction):
         self._backend, self._queue = backend, queue
         self._store = backend.store
         stored = self._store.states.get(queue)
-        self.state = _copy(stored) if stored is not None else None
+        self.state = copy_state(stored) if stored is not None else None
         self.now_us = backend.now_us()
 
     def window(self) -> ListWindow:

@@ -63,10 +63,9 @@ from .base import (
     Backend,
     PendingClaim,
     check_top,
-    log_unreadable_sources,
-    match_names,
     no_interval_yet,
 )
+from .stored import log_unreadable_sources, match_names
 
 try:
     import redis

@@ -146,7 +146,7 @@ def test_another_queue_and_a_reset_keep_their_own(store: Store) -> None:
 
 @pytest.mark.parametrize("store", ["sqlite"], indirect=True)
 def test_sqlite_reads_the_most_waiting_in_one_index(store: Store) -> None:
-    from siq_celery.backends import sqlite as sqlite_store
+    from siq_celery.backends import sqlite_kept as sqlite_store
 
     store.backend().fair_backlog("q")  # the schema
     with sqlite3.connect(store.url.removeprefix("sqlite:///")) as conn:

@@ -214,7 +214,7 @@ def test_a_malformed_fair_share_is_named() -> None:
             _readable(json.dumps({"fair": share, **base}))
 
 
-# SQLite's lines in tables (backends/sqlite.py): the same rule as the reference's, the
+# SQLite's lines in tables (backends/sqlite_kept.py): the same rule as the reference's, the
 # smallest head and the finish tags found by index, and nothing kept of a key once served.
 
 
@@ -229,7 +229,7 @@ def sqlite_rows(store: Store) -> dict[str, int]:
 
 @pytest.mark.parametrize("store", ["sqlite"], indirect=True)
 def test_sqlite_one_task_keys_leave_no_rows_once_served(store: Store) -> None:
-    from siq_celery.backends import sqlite as sqlite_store
+    from siq_celery.backends import sqlite_kept as sqlite_store
 
     backend, keys = store.backend(), 10_000
     wide = 1  # 1 µs: the longest lookahead, 64 tickets
