@@ -25,8 +25,8 @@ import redis
 from siq_celery.backends import backend_from_url
 from siq_celery.backends.base import Backend
 from siq_celery.embedded import EmbeddedRedis
+from siq_celery.parked import FairTask
 from siq_celery.testing import PinnedClock
-from siq_celery.types import FairTask
 
 INTERVAL_US = 100_000
 QUEUE = "bench-fair"

@@ -46,9 +46,10 @@ from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
 from .leases import KEEPER
 from .ledger import LedgerRow, StartRecord
 from .limits import Limit, QuotaLike, format_limits, interval_and_limits, limits_override
+from .parked import FairTask
 from .reply_clock import ReplyClock
 from .rules import BEGIN_WAIT_US, start_lead_us
-from .types import US, ClaimResult, Decision, Declared, FairTask, QueueState, QueueStatus, Ticket, Verdict
+from .types import US, ClaimResult, Decision, Declared, QueueState, QueueStatus, Ticket, Verdict
 
 logger = logging.getLogger("siq_celery")
 

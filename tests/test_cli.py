@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from siq_celery import IntervalQueue
 from siq_celery.cli import siq
 from siq_celery.embedded import free_port
-from siq_celery.types import FairTask, ParkedTask
+from siq_celery.parked import FairTask, ParkedTask
 from tests.cli_runner import separate_runner
 
 

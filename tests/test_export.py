@@ -148,7 +148,7 @@ def test_time_forms() -> None:
 
 
 def test_parked_tasks_export_as_json_lines(store_url: str, tmp_path: Path) -> None:
-    from siq_celery.types import ParkedTask
+    from siq_celery.parked import ParkedTask
 
     q = IntervalQueue("geo", url=store_url, interval="100ms")
     q.ensure()

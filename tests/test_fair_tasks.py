@@ -238,7 +238,7 @@ def test_a_call_still_parked_from_its_last_run_joins_once_its_releaser_forgot_it
     """A call that comes back under its id (a retry) while its last run is still parked
     (published, its releaser not yet done: its unpark by id would drop the new entry) does
     not join then: the worker sends it again a moment later, and it joins and runs once."""
-    from siq_celery.types import ParkedTask
+    from siq_celery.parked import ParkedTask
 
     call = celery_app.tasks["fair.call"]
     queue = siq_store.queue("api")

@@ -48,9 +48,10 @@ from siq_celery.intervals import MAX_INTERVAL_US, MIN_INTERVAL_US, parse_duratio
 from siq_celery.keys import QueueKeys
 from siq_celery.ledger import StartRecord
 from siq_celery.messages import DEFERRALS, EPOCH, MAX_TICKET, QUEUE, TICKET, ticket_from_headers
+from siq_celery.parked import ParkedTask
 from siq_celery.tasks.parking import parked_message
 from siq_celery.testing import PinnedClock
-from siq_celery.types import ParkedTask, QueueState
+from siq_celery.types import QueueState
 
 _HEX = re.compile(r"[0-9a-f]{1,64}")
 _FLOAT_MAX_S = 1.7976931348623157e308 / 1e6  # seconds whose microseconds still fit a float

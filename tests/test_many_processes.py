@@ -58,7 +58,7 @@ def _release_loop(url: str, out: mp.Queue[list[str]]) -> None:  # runs in a chil
 def test_eight_releasers_racing_release_each_parked_task_once(url: str) -> None:
 
     from siq_celery import IntervalQueue
-    from siq_celery.types import ParkedTask
+    from siq_celery.parked import ParkedTask
 
     q = IntervalQueue("racing", url=url, interval="10ms")
     q.ensure(reset=True)

@@ -307,7 +307,7 @@ def test_the_exporter_shows_who_waits_in_fair_lines_with_only_the_top_keys_label
     from click.testing import CliRunner
 
     from siq_celery.cli import siq
-    from siq_celery.types import FairTask
+    from siq_celery.parked import FairTask
 
     backend = backend_from_url("memory://fair-metrics", clock=PinnedClock())
     backend.ensure("plain", I, "e1")
@@ -354,7 +354,7 @@ def test_top_shows_who_waits_in_fair_lines_below_the_queues() -> None:
     from rich.console import Console
 
     from siq_celery.observe.top import QueueRates, table
-    from siq_celery.types import FairTask
+    from siq_celery.parked import FairTask
 
     backend = backend_from_url("memory://top-fair", clock=PinnedClock())
     backend.ensure("plain", I, "e1")

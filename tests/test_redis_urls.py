@@ -17,7 +17,7 @@ from siq_celery import ConfigurationError, IntervalQueue, StoreUnavailableError
 from siq_celery.backends import backend_from_url
 from siq_celery.backends.redis import ACL_RULES
 from siq_celery.embedded import EmbeddedRedis, free_port, redis_server_binary
-from siq_celery.types import FairBacklog, FairTask
+from siq_celery.parked import FairBacklog, FairTask
 
 
 def exercise(url: str) -> None:

@@ -24,21 +24,8 @@ from ..errors import ConfigurationError, SiqError, StoreUnavailableError
 from ..keys import DEFAULT_KEY_PREFIX, QueueKeys, validate_key_prefix
 from ..ledger import DEFAULT_LEDGER_MAX, LedgerRow, StartRecord
 from ..lru import LRUCache
-from ..types import (
-    NO_LIMITS,
-    ClaimResult,
-    Decision,
-    Declared,
-    FairBacklog,
-    FairTask,
-    Limits,
-    LimitsOverride,
-    ParkedTask,
-    QueueState,
-    QueueStatus,
-    Release,
-    Verdict,
-)
+from ..parked import FairBacklog, FairTask, ParkedTask, Release
+from ..types import NO_LIMITS, ClaimResult, Decision, Declared, Limits, LimitsOverride, QueueState, QueueStatus, Verdict
 
 logger = logging.getLogger("siq_celery")
 

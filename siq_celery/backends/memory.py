@@ -14,8 +14,9 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from ..ledger import LedgerRow, complete
+from ..parked import FairBacklog, ParkedTask
 from ..rules import FREE, LAST_COUNTED, DictFairLines, DictLeases, ListWindow
-from ..types import FairBacklog, IntervalSources, ParkedTask, QueueState
+from ..types import IntervalSources, QueueState
 from .stored import copy_state, match_names
 from .transaction import Transaction
 from .transactional import ModelBackend

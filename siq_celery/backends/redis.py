@@ -37,6 +37,7 @@ from ..errors import (
 from ..keys import QueueKeys
 from ..ledger import BeganEntry, FinishEntry, LedgerRow, StartRecord, join_finishes
 from ..lru import LRUCache
+from ..parked import FairBacklog, FairTask, ParkedTask, Release
 from ..rules import FREE, counts_from_fields, fair_check
 from ..types import (
     NO_LIMITS,
@@ -44,16 +45,12 @@ from ..types import (
     ClaimResult,
     Decision,
     Declared,
-    FairBacklog,
-    FairTask,
     IntervalSources,
     Limits,
     LimitsOverride,
     NodeDeclaration,
-    ParkedTask,
     QueueState,
     QueueStatus,
-    Release,
     Verdict,
 )
 from .base import (

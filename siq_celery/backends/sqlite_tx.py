@@ -10,8 +10,9 @@ from typing import Protocol
 
 from ..errors import CorruptStateError
 from ..ledger import LedgerRow
+from ..parked import FairBacklog, ParkedTask
 from ..rules import LAST_COUNTED
-from ..types import FairBacklog, IntervalSources, ParkedTask
+from ..types import IntervalSources
 from .sqlite_kept import (
     FAIR_MOST_WAITING,
     FAIR_WAITING,

@@ -11,12 +11,8 @@ from typing import Protocol
 
 from .. import rules
 from ..ledger import LedgerRow
-from ..types import (
-    FairBacklog,
-    IntervalSources,
-    ParkedTask,
-    QueueState,
-)
+from ..parked import FairBacklog, ParkedTask
+from ..types import IntervalSources, QueueState
 
 
 class FairMessages(Protocol):

@@ -17,20 +17,8 @@ from .. import rules
 from ..errors import QueueNotFoundError
 from ..ledger import LedgerRow, StartRecord
 from ..messages import with_fair_share
-from ..types import (
-    NO_LIMITS,
-    ClaimResult,
-    Decision,
-    Declared,
-    FairBacklog,
-    FairTask,
-    Limits,
-    LimitsOverride,
-    ParkedTask,
-    QueueState,
-    QueueStatus,
-    Release,
-)
+from ..parked import FairBacklog, FairTask, ParkedTask, Release
+from ..types import NO_LIMITS, ClaimResult, Decision, Declared, Limits, LimitsOverride, QueueState, QueueStatus
 from .base import REFUSALS, RELEASE_LEASE_US, RELEASE_LIMIT, Backend, check_top, no_interval_yet
 from .stored import copy_state
 from .transaction import Transaction

@@ -12,7 +12,8 @@ from ..errors import QueueNotFoundError
 from ..intervals import format_interval
 from ..limits import NO_SPACING_US, format_limits, format_override
 from ..observe.readings import has_limits, limits_text
-from ..types import NO_LIMITS, FairBacklog, QueueStatus
+from ..parked import FairBacklog
+from ..types import NO_LIMITS, QueueStatus
 from .options import SiqCommand, StoreOptions, one_line_errors, when_text
 
 

@@ -30,8 +30,9 @@ from typing import Any
 
 from ..backends import Backend
 from ..errors import SiqError
+from ..parked import FairBacklog
 from ..rules import LATENESS_BUCKETS_US
-from ..types import FairBacklog, QueueStatus
+from ..types import QueueStatus
 from .readings import drain_seconds, held_until
 
 log = logging.getLogger("siq_celery.metrics")

@@ -58,7 +58,6 @@ keys grow with the time a ledger covers; the full tables stay in Parquet.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -73,32 +72,11 @@ from siq_celery.spark import audit_tables, fair, limits
 # script; spark_session: the tests and the benchmark).
 from siq_celery.spark.audit_cli import main as main
 from siq_celery.spark.audit_cli import parse_args as parse_args
+from siq_celery.spark.audit_write import write_report, write_tables
 from siq_celery.spark.io import ledger_schema as ledger_schema
-from siq_celery.spark.io import read_ledger_files, read_table, remove, write_table, write_text
+from siq_celery.spark.io import read_ledger_files, read_table, remove, write_table
 from siq_celery.spark.pieces import ROWS_PER_PIECE, in_pieces, in_start_order, kept, piece_ends, piece_spans
 from siq_celery.spark.session import spark_session as spark_session
-
-#: Tables small enough for report.json and report.html (the others can be as big as the ledger;
-#: of ``unfair``, each queue's first :data:`siq_celery.spark.fair.UNFAIR_REPORTED` rows).
-REPORTED = (
-    "summary",
-    "by_day",
-    "by_hour",
-    "gaps",
-    "rate",
-    "workers",
-    "fair_keys",
-    "fair_hours",
-    "fair_order",
-    "unfair",
-)
-#: The latest hours of each queue in report.json and report.html (``by_hour`` in Parquet has all).
-REPORT_HOURS = 168
-#: Rows of any one table collected into report.json and report.html, at most.
-REPORT_ROWS_MAX = 10_000
-
-
-# The census: what the ledger holds, and whether this audit can read it.
 
 
 def read_ledger(spark: Any, paths: Sequence[str], fmt: str | None = None) -> Any:
@@ -202,9 +180,6 @@ def auditable(df: Any) -> Any:
     )
 
 
-# The start order: the one sort of the audit.
-
-
 def narrow_starts(df: Any, bursts: bool = True) -> Any:
     """One narrow row per auditable start, with what the order-dependent tables need:
     lateness, the cost (1 where the ledger has none: schema version 1; held to 1 ..
@@ -252,9 +227,6 @@ def ordered_starts(
     )
 
 
-# The tables.
-
-
 def swept_starts(
     df: Any, rows_per_piece: int = ROWS_PER_PIECE, cached: list[Any] | None = None, census_table: Any = None
 ) -> Any:
@@ -265,9 +237,6 @@ def swept_starts(
         census_table = kept(census(df), cached)
     limited = kept(limited_queues(census_table), cached)
     return limits.swept_starts(auditable(df), limited, _per_queue(census_table), rows_per_piece, cached)
-
-
-# The bodies' clock (ledger schema 5): the same checks, each start placed by its body's report.
 
 
 def body_starts(df: Any) -> Any:
@@ -375,9 +344,6 @@ def audit(
     }
 
 
-# The report: every table written, report.json and report.html.
-
-
 def run_audit(
     spark: Any,
     paths: Sequence[str],
@@ -425,7 +391,7 @@ def run_audit(
             "inputs": list(paths),
             "tolerance_us": tolerance_us,
         }
-        _write_tables(spark, tables, out, report, done)
+        write_tables(spark, tables, out, report, done)
     finally:
         for small in cached:
             small.unpersist()
@@ -435,7 +401,7 @@ def run_audit(
     report["unaudited_rows"] = unaudited
     report["seconds"] = round(time.monotonic() - started, 1)
     report["rows_per_second"] = round(report["rows"] / max(report["seconds"], 0.1))
-    _write_report(spark, out, report)
+    write_report(spark, out, report)
     return report
 
 
@@ -453,56 +419,6 @@ def _body_work_written(
         write_table(swept, sweep)
     done("(bodies)")
     return read_table(spark, work), read_table(spark, sweep) if swept is not None else None
-
-
-def _write_tables(spark: Any, tables: dict[str, Any], out: str, report: dict[str, Any], done: Any) -> None:
-    """Each of ``tables`` as Parquet under ``out``, and the :data:`REPORTED` ones, read back,
-    into ``report`` (with what was left out of them under ``left_out``)."""
-    for name, table in tables.items():
-        write_table(table, f"{out}/{name}")
-        if name in REPORTED:
-            report[name], left_out = _reported(read_table(spark, f"{out}/{name}"), name)
-            if left_out:
-                report.setdefault("left_out", {})[name] = left_out
-        done(name)
-
-
-def _reported(table: Any, name: str) -> tuple[list[dict[str, Any]], int]:
-    """The rows of a written table that go into report.json (``by_hour``: each queue's
-    latest :data:`REPORT_HOURS`; any table: at most :data:`REPORT_ROWS_MAX`), and how many
-    rows were left out."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    total = table.count()
-    if name == "by_hour":
-        latest = Window.partitionBy("queue").orderBy(F.col("hour").desc())
-        table = table.withColumn("_n", F.row_number().over(latest)).filter(F.col("_n") <= REPORT_HOURS).drop("_n")
-    elif name == "unfair":
-        table = fair.first_unfair(table)
-    rows = table.orderBy(*_order(name)).limit(REPORT_ROWS_MAX).collect()
-    return [_plain(r.asDict()) for r in rows], total - len(rows)
-
-
-def _order(name: str) -> tuple[str, ...]:
-    return {
-        "summary": ("queue",), "by_day": ("queue", "day"), "by_hour": ("queue", "hour"), "gaps": ("queue", "bin"),
-        "rate": ("queue", "bucket"), "workers": ("queue", "host", "pid"), "fair_keys": ("queue", "fair_key"),
-        "fair_hours": ("queue", "hour", "fair_key"), "fair_order": ("queue", "hour"),
-        "unfair": ("queue", "epoch", "ticket", "start_us"),
-    }[name]  # fmt: skip
-
-
-def _plain(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}
-
-
-def _write_report(spark: Any, out: str, report: dict[str, Any]) -> None:
-    """report.json and report.html under ``out``."""
-    from siq_celery.spark.report_html import render
-
-    write_text(spark, f"{out}/report.json", json.dumps(report, indent=2, default=str))
-    write_text(spark, f"{out}/report.html", render(report))
 
 
 if __name__ == "__main__":  # spark-submit .../siq_celery/spark/audit.py

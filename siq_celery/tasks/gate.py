@@ -49,8 +49,9 @@ from ..messages import (
     ticket_from_headers,
     ticket_headers,
 )
+from ..parked import FairTask
 from ..queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, begin_body
-from ..types import Decision, FairTask, QueueState, Ticket, Verdict
+from ..types import Decision, QueueState, Ticket, Verdict
 from .app_state import siq_state
 from .deferral_log import note_deferral
 from .parking import RELEASE_AFTER_START, park, parked_message, release_fair, release_now_and_then

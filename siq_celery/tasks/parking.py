@@ -31,8 +31,9 @@ from kombu.utils.json import dumps, loads  # Celery's JSON: datetimes, UUIDs, De
 from ..backends.base import RELEASE_LIMIT
 from ..lru import LRUCache
 from ..messages import DEFERRALS, FAIR_HEADERS, fair_headers, fair_share, ticket_headers
+from ..parked import ParkedTask
 from ..queue import IntervalQueue
-from ..types import ParkedTask, Ticket
+from ..types import Ticket
 from .app_state import siq_state
 
 logger = logging.getLogger("siq_celery")

@@ -26,8 +26,9 @@ from kombu.utils.uuid import uuid
 
 from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError
 from ..messages import DEFERRALS, FAIR_HEADERS, HEADER_NAMES, HELD, ticket_headers
+from ..parked import FairTask
 from ..queue import IntervalQueue, PendingTicket
-from ..types import FairTask, Ticket
+from ..types import Ticket
 from .app_state import siq_state
 from .parking import park, parked_message, release_fair, release_now_and_then
 from .settings import SiqSettings

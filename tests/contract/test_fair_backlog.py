@@ -11,8 +11,8 @@ import sqlite3
 import pytest
 
 from siq_celery.backends.base import Backend
+from siq_celery.parked import FairBacklog, FairTask
 from siq_celery.rules import DictFairLines, fair_next, fair_push
-from siq_celery.types import FairBacklog, FairTask
 from tests.conftest import Store
 from tests.contract.test_fair_contract import AHEAD, H, I, park, tasks
 

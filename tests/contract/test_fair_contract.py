@@ -16,9 +16,9 @@ import pytest
 
 from siq_celery import IntervalQueue
 from siq_celery.backends.base import Backend
+from siq_celery.parked import FairTask, ParkedTask
 from siq_celery.rules import DictFairLines, fair_lookahead, fair_next, fair_push
 from siq_celery.tasks.parking import release_due
-from siq_celery.types import FairTask, ParkedTask
 from tests.conftest import Store
 
 I = 100_000  # 100 ms: a lookahead of 4 tickets

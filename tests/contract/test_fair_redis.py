@@ -12,7 +12,7 @@ import pytest
 
 from siq_celery.backends.base import Backend
 from siq_celery.keys import QueueKeys
-from siq_celery.types import FairTask
+from siq_celery.parked import FairTask
 from tests.conftest import Store
 
 I = 100_000  # 100 ms: a lookahead of 4 tickets

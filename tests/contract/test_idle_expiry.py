@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from siq_celery import CombinedQueue, ConfigurationError, IntervalQueue, Verdict
-from siq_celery.types import ParkedTask
+from siq_celery.parked import ParkedTask
 from tests.conftest import Store
 
 I = 100_000

@@ -166,7 +166,7 @@ def test_parked_tickets_are_released_by_their_window_slot(store: Store) -> None:
     tickets = q.claim_many(3)
     fill_window(store, q, t0, tickets, 2)
     assert tickets[2].estimated_start_us == t0 + I + 3600 * S
-    from siq_celery.types import ParkedTask
+    from siq_celery.parked import ParkedTask
 
     assert q.backend.park(q.name, tickets[2].epoch, [ParkedTask(3, "t3", "{}")])
     horizon = 600 * S

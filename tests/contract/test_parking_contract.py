@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from siq_celery.parked import ParkedTask
 from siq_celery.tasks.parking import parked_message, release_due
-from siq_celery.types import ParkedTask, Verdict
+from siq_celery.types import Verdict
 from tests.conftest import Store
 
 I = 100_000

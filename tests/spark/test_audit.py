@@ -158,10 +158,10 @@ def test_what_the_report_collects_stays_bounded_however_many_hours_the_ledger_co
 ) -> None:
     """by_hour grows with the hours a ledger covers: report.json keeps each queue's latest
     REPORT_HOURS, and any table at most REPORT_ROWS_MAX rows; the Parquet tables keep all."""
-    from siq_celery.spark import audit
+    from siq_celery.spark import audit_write
 
-    monkeypatch.setattr(audit, "REPORT_HOURS", 3)
-    monkeypatch.setattr(audit, "REPORT_ROWS_MAX", 4)
+    monkeypatch.setattr(audit_write, "REPORT_HOURS", 3)
+    monkeypatch.setattr(audit_write, "REPORT_ROWS_MAX", 4)
     hour = 3_600_000_000
     rows = [r for n in range(5) for r in ledger_rows(2, t0=1_790_000_000 * 1_000_000 + n * hour)]
     for n, r in enumerate(rows):
