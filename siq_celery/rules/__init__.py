@@ -1,0 +1,1 @@
+"""The rules of every limit kind, and their Lua twins beside them by name."""
