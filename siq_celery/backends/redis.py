@@ -297,10 +297,24 @@ def store_error(exc: Exception, queue: str | None = None) -> Exception:
     return exc
 
 
+#: The prelude every script is loaded after, in this order (under ``siq_celery/``): the store's
+#: own plumbing (``backends/lua/_*.lua``), then the rules of each limit kind, each beside its
+#: Python twin (``rules/<kind>.lua`` and ``rules/<kind>.py``), the start decision that combines
+#: them last. Lua's local functions must be defined before a function that calls them: each
+#: file calls only what it or a file before it defines (tests/test_lua_layout.py).
+PRELUDE = (
+    "backends/lua/_store.lua", "backends/lua/_ledger.lua", "rules/spacing.lua", "rules/tickets.lua",
+    "rules/window.lua", "rules/concurrency.lua", "rules/fair.lua", "rules/declarations.lua",
+    "rules/counters.lua", "rules/line.lua",
+)  # fmt: skip
+
+
 def load_script_source(name: str) -> str:
-    """The shared prelude followed by the script ``name`` (both shipped in the wheel)."""
-    lua = resources.files("siq_celery.backends") / "lua"
-    return (lua / "_prelude.lua").read_text("utf-8") + "\n" + (lua / f"{name}.lua").read_text("utf-8")
+    """The prelude (:data:`PRELUDE`, in its order) followed by the script ``name``, as one
+    chunk (all shipped in the wheel)."""
+    package = resources.files("siq_celery")
+    parts = [package.joinpath(*path.split("/")) for path in (*PRELUDE, f"backends/lua/{name}.lua")]
+    return "\n".join(part.read_text("utf-8") for part in parts)
 
 
 #: How long a start or a finish waits for siq_store_replicas replicas to acknowledge it.

@@ -10,7 +10,7 @@ from ..types import StartCounts
 
 #: Upper bounds (µs) of the lateness buckets of authorized starts against their slot: fine
 #: below 10 ms, where the product's figures live, and on to seconds for a queue that falls
-#: behind. The Lua scripts hold the same list (_prelude.lua: SIQ_LATENESS_BUCKETS).
+#: behind. The Lua scripts hold the same list (counters.lua: SIQ_LATENESS_BUCKETS).
 LATENESS_BUCKETS_US = (
     500, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000,
     10_000_000,
