@@ -76,3 +76,21 @@ def test_every_script_uses_only_what_the_prelude_defines() -> None:
         assert source.startswith((PACKAGE / PRELUDE[0]).read_text()), name
         own = code(f"backends/lua/{name}.lua")
         assert set(USES.findall(own)) <= set(found), (name, set(USES.findall(own)) - set(found))
+
+
+def test_each_limit_kind_is_a_python_module_with_its_lua_twin_beside_it() -> None:
+    """siq_celery/rules/: one module per limit kind, its Redis twin beside it by name, and
+    every twin in the prelude; no module of the package (Lua included) over 500 lines."""
+    rules = PACKAGE / "rules"
+    python = {p.stem for p in rules.glob("*.py") if p.stem != "__init__"}
+    lua = {p.stem for p in rules.glob("*.lua")}
+    print(f"\nrules: {sorted(python)}")
+    assert python == lua and {"tickets", "spacing", "window", "concurrency", "fair", "declarations"} <= python
+    assert {f"rules/{kind}.lua" for kind in lua} <= set(PRELUDE)
+    for kind in lua:
+        header = (rules / f"{kind}.lua").read_text("utf-8").split("\n\n", 1)[0]
+        assert f"twin: siq_celery/rules/{kind}.py" in header, kind
+    sizes = {str(p.relative_to(PACKAGE)): len(p.read_text("utf-8").splitlines()) for p in PACKAGE.rglob("*.[pl][yu]*")}
+    largest = max(sizes, key=lambda k: sizes[k])
+    print(f"largest module: {largest} ({sizes[largest]} lines)")
+    assert {k: n for k, n in sizes.items() if n > 500} == {}

@@ -303,9 +303,9 @@ def store_error(exc: Exception, queue: str | None = None) -> Exception:
 #: them last. Lua's local functions must be defined before a function that calls them: each
 #: file calls only what it or a file before it defines (tests/test_lua_layout.py).
 PRELUDE = (
-    "backends/lua/_store.lua", "backends/lua/_ledger.lua", "rules/spacing.lua", "rules/tickets.lua",
-    "rules/window.lua", "rules/concurrency.lua", "rules/fair.lua", "rules/declarations.lua",
-    "rules/counters.lua", "rules/line.lua",
+    "backends/lua/_store.lua", "backends/lua/_ledger.lua", "rules/declarations.lua", "rules/spacing.lua",
+    "rules/tickets.lua", "rules/window.lua", "rules/concurrency.lua", "rules/fair.lua", "rules/counters.lua",
+    "rules/line.lua",
 )  # fmt: skip
 
 

@@ -3,7 +3,7 @@
 -- of the tickets ahead on the free leases, and the run's lease of a task id with its owner.
 -- twin: siq_celery/rules/concurrency.py
 
--- The concurrency cap (model.py: read_leases, release_shift, lease_wait, give_back): the
+-- The concurrency cap (concurrency.py: read_leases, release_shift, lease_wait, give_back): the
 -- queue's leases are a sorted set, member = lease (task id and a token), score = expiry.
 -- A lease came back at 'at' while the cap was full: a head due before then was held by the
 -- cap, and the line is due from the release (the anchor moves; written at once).
@@ -31,7 +31,7 @@ local function siq_read_leases(lkey, skey, s, now)
   return before - gone
 end
 
-local SIQ_LEASE_POLL_US = 10000  -- model.LEASE_POLL_US
+local SIQ_LEASE_POLL_US = 10000  -- concurrency.LEASE_POLL_US
 
 local function siq_lease_wait(lkey, now)
   local first = redis.call('ZRANGE', lkey, 0, 0, 'WITHSCORES')
@@ -56,10 +56,10 @@ local function siq_live(lkey, skey, s, now)
   return siq_read_leases(lkey, skey, s, now)
 end
 
-local SIQ_LEASE_GRACE_US = 2 * SIQ_LEASE_POLL_US  -- model.LEASE_GRACE_US
+local SIQ_LEASE_GRACE_US = 2 * SIQ_LEASE_POLL_US  -- concurrency.LEASE_GRACE_US
 
 -- When ticket may take one of the free leases, as far as the tickets ahead of it in line go
--- (model.lease_turn; 0: now): each ticket ahead keeps a claim on a lease until
+-- (concurrency.lease_turn; 0: now): each ticket ahead keeps a claim on a lease until
 -- SIQ_LEASE_GRACE_US after its slot, and ticket takes a lease only if one is left over for
 -- each claim still held (live: the leases taken).
 local function siq_lease_turn(s, ticket, live)
@@ -70,7 +70,7 @@ local function siq_lease_turn(s, ticket, live)
   return math.max(s.anchor_us + claims * s.interval_us, siq_cap(s)) + SIQ_LEASE_GRACE_US
 end
 
--- The expiry of the live lease of a run of task_id in lkey (model.running_copy), or nil: a
+-- The expiry of the live lease of a run of task_id in lkey (concurrency.running_copy), or nil: a
 -- copy of that task still runs, and another copy is answered 'running'.
 local function siq_running(lkey, task_id, now)
   if task_id == '' then return nil end
@@ -79,7 +79,7 @@ local function siq_running(lkey, task_id, now)
   return nil
 end
 
--- Who took a run's lease (model.RunOwner): the token of the call that asked (one per
+-- Who took a run's lease (concurrency.RunOwner): the token of the call that asked (one per
 -- wait_in_line call, sent with each of its asks) and the start it was given, kept in the
 -- queue's parked messages hash (QueueKeys.parked_messages, whose fields are parked task ids:
 -- these are named SIQ_RUN_OWNER .. task id, which no task id is), value
@@ -96,7 +96,7 @@ local function siq_set_owner(mkey, task_id, token, now, slot)
   end
 end
 
--- The start the call holding token was given already (model.own_start): its time and slot,
+-- The start the call holding token was given already (concurrency.own_start): its time and slot,
 -- if the run of task_id holds a live lease in lkey that this call took; else nil.
 local function siq_own_start(mkey, lkey, task_id, token, now)
   if token == '' or not siq_running(lkey, task_id, now) then return nil end

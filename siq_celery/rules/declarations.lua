@@ -1,10 +1,42 @@
 -- Declarations and overrides on the Redis store (part of the prelude: backends/redis.py
--- PRELUDE): the sources hash read and saved, the effective interval and limits (the strictest
--- of the live declarations), their following of the declarations' expiry, and an operator's
--- override committed.
+-- PRELUDE): a queue's limits as a table and the state run at them, the sources hash read and
+-- saved, the effective interval and limits (the strictest of the live declarations), their
+-- following of the declarations' expiry, and an operator's override committed.
 -- twin: siq_celery/rules/declarations.py
 
--- Where the interval and the limits come from (model.py: declare, override,
+-- A queue's limits beyond the interval, as a table (types.Limits, normalized as
+-- declarations.py: _limit_fields): burst, quota, window_us (a quota needs both), concurrency, margin_us; 0 is none.
+local function siq_limits(burst, quota, window, conc, margin)
+  burst, quota, window = math.max(tonumber(burst) or 0, 0), tonumber(quota) or 0, tonumber(window) or 0
+  conc, margin = math.max(tonumber(conc) or 0, 0), math.max(tonumber(margin) or 0, 0)
+  if window <= 0 then quota = 0 end
+  if quota <= 0 then quota, window = 0, 0 end
+  return {burst = burst, quota = quota, window_us = window, concurrency = conc, margin_us = margin}
+end
+
+local function siq_limits_equal(a, b)
+  return a ~= nil and b ~= nil and a.burst == b.burst and a.quota == b.quota and a.window_us == b.window_us
+    and a.concurrency == b.concurrency and a.margin_us == b.margin_us
+end
+
+-- The state's limits as declared (types.QueueState.limits): the window without the margin.
+local function siq_declared(s)
+  local window = 0
+  if s.quota > 0 then window = s.window_us - s.margin_us end
+  return siq_limits(s.burst, s.quota, window, s.concurrency, s.margin_us)
+end
+
+-- The state runs at other limits (declarations.py: set_limits); l: a siq_limits table. The margin
+-- goes into the interval and the window in force.
+local function siq_set_limits(s, l)
+  local interval = s.interval_us - s.margin_us
+  s.burst, s.quota, s.concurrency, s.margin_us = l.burst, l.quota, l.concurrency, l.margin_us
+  s.interval_us = interval + l.margin_us
+  s.window_us = 0
+  if l.quota > 0 then s.window_us = l.window_us + l.margin_us end
+end
+
+-- Where the interval and the limits come from (declarations.py: declare, override,
 -- override_limits, effective_interval, effective_limits): a hash with declared_us,
 -- declared_by, declared_at_us, override_us, override_by, override_at_us; the declared
 -- limits declared_burst, declared_quota, declared_window_us, declared_conc (absent: none
@@ -97,7 +129,7 @@ local function siq_effective(src)
   return src.declared_us
 end
 
--- The limits at least as strict as each of a list (model.py: strictest): the smallest
+-- The limits at least as strict as each of a list (declarations.py: strictest): the smallest
 -- burst; a quota if any has one, of the smallest N over the longest window among those;
 -- the smallest concurrency cap among those with one.
 local function siq_strictest(list)
@@ -143,7 +175,7 @@ local function siq_until(src)
   return soonest
 end
 
--- The state runs at what its sources give (model.py: apply_sources): the effective interval
+-- The state runs at what its sources give (declarations.py: apply_sources): the effective interval
 -- (none: the stored one stays) and limits; until_us follows the live declarations.
 local function siq_apply_sources(src, s)
   local effective = siq_effective(src)
@@ -152,7 +184,7 @@ local function siq_apply_sources(src, s)
   s.until_us = siq_until(src)
 end
 
--- The effective interval and limits follow the expiry of node declarations (model.py:
+-- The effective interval and limits follow the expiry of node declarations (declarations.py:
 -- follow_expiry): once the earliest live declaration seen at the last recomputation
 -- (s.until_us) has expired, they are recomputed from those still live. Every script that
 -- decides by the interval calls it first, so a killed node's declaration stops counting

@@ -3,7 +3,7 @@
 -- the fair heads, and a promoted task's message.
 -- twin: siq_celery/rules/fair.py
 
--- Fair shares among keys under one limit (model.py: FairLines, fair_push, fair_next,
+-- Fair shares among keys under one limit (fair.py: FairLines, fair_push, fair_next,
 -- fair_promote; docs/design.md, "Fair shares"): start-time fair queuing. A queue's fair
 -- lines, f = siq_fair(state key, QueueKeys.fair_keys): f.active, the fairness keys with
 -- waiting tasks, a sorted set scored by the start tag of each one's head (equal tags order
@@ -15,9 +15,9 @@
 -- (absent: 0). Only what waits is kept: when no task waits, every one of them is empty
 -- (Redis drops an empty key) and fair_v is gone. Tags are whole numbers, FAIR_SCALE per
 -- cost unit of weight 1, far below 2^53 (the virtual time starts over when no key has work).
-local SIQ_FAIR_SCALE = 720720  -- model.FAIR_SCALE
-local SIQ_MAX_FAIR_WEIGHT = 1000  -- model.MAX_FAIR_WEIGHT
-local SIQ_FAIR_LOOKAHEAD_US, SIQ_FAIR_LOOKAHEAD_MIN, SIQ_FAIR_LOOKAHEAD_MAX = 250000, 4, 64  -- model.FAIR_LOOKAHEAD_*
+local SIQ_FAIR_SCALE = 720720  -- fair.FAIR_SCALE
+local SIQ_MAX_FAIR_WEIGHT = 1000  -- fair.MAX_FAIR_WEIGHT
+local SIQ_FAIR_LOOKAHEAD_US, SIQ_FAIR_LOOKAHEAD_MIN, SIQ_FAIR_LOOKAHEAD_MAX = 250000, 4, 64  -- fair.FAIR_LOOKAHEAD_*
 
 local function siq_fair(skey, keys)
   return {state = skey, active = keys[1], finish = keys[2], weight = keys[3], messages = keys[4], waiting = keys[5]}
@@ -103,7 +103,7 @@ local function siq_fair_waiting(f, key)
   return redis.call('LLEN', siq_fair_line(f, key))
 end
 
--- A task of key waits for its share; a key with no work before joins now (model.fair_push).
+-- A task of key waits for its share; a key with no work before joins now (fair.fair_push).
 local function siq_fair_push(f, key, task_id, cost, weight)
   if siq_fair_head_tag(f, key) == nil then
     siq_fair_set_head_tag(f, key, math.max(siq_fair_vtime(f), siq_fair_finish_tag(f, key) or 0))
@@ -111,7 +111,7 @@ local function siq_fair_push(f, key, task_id, cost, weight)
   siq_fair_line_push(f, key, task_id, cost, weight)
 end
 
--- The next task to hand a ticket of the shared queue, taken from its line (model.fair_next):
+-- The next task to hand a ticket of the shared queue, taken from its line (fair.fair_next):
 -- key, task id, cost, the tag it is served at and its key's weight; nil when no key has work.
 local function siq_fair_next(f)
   local tag, key = siq_fair_smallest(f)
@@ -133,7 +133,7 @@ local function siq_fair_next(f)
   return key, task_id, cost, tag, weight
 end
 
--- Tickets a fair queue keeps handed out ahead of its starts (model.fair_lookahead).
+-- Tickets a fair queue keeps handed out ahead of its starts (fair.fair_lookahead).
 local function siq_fair_lookahead(interval, concurrency)
   local ahead = math.min(SIQ_FAIR_LOOKAHEAD_MAX,
     math.max(SIQ_FAIR_LOOKAHEAD_MIN, math.ceil(SIQ_FAIR_LOOKAHEAD_US / math.max(interval, 1))))
@@ -141,7 +141,7 @@ local function siq_fair_lookahead(interval, concurrency)
   return ahead
 end
 
--- How many more tickets a fair queue may hand out now (model.fair_room): the lookahead less
+-- How many more tickets a fair queue may hand out now (fair.fair_room): the lookahead less
 -- those handed out and not started, unless the newest one's slot is more than the outage
 -- span past with no start since (tickets that will never start must not hold it forever).
 local function siq_fair_room(s, now)
@@ -155,7 +155,7 @@ local function siq_fair_room(s, now)
 end
 
 -- Hand tickets of the shared queue to the fair heads, in fair order, while fewer than the
--- lookahead are handed out and not yet started (model.fair_promote; s changes: the caller
+-- lookahead are handed out and not yet started (fair.fair_promote; s changes: the caller
 -- saves it). A task of cost c claims c tickets (siq_claim: the window, if any, read at now
 -- before). Returns {first ticket, task id, key, tag, weight} per task handed one; none
 -- while paused.

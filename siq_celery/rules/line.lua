@@ -3,7 +3,7 @@
 -- recorded (siq_commit).
 -- twin: siq_celery/rules/line.py
 
--- May ticket start now (model.decide; ticket 0 is FREE: no place in the line, the next
+-- May ticket start now (line.decide; ticket 0 is FREE: no place in the line, the next
 -- free slot)? Returns verdict, wait_us, slot_us; the state is
 -- saved if the line shifted after an outage (that repair is due whatever the answer).
 -- With 'paused', wait_us is the ticket's distance behind the head of the line. wkey: the
@@ -46,7 +46,7 @@ local function siq_decide(key, s, ticket, epoch, cost, now, wkey, lkey)
   return 'authorized', 0, slot
 end
 
--- Record an authorized start (model.commit_start): the line continues from it (a late
+-- Record an authorized start (line.commit_start): the line continues from it (a late
 -- ticket takes the slot current+1 was due at, and the line behind shifts one slot; a line
 -- due later stays where it is); a start of cost c is recorded as if its last slot were
 -- used c - 1 intervals from now. GCRA: T = max(T, now) + cost intervals; with a burst the

@@ -9,7 +9,7 @@ local function siq_new_window(wkey)
   redis.call('DEL', wkey)
 end
 
--- The window quota (model.py: WindowUnits). The queue's window is a sorted set of its
+-- The window quota (window.py: WindowUnits). The queue's window is a sorted set of its
 -- starts, score = store time, member '<n>:<cost>'; s.w_used sums their costs. A reader
 -- sees the window's cost units as one sequence: the units kept (1 .. m, oldest first), then
 -- the units of the tickets in line (m + j: ticket current + j), each estimated at the later
@@ -123,7 +123,7 @@ local function siq_unit_time(u, unit)
   return nil
 end
 
--- The window forgets the starts at or before this time (model.window_cutoff): those that
+-- The window forgets the starts at or before this time (window.window_cutoff): those that
 -- left it, but not the last start while its body may still report that it began.
 local function siq_window_cutoff(s, now)
   local cutoff = now - s.window_us
@@ -189,7 +189,7 @@ local function siq_units_gone(u, wkey, gone)
   return units
 end
 
--- The window read at now without a write (model.status_window): siq_units on a copy of s,
+-- The window read at now without a write (window.status_window): siq_units on a copy of s,
 -- hiding the starts that left the window instead of forgetting them; nil without a quota.
 -- skey: the state hash (its w_cum). A window not numbered by units is read whole
 -- (numbering it is a write). u.used: the units started in the window ending now (the
@@ -262,7 +262,7 @@ local function siq_window_slot(u, ticket, cost)
   return slot
 end
 
--- A start recorded in the window wkey at from began at to (model.Window.move: a re-stamp, or
+-- A start recorded in the window wkey at from began at to (window.Window.move: a re-stamp, or
 -- a body's report): the latest start recorded then moves (members sort by their number).
 local function siq_window_move(wkey, from, to)
   local at = redis.call('ZRANGEBYSCORE', wkey, from, from)

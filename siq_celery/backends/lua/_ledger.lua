@@ -1,6 +1,6 @@
 -- The Redis store's records of starts (part of the prelude: backends/redis.py PRELUDE): a
 -- start's entry in the queue's ledger stream, and per task id its starts without a finish
--- (whose count the start scripts check by model.too_many_lost).
+-- (whose count the start scripts check by concurrency.too_many_lost).
 -- twin: siq_celery/ledger.py (reads the stream); the other stores keep both their own way
 
 -- A start in the ledger stream (e=s). Short field names: a stream keeps them per entry.
@@ -40,7 +40,7 @@ local function siq_ledger_start(key, cap, s, ticket, task_id, slot, now, name, h
   redis.call('XADD', key, 'MAXLEN', '~', cap, '*', unpack(entry))
 end
 
--- Starts without a finish, per task id (model.py: too_many_lost): a sorted set of task
+-- Starts without a finish, per task id (concurrency.py: too_many_lost): a sorted set of task
 -- ids, each scored with the time of its last authorized start (microseconds, rounded
 -- down to the millisecond) plus the count (at most 999): one score both orders them by
 -- age (trimmed like the finished records) and carries the count. A finish removes it.

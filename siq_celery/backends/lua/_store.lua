@@ -16,14 +16,14 @@
 -- and two that may be missing (read as 0): until_us, when the earliest live node declaration
 -- expires (the interval is recomputed then: siq_follow_expiry), and idle_us, the queue's
 -- idle expiry (siq_touch), so that an operator's reset or override keeps it.
--- The limits beyond the interval (absent means 0; model.py): burst, quota and window_us, and
+-- The limits beyond the interval (absent means 0; types.Limits): burst, quota and window_us, and
 -- w_used, the cost units in the queue's window (a sorted set of starts: siq_units), w_cum
 -- numbering its units (w_seq: an earlier version's numbering of its starts); conc, the concurrency cap (its leases: a sorted set, siq_read_leases).
 -- fair_v (absent means 0): a fair queue's virtual time (siq_fair), kept by a reset.
--- margin (absent means 0; model.set_limits): the queue's margin, already added to interval_us
+-- margin (absent means 0; declarations.set_limits): the queue's margin, already added to interval_us
 -- and (with a quota) to window_us, the spacing and window in force; siq_declared takes it out.
 -- pend_us and pend_due (absent means 0): a start whose body has not reported that it began
--- (model.QueueState.pending_us, began.lua): until when later starts wait for it (minus its
+-- (types.QueueState.pending_us, began.lua): until when later starts wait for it (minus its
 -- authorization once it reported), and the last slot used before it plus the interval then.
 
 local function siq_now(arg)

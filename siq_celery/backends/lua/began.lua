@@ -1,4 +1,4 @@
--- began: the body of a start reports, as it begins, that it began (model.began). If that
+-- began: the body of a start reports, as it begins, that it began (line.began). If that
 -- start is still the queue's last, pending one, it is placed as if it had been authorized
 -- now (the report is written just before the body's first statement: it arrives after the
 -- body began), and later starts stop waiting for it. Only ever delays later starts. A report
@@ -15,7 +15,7 @@
 -- ARGV[4]  the start's task id ('' none)
 -- ARGV[5]  1: the body begins whatever the answer (a report not waited for)
 -- A report of an overtaken start (a later start came while its process stood still) is
--- charged as one more start now under a burst with room (model.charge_overtaken).
+-- charged as one more start now under a burst with room (spacing.charge_overtaken).
 -- Returns the start's new time, or 0 if it is not the last pending start any more and
 -- was not charged.
 local now = siq_now(ARGV[1])
@@ -31,7 +31,7 @@ if err then return redis.error_reply(err) end
 if not s then return 0 end
 local again = s.pending_us < 0 and s.pending_us == -authorized  -- reported already: a report sent again
 if not again and (s.pending_us <= 0 or s.started_us ~= authorized) then
-  -- overtaken (model.charge_overtaken): under a burst, without a quota and not paused, charged
+  -- overtaken (spacing.charge_overtaken): under a burst, without a quota and not paused, charged
   -- as one more start now if the rate cap has room; its place at its authorization stays charged too
   if s.burst > 0 and s.quota <= 0 and s.paused ~= 1 and siq_cap(s) <= now then
     s.last_start_us = math.max(s.last_start_us + s.interval_us, now)

@@ -1,6 +1,6 @@
 -- declare: the code declares an interval and limits for the queue (a worker starting or
 -- renewing its declaration, a worker shutting down, `siq sync`); the effective interval and
--- limits are recomputed in the same step (model.py: declare).
+-- limits are recomputed in the same step (declarations.py: declare).
 -- KEYS[1..12]  the queue's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
 --              KEYS[1] its state hash (created here if missing); KEYS[7] its interval sources
 --              hash (see siq_sources); KEYS[10] its window (siq_units: emptied for a state

@@ -1,5 +1,5 @@
 -- fair_park: tasks of one fairness key wait in the key's line of a fair queue, with no
--- ticket (model.fair_push; Backend.fair_park). The state is created if missing, as a claim
+-- ticket (fair.fair_push; Backend.fair_park). The state is created if missing, as a claim
 -- creates it; a release hands the heads tickets in fair order (siq_fair_promote).
 -- KEYS[1..12]  the queue's keys (QueueKeys.all), all of them for idle expiry (siq_touch: the
 --              waiting tasks pin them): KEYS[1] its state hash (the virtual time: fair_v);

@@ -1,6 +1,6 @@
 -- pause: no ticket of the queue starts until resume. A queue with no state yet (paused
 -- before any worker, to prepare a deploy) is created paused with no interval known: no
--- spacing and no limits until the first declaration (model.py: paused_new_state).
+-- spacing and no limits until the first declaration (tickets.py: paused_new_state).
 -- KEYS[1]  the queue's state hash; KEYS[2..]  its other keys (QueueKeys.all; KEYS[10] its window)
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  epoch for a state created here

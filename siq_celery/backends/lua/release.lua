@@ -27,7 +27,7 @@ local lease_until = now + tonumber(ARGV[4])
 local reply = {s.epoch, now}
 local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, limit)
 -- After an outage longer than the horizon the line restarts from now; a shorter one is
--- left to the first task that comes back (model.py: release_cutoff).
+-- left to the first task that comes back (tickets.py: release_cutoff).
 if s.paused == 0 then
   local held = siq_window_slot(siq_units(KEYS[6], KEYS[1], s, now), s.current + 1, 1)
   if siq_shift_after_outage(s, now, tonumber(ARGV[2]), held) then siq_save(KEYS[1], s) end

@@ -1,5 +1,5 @@
 -- renew: the bodies holding leases ARGV[3..] still run; each lease kept now expires
--- ARGV[2] microseconds from now (model.py: renew_leases). One that expired is not taken
+-- ARGV[2] microseconds from now (concurrency.py: renew_leases). One that expired is not taken
 -- again: it is forgotten first (siq_read_leases, which may move a line the cap held).
 -- KEYS[1..12]  the queue's keys (QueueKeys.all): KEYS[1] its state hash, KEYS[11] its leases;
 --              all of them for idle expiry (the keys outlive the leases: siq_touch)

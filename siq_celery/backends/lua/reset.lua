@@ -5,7 +5,7 @@
 --              KEYS[1] its state hash; KEYS[4], KEYS[5], KEYS[6] parked tasks not leased,
 --              parked messages, leased tasks (parked tasks are numbered 1..n in their order,
 --              so they keep their place in the new life); KEYS[7] its interval sources hash
---              (a given interval is pinned: model.py: pin); KEYS[10] its window (emptied for a
+--              (a given interval is pinned: declarations.py: pin); KEYS[10] its window (emptied for a
 --              state created here); KEYS[11] its leases (kept; the keys outlive them);
 --              KEYS[12] its fair keys with waiting tasks (the fair lines are kept, and the
 --              virtual time with them)

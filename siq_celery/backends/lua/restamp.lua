@@ -1,12 +1,12 @@
 -- restamp: move the last start to now if it is still the caller's (its authorization
 -- reply came back slowly, so its body starts later than the store recorded). Only ever
--- delays later starts. A queue with a burst is never re-stamped (model.restamp).
+-- delays later starts. A queue with a burst is never re-stamped (line.restamp).
 -- KEYS[1]  the queue's state hash
 -- KEYS[2]  the queue's window (siq_units): with a quota the start moves there too
 -- ARGV[1]  now in microseconds, or '' for Redis TIME
 -- ARGV[2]  the caller's epoch
 -- ARGV[3]  the last slot of the caller's authorized start, microseconds: its start, or for
---          a start of cost c, c - 1 intervals after it (model.restamp)
+--          a start of cost c, c - 1 intervals after it (line.restamp)
 -- Returns the new start time, or 0 if the last start is no longer the caller's (or the
 -- queue has a burst). The start and its last slot move by the same time.
 local now = siq_now(ARGV[1])

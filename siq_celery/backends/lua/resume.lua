@@ -6,7 +6,7 @@
 -- ARGV[2]  grace in microseconds (>= 0)
 -- ARGV[3]  idle expiry in microseconds (0: never; see siq_touch): counted again from here
 -- Returns the state as siq_reply; error SIQNOTFOUND if the queue has no state, SIQNOINTERVAL
--- if it was paused before any declaration and has no limit known yet (model.py: no_limit_known).
+-- if it was paused before any declaration and has no limit known yet (declarations.py: no_limit_known).
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
 if err then return redis.error_reply(err) end

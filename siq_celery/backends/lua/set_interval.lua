@@ -1,6 +1,6 @@
 -- set_interval: an operator's override of the queue's interval (it applies from the next
 -- start and holds across worker restarts that do not change the code's declaration), or
--- clearing it: back to what the code declares (model.py: override).
+-- clearing it: back to what the code declares (declarations.py: override).
 -- KEYS[1..12]  the queue's keys (QueueKeys.all): KEYS[1] its state hash, KEYS[7] its interval
 --              sources hash (see siq_sources); all of them for idle expiry (siq_touch, which
 --              also reads KEYS[4], KEYS[6], KEYS[11] and KEYS[12]: parked, leased parked, leases, fair)

@@ -1,7 +1,7 @@
 -- set_limits: an operator's override of some of the queue's limits (it applies from the next
 -- start and holds across worker restarts that do not change the code's declaration of that
 -- kind), merged into any earlier one; or clearing every override of them: back to what the
--- code declares (model.py: override_limits).
+-- code declares (declarations.py: override_limits).
 -- KEYS[1..12]  the queue's keys (QueueKeys.all): KEYS[1] its state hash, KEYS[7] its interval
 --              sources hash (see siq_sources); all of them for idle expiry
 -- ARGV[1]  now in microseconds, or '' for Redis TIME

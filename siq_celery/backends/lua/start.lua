@@ -64,15 +64,15 @@ end
 local run = ARGV[4] ~= '' and ARGV[22] == ARGV[4]  -- the lease taken is the run's
 local token = run and ARGV[27] or ''
 local own_at, own_slot = siq_own_start(KEYS[5], KEYS[11], ARGV[4], token, now)
-if own_at then  -- this call's own start, its reply lost: the same, charged once (model.start)
+if own_at then  -- this call's own start, its reply lost: the same, charged once (line.start)
   return {'authorized', ticket, own_at, math.max(own_at - now, 0), own_slot, s.interval_us, ARGV[22], 0}
 end
-local running = siq_running(KEYS[11], ARGV[4], now)  -- a copy of this task runs (model.running_copy)
+local running = siq_running(KEYS[11], ARGV[4], now)  -- a copy of this task runs (concurrency.running_copy)
 if running then
   refused('running')
   return {'running', ticket, now, running - now, 0, s.interval_us, '', 0}
 end
-local max_lost = ARGV[4] ~= '' and tonumber(ARGV[14]) or 0  -- poison messages (model.too_many_lost)
+local max_lost = ARGV[4] ~= '' and tonumber(ARGV[14]) or 0  -- poison messages (concurrency.too_many_lost)
 if max_lost > 0 and siq_unfinished(KEYS[9], ARGV[4], now, tonumber(ARGV[15])) >= max_lost then
   return {'lost', ticket, now, 0, 0, 0, '', 0}
 end
@@ -81,7 +81,7 @@ if ticket < 1 then  -- FREE is for start_all only
   return {'reclaim', ticket, now, 0, 0, 0, '', 0}
 end
 local verdict, wait, slot, full = siq_decide(KEYS[1], s, ticket, ARGV[3], cost, now, KEYS[10], KEYS[11])
-local at = now  -- a start whose body reports may be authorized for its slot, its body held until then (model.start)
+local at = now  -- a start whose body reports may be authorized for its slot, its body held until then (line.start)
 if verdict == 'wait' and not full and (tonumber(ARGV[28]) or 0) > 0 and wait == slot - now
    and wait <= siq_start_lead(s) then
   local v2, _, slot2 = siq_decide(KEYS[1], s, ticket, ARGV[3], cost, slot, KEYS[10], KEYS[11])

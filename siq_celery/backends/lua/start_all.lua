@@ -1,5 +1,5 @@
 -- start_all: one start that must pass several queues at once (a per-second and a
--- per-day limit): authorized and recorded in every queue, or in none (model.start_all).
+-- per-day limit): authorized and recorded in every queue, or in none (line.start_all).
 -- A queue that would authorize while another says wait answers 'wait' with wait 0: no
 -- slot is held in one queue while the start waits for another.
 -- KEYS[12i-11..12i]  queue i's keys (QueueKeys.all), all of them for idle expiry (siq_touch):
@@ -36,7 +36,7 @@ local n = #KEYS / per
 local lost_args = 10 + 4 * n
 local limit_args = lost_args + 3
 local lease_args = limit_args + 5 * n
-local max_lost = ARGV[2] ~= '' and tonumber(ARGV[lost_args]) or 0  -- model.too_many_lost
+local max_lost = ARGV[2] ~= '' and tonumber(ARGV[lost_args]) or 0  -- concurrency.too_many_lost
 local states, tickets, replies = {}, {}, {}
 local function key(i, k) return KEYS[per * (i - 1) + k] end  -- queue i's k-th key of QueueKeys.all
 local function touch(i)  -- idle expiry: queue i is in use (siq_touch)
@@ -76,7 +76,7 @@ end
 local run = ARGV[2] ~= '' and ARGV[lease_args] == ARGV[2]  -- the run's lease, in the first queue
 local token = run and ARGV[lease_args + 5] or ''
 local own_at, own_slot = siq_own_start(key(1, 5), key(1, 11), ARGV[2], token, now)
-if own_at then  -- this call's own start, its reply lost: the same, charged once (model.start_all)
+if own_at then  -- this call's own start, its reply lost: the same, charged once (line.start_all)
   for i = 1, n do
     local lease = ''
     if i == 1 or states[i].concurrency > 0 then lease = ARGV[lease_args] end
@@ -84,7 +84,7 @@ if own_at then  -- this call's own start, its reply lost: the same, charged once
   end
   return replies
 end
-local running = siq_running(key(1, 11), ARGV[2], now)  -- a copy of this task runs (model.running_copy)
+local running = siq_running(key(1, 11), ARGV[2], now)  -- a copy of this task runs (concurrency.running_copy)
 if running then
   for i = 1, n do replies[i] = {'running', tickets[i], now, running - now, 0, states[i].interval_us, '', 0} end
   count('running')
@@ -136,7 +136,7 @@ for i = 1, n do
                    {ARGV[lease_args + 2], ARGV[lease_args + 3], ARGV[lease_args + 4]})
   siq_count_start(key(i, 8), now, replies[i][5], replies[i][6], tonumber(ARGV[7]) or 0)
 end
-if run then  -- with the latest of the queues' slots, which each queue answers again (model.start_all)
+if run then  -- with the latest of the queues' slots, which each queue answers again (line.start_all)
   local latest = 0
   for i = 1, n do latest = math.max(latest, replies[i][5]) end
   siq_set_owner(key(1, 5), ARGV[2], token, now, latest)

@@ -16,7 +16,7 @@
 -- included), the duplicates refused, the reclaims, the cost units in the window ending
 -- now, the live leases, when the window quota lets the head of the line and the last ticket
 -- claimed start (each as a start of cost 1; 0: now, or no quota or backlog:
--- model.status_window), the fairness keys with tasks waiting and those tasks, the counts
+-- window.status_window), the fairness keys with tasks waiting and those tasks, the counts
 -- hash (HGETALL, one nested array), then siq_sources_reply; or an empty array if no state.
 local now = siq_now(ARGV[1])
 local s, err = siq_load(KEYS[1])
