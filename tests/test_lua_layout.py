@@ -1,4 +1,4 @@
-"""The Lua prelude's files and their order (backends/redis.py: PRELUDE).
+"""The Lua prelude's files and their order (backends/redis_replies.py: PRELUDE).
 
 Every script is loaded after the prelude as one chunk, and a Lua ``local`` is seen only
 below its definition: a call to a helper defined further down would call a global, nil,
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from siq_celery.backends.redis import PRELUDE, SCRIPTS, load_script_source
+from siq_celery.backends.redis_replies import PRELUDE, SCRIPTS, load_script_source
 from tests.test_json_only import lua_code_lines
 
 PACKAGE = Path(__file__).resolve().parent.parent / "siq_celery"

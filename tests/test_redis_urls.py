@@ -135,7 +135,7 @@ def test_a_start_leaves_a_master_sentinel_no_longer_names(
     sentinel which master it names; another address than its connections reach (a master
     back from a partition, not yet demoted) drops them all, and the start goes to the one
     Sentinel names. Here the sentinel is made to name another server once."""
-    from siq_celery.backends import redis as store
+    from siq_celery.backends import redis_client as store
 
     q = IntervalQueue("check-master", url=f"redis+sentinel://127.0.0.1:{sentinel}/mymaster/0", interval="1ms")
     q.ensure(reset=True)
@@ -252,7 +252,8 @@ def test_the_claim_goes_on_the_wire_as_redis_py_would_send_it(redis_url: str) ->
     """A publish's claim is encoded once per queue and only its epoch is written anew
     (RedisBackend._claim_command): the bytes must be redis-py's own, for every argument,
     after a change of any of them, and with a pinned clock."""
-    from siq_celery.backends.redis import RedisBackend, _limit_args
+    from siq_celery.backends.redis import RedisBackend
+    from siq_celery.backends.redis_replies import _limit_args
     from siq_celery.types import Limits
 
     def expected(backend: RedisBackend, queue: str, now: object, epoch: str, limits: Limits) -> bytes:

@@ -14,7 +14,7 @@ import redis
 
 from siq_celery import IntervalQueue, StoreUnavailableError
 from siq_celery.backends import backend_from_url
-from siq_celery.backends.redis import Overtaken
+from siq_celery.backends.redis_client import Overtaken
 from siq_celery.embedded import EmbeddedRedis
 from siq_celery.ledger import StartRecord
 from siq_celery.testing import PinnedClock

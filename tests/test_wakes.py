@@ -16,7 +16,8 @@ import pytest
 import redis
 
 from siq_celery import IntervalQueue
-from siq_celery.backends.redis import ACL_RULES, Wakes
+from siq_celery.backends.redis import ACL_RULES
+from siq_celery.backends.redis_wakes import Wakes
 from siq_celery.embedded import EmbeddedRedis
 from siq_celery.rules import concurrency
 from siq_celery.types import Verdict

@@ -1,4 +1,4 @@
--- The concurrency cap on the Redis store (part of the prelude: backends/redis.py PRELUDE): the
+-- The concurrency cap on the Redis store (part of the prelude: backends/redis_replies.py PRELUDE): the
 -- queue's leases, read at now, the line shifted by a release, a lease given back, the claims
 -- of the tickets ahead on the free leases, and the run's lease of a task id with its owner.
 -- twin: siq_celery/rules/concurrency.py

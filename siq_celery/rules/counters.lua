@@ -1,4 +1,4 @@
--- The counters of authorized starts on the Redis store (part of the prelude: backends/redis.py
+-- The counters of authorized starts on the Redis store (part of the prelude: backends/redis_replies.py
 -- PRELUDE): the starts, deferrals, gaps and lateness buckets of a queue.
 -- twin: siq_celery/rules/counters.py
 

@@ -1,4 +1,4 @@
--- Declarations and overrides on the Redis store (part of the prelude: backends/redis.py
+-- Declarations and overrides on the Redis store (part of the prelude: backends/redis_replies.py
 -- PRELUDE): a queue's limits as a table and the state run at them, the sources hash read and
 -- saved, the effective interval and limits (the strictest of the live declarations), their
 -- following of the declarations' expiry, and an operator's override committed.

@@ -1,4 +1,4 @@
--- Fair shares on the Redis store (part of the prelude: backends/redis.py PRELUDE): the fair
+-- Fair shares on the Redis store (part of the prelude: backends/redis_replies.py PRELUDE): the fair
 -- lines of a queue, a task pushed and the next one served, the lookahead of tickets handed to
 -- the fair heads, and a promoted task's message.
 -- twin: siq_celery/rules/fair.py

@@ -1,4 +1,4 @@
--- The start decision on the Redis store, last of the prelude (backends/redis.py PRELUDE): may a
+-- The start decision on the Redis store, last of the prelude (backends/redis_replies.py PRELUDE): may a
 -- ticket start now, by every kind of limit at once (siq_decide), and an authorized start
 -- recorded (siq_commit).
 -- twin: siq_celery/rules/line.py

@@ -1,4 +1,4 @@
--- The spacing of starts on the Redis store (part of the prelude: backends/redis.py PRELUDE):
+-- The spacing of starts on the Redis store (part of the prelude: backends/redis_replies.py PRELUDE):
 -- the rate cap with its burst (GCRA), how long before its slot a start may be authorized, the
 -- wait for a body that has not reported it began, and the shift of the line after an outage.
 -- twin: siq_celery/rules/spacing.py

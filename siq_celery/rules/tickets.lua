@@ -1,4 +1,4 @@
--- The line's tickets on the Redis store (part of the prelude: backends/redis.py PRELUDE): a
+-- The line's tickets on the Redis store (part of the prelude: backends/redis_replies.py PRELUDE): a
 -- state created from nothing, and the claim of tickets in line.
 -- twin: siq_celery/rules/tickets.py
 

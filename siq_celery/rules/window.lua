@@ -1,4 +1,4 @@
--- The window quota on the Redis store (part of the prelude: backends/redis.py PRELUDE): the
+-- The window quota on the Redis store (part of the prelude: backends/redis_replies.py PRELUDE): the
 -- window's starts as a sorted set numbered by cost units, read at now (siq_units, or
 -- siq_units_read without a write), its cutoff, the slot it lets a ticket start at, and a start
 -- moved in it.

@@ -1,4 +1,4 @@
--- The Redis store's records of starts (part of the prelude: backends/redis.py PRELUDE): a
+-- The Redis store's records of starts (part of the prelude: backends/redis_replies.py PRELUDE): a
 -- start's entry in the queue's ledger stream, and per task id its starts without a finish
 -- (whose count the start scripts check by concurrency.too_many_lost).
 -- twin: siq_celery/ledger.py (reads the stream); the other stores keep both their own way

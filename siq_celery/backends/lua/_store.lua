@@ -1,4 +1,4 @@
--- The prelude of every siq_celery script is these files, in the order of backends/redis.py
+-- The prelude of every siq_celery script is these files, in the order of backends/redis_replies.py
 -- PRELUDE, prepended to the script when it is loaded: the Redis store's own plumbing here and
 -- in _ledger.lua, then the rules of each limit kind, siq_celery/rules/<kind>.lua beside their
 -- Python twins, the start decision combining them last (rules/line.lua).
