@@ -187,3 +187,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     reruns = terminalreporter.stats.get("rerun", [])
     names = sorted({report.nodeid for report in reruns})
     terminalreporter.write_line(f"siq reruns: {len(reruns)}" + (f" ({', '.join(names)})" if names else ""))
+    files: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(getattr(report, "duration", None), float) and getattr(report, "nodeid", ""):
+                path = report.nodeid.split("::")[0]
+                files[path] = files.get(path, 0.0) + report.duration
+    if len(files) > 1:  # where the time went, per file (CI's budget is the whole suite's)
+        ranked = sorted(files.items(), key=lambda kv: -kv[1])
+        terminalreporter.write_line(f"siq time per file: {sum(files.values()):.0f} s in {len(files)} files; slowest:")
+        for path, seconds in ranked[:25]:
+            terminalreporter.write_line(f"  {seconds:7.1f} s  {path}")
