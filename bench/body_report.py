@@ -25,9 +25,9 @@ import redis
 
 from siq_celery import IntervalQueue, Verdict
 from siq_celery.backends import backend_from_url
+from siq_celery.client.queue import body_may_begin
 from siq_celery.embedded import EmbeddedRedis
 from siq_celery.ledger import StartRecord
-from siq_celery.queue import body_may_begin
 from siq_celery.testing import PinnedClock
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from siq_celery.broker import green
-from siq_celery.queue import (
+from siq_celery.client.queue import (
     HOLD_SPIN_S,
     LATE_BEGIN_S,
     REPORT_AGAIN_S,

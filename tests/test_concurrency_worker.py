@@ -1,5 +1,5 @@
 """The worker side of the concurrency cap: every way a run ends gives its lease back, and a
-running body's lease is renewed from its process (leases.py)."""
+running body's lease is renewed from its process (client/leases.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from celery.exceptions import Ignore
 
 from siq_celery import IntervalQueue, IntervalTask, Limit
 from siq_celery.backends import backend_from_url
-from siq_celery.leases import KEEPER, LeaseKeeper
+from siq_celery.client.leases import KEEPER, LeaseKeeper
 
 
 def make_app(tmp_path: Any, **conf: Any) -> Celery:
@@ -122,7 +122,7 @@ def test_a_finish_the_store_did_not_take_is_retried_with_the_lease_held(tmp_path
     again, renewing the run's lease meanwhile, so a redelivered copy is answered RUNNING
     and, once the finish is in, DUPLICATE; it never runs a second time."""
     from siq_celery import Verdict
-    from siq_celery.leases import FINISH_RETRY_S, PendingFinish
+    from siq_celery.client.leases import FINISH_RETRY_S, PendingFinish
 
     backend = backend_from_url(f"sqlite:///{tmp_path}/s.db", lease_timeout_us=2_000_000)
     q = IntervalQueue("outbox", interval="10ms", backend=backend)

@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 import click
 
 from ..backends import Backend
+from ..client.queue import RESUME_GRACE_S, IntervalQueue
 from ..errors import SiqError, redacted
 from ..intervals import parse_interval
-from ..queue import RESUME_GRACE_S, IntervalQueue
 
 _T = TypeVar("_T")
 

@@ -32,12 +32,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from ..client.queue import IntervalQueue, who
 from ..errors import SiqError, StoreUnavailableError
 from ..intervals import format_interval
 from ..limits import NO_SPACING_US, format_limits, format_override
 from ..logs import Throttle
 from ..lru import LRUCache
-from ..queue import IntervalQueue, who
 from ..rules import strictest
 from ..types import NO_LIMITS, Declared, Limits
 from .app_state import siq_state

@@ -27,11 +27,11 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from .backends import Backend, backend_from_url
-from .backends.base import PendingClaim
-from .broker import green
-from .broker.green import nap
-from .errors import (
+from ..backends import Backend, backend_from_url
+from ..backends.base import PendingClaim
+from ..broker import green
+from ..broker.green import nap
+from ..errors import (
     ConfigurationError,
     CorruptStateError,
     IntervalMismatchError,
@@ -41,14 +41,14 @@ from .errors import (
     SiqError,
     StoreUnavailableError,
 )
-from .intervals import MAX_BACKOFF_US, IntervalLike, format_interval, parse_duration, parse_interval
-from .keys import DEFAULT_KEY_PREFIX, validate_queue_name
+from ..intervals import MAX_BACKOFF_US, IntervalLike, format_interval, parse_duration, parse_interval
+from ..keys import DEFAULT_KEY_PREFIX, validate_queue_name
+from ..ledger import LedgerRow, StartRecord
+from ..limits import Limit, QuotaLike, format_limits, interval_and_limits, limits_override
+from ..rules import BEGIN_WAIT_US, start_lead_us
+from ..types import US, ClaimResult, Decision, Declared, FairTask, QueueState, QueueStatus, Ticket, Verdict
 from .leases import KEEPER
-from .ledger import LedgerRow, StartRecord
-from .limits import Limit, QuotaLike, format_limits, interval_and_limits, limits_override
 from .reply_clock import ReplyClock
-from .rules import BEGIN_WAIT_US, start_lead_us
-from .types import US, ClaimResult, Decision, Declared, FairTask, QueueState, QueueStatus, Ticket, Verdict
 
 logger = logging.getLogger("siq_celery")
 

@@ -29,13 +29,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .errors import ConfigurationError, StoreUnavailableError
+from ..errors import ConfigurationError, StoreUnavailableError
+from ..ledger import StartRecord
+from ..limits import check_not_a_quota
+from ..rules import BEGIN_WAIT_US, FREE
+from ..types import Decision, Ticket
 from .leases import KEEPER
-from .ledger import StartRecord
-from .limits import check_not_a_quota
 from .queue import IntervalQueue, begin_body, logger, new_epoch, report_again_if_late, validate_cost, wait_in_line
-from .rules import BEGIN_WAIT_US, FREE
-from .types import Decision, Ticket
 
 
 def pace_us(queue: IntervalQueue) -> float:
