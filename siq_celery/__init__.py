@@ -6,7 +6,8 @@ integration builds on it.
 
 from .backends import Backend, ModelBackend, backend_from_url, register_backend
 from .client.combined import CombinedQueue
-from .client.queue import DuplicateTaskError, IntervalQueue, SlotTimeoutError
+from .client.queue import IntervalQueue
+from .client.waiting import DuplicateTaskError, SlotTimeoutError
 from .errors import (
     ConfigurationError,
     CorruptStateError,

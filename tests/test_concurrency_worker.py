@@ -155,7 +155,7 @@ def test_the_keeper_names_each_kind_of_lease_it_could_not_renew(
 ) -> None:
     """A run lease (a start with a task id) and a concurrency lease (one without, under a
     cap) are two things: the keeper's log line says which it failed to renew, and a body's
-    wait holds its lease under the right name (queue.begin_body)."""
+    wait holds its lease under the right name (body.begin_body)."""
     backend = backend_from_url(f"sqlite:///{tmp_path}/n.db", lease_timeout_us=1_500_000)
     q = IntervalQueue("n", concurrency=3, backend=backend)
     keeper = LeaseKeeper()

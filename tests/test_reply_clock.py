@@ -79,7 +79,7 @@ def test_bodies_held_by_it_never_begin_before_their_slots_on_the_stores_clock(re
     import time
 
     from siq_celery import IntervalQueue
-    from siq_celery.client.queue import begin_body
+    from siq_celery.client.body import begin_body
     from siq_celery.ledger import StartRecord
 
     q = IntervalQueue("reply-clock", interval="5ms", url=redis_url)

@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 import click
 
 from ..backends import Backend
-from ..client.queue import RESUME_GRACE_S, IntervalQueue
+from ..client.control import RESUME_GRACE_S
+from ..client.queue import IntervalQueue
 from ..errors import SiqError, redacted
 from ..intervals import parse_interval
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from ..client.queue import new_epoch, who
+from ..client.control import new_epoch, who
 from ..errors import CorruptStateError, QueueNotFoundError
 from ..intervals import MAX_BACKOFF_US, format_interval, parse_duration, parse_interval
 from ..limits import format_limits, format_override, limits_override

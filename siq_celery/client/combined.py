@@ -34,8 +34,11 @@ from ..ledger import StartRecord
 from ..limits import check_not_a_quota
 from ..rules import BEGIN_WAIT_US, FREE
 from ..types import Decision, Ticket
+from .body import begin_body, report_again_if_late
+from .control import new_epoch
 from .leases import KEEPER
-from .queue import IntervalQueue, begin_body, logger, new_epoch, report_again_if_late, validate_cost, wait_in_line
+from .queue import IntervalQueue, logger, validate_cost
+from .waiting import wait_in_line
 
 
 def pace_us(queue: IntervalQueue) -> float:

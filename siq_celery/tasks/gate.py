@@ -33,9 +33,11 @@ from celery.exceptions import Ignore, Reject
 
 from ..broker.admission import ADMISSION
 from ..broker.green import nap
+from ..client.body import begin_body
 from ..client.combined import CombinedQueue
 from ..client.leases import FINISH_RETRY_S, KEEPER, PendingFinish
-from ..client.queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, begin_body
+from ..client.queue import IntervalQueue
+from ..client.waiting import DeferralNeeded, DuplicateTaskError
 from ..errors import CorruptStateError, LostDeliveriesError, QueueNotFoundError, StoreUnavailableError
 from ..intervals import IntervalLike, parse_duration
 from ..ledger import StartRecord

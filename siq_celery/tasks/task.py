@@ -25,8 +25,9 @@ from celery.exceptions import Ignore
 
 from ..broker.kombu_api import kombu_problem
 from ..broker.transit import guard_transit
+from ..client.body import report_again_if_late
 from ..client.combined import CombinedQueue
-from ..client.queue import IntervalQueue, report_again_if_late, validate_cost
+from ..client.queue import IntervalQueue, validate_cost
 from ..errors import ConfigurationError, InvalidQueueNameError, LostDeliveriesError, SiqError
 from ..intervals import IntervalLike, parse_interval
 from ..keys import validate_queue_name
