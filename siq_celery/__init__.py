@@ -5,7 +5,9 @@ integration builds on it.
 """
 
 from .backends import Backend, ModelBackend, backend_from_url, register_backend
-from .combined import CombinedQueue
+from .client.combined import CombinedQueue
+from .client.queue import IntervalQueue
+from .client.waiting import DuplicateTaskError, SlotTimeoutError
 from .errors import (
     ConfigurationError,
     CorruptStateError,
@@ -22,7 +24,6 @@ from .errors import (
 )
 from .intervals import format_interval, parse_interval
 from .limits import Limit
-from .queue import DuplicateTaskError, IntervalQueue, SlotTimeoutError
 from .tasks.task import IntervalTask
 from .types import ClaimResult, Decision, QueueState, QueueStatus, Ticket, Verdict
 

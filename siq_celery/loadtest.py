@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .queue import IntervalQueue
+from .client.queue import IntervalQueue
 
 ARRIVAL_SPREAD_S = 0.002
 

@@ -54,10 +54,10 @@ import pytest
 
 from .backends import Backend
 from .backends.memory import forget_memory_store
+from .client.queue import IntervalQueue
 from .embedded import EmbeddedRedis
 from .errors import ConfigurationError
 from .ledger import LedgerRow
-from .queue import IntervalQueue
 from .tasks.app_state import SiqState, replace_siq_state
 from .tasks.task_api import is_interval_task
 from .tasks.worker_hooks import WORKER

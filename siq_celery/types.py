@@ -431,7 +431,7 @@ class Decision:
     #: ``answered_at`` + ``wait_us``, never before the slot on the store's clock.
     answered_at: float = field(default=0.0, compare=False)
     #: AUTHORIZED ahead of its slot, with the asker's clock read against the store's
-    #: (:class:`~siq_celery.reply_clock.ReplyClock`): when, on the asker's monotonic clock, the slot
+    #: (:class:`~siq_celery.client.reply_clock.ReplyClock`): when, on the asker's monotonic clock, the slot
     #: comes on the store's, at the latest; never after ``answered_at`` + ``wait_us``. 0: not known.
     slot_at: float = field(default=0.0, compare=False)
 

@@ -1,4 +1,4 @@
-"""The report a body sends as it begins (queue.body_may_begin), step by step, on a line
+"""The report a body sends as it begins (body.body_may_begin), step by step, on a line
 whose clock and store answers the test sets: sent without waiting for the answer (a
 process blocked on it waits for the CPU after, on a loaded host), and again while its send
 took long (the process stood still in it); an error in time lets the body begin (the
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from siq_celery.broker import green
-from siq_celery.queue import (
+from siq_celery.client.body import (
     HOLD_SPIN_S,
     LATE_BEGIN_S,
     REPORT_AGAIN_S,

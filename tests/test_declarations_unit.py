@@ -19,8 +19,8 @@ from celery import Celery, signals
 from siq_celery import ConfigurationError, IntervalTask
 from siq_celery.backends import backend_from_url
 from siq_celery.backends.sqlite import SqliteBackend
+from siq_celery.client.queue import IntervalQueue
 from siq_celery.errors import StoreUnavailableError
-from siq_celery.queue import IntervalQueue
 from siq_celery.tasks import worker_hooks
 from siq_celery.tasks.app_state import siq_state
 from siq_celery.tasks.declarations import NodeDeclarations, PerKeyDeclarations, app_declarations, describe, sync_app

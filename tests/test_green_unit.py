@@ -21,7 +21,7 @@ from siq_celery.broker import green as green_module
 from siq_celery.broker.admission import Admission
 from siq_celery.broker.green import nap
 from siq_celery.broker.green_credit import GreenCredit
-from siq_celery.queue import _sleep_before_asking
+from siq_celery.client.waiting import _sleep_before_asking
 from siq_celery.tasks.settings import SiqSettings
 from siq_celery.testing import PinnedClock
 from tests.test_waiting import SimulatedTime, SlowReplyBackend

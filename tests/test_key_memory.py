@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent("""
     from siq_celery.errors import CorruptStateError
     from siq_celery.observe.metrics import StoreCollector
     from siq_celery.tasks.parking import _RELEASE_THROTTLE
-    from siq_celery.queue import IntervalQueue
+    from siq_celery.client.queue import IntervalQueue
     from siq_celery.observe.top import QueueRates, RecentLateness
     from siq_celery.types import Declared, IntervalSources, QueueState, QueueStatus
 

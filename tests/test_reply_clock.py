@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from siq_celery.reply_clock import DRIFT, REPLIES_KEPT, REPLY_WINDOW_S, ReplyClock
+from siq_celery.client.reply_clock import DRIFT, REPLIES_KEPT, REPLY_WINDOW_S, ReplyClock
 
 OFFSET_S = 1234.5678  # the store's clock minus this process's
 
@@ -79,8 +79,8 @@ def test_bodies_held_by_it_never_begin_before_their_slots_on_the_stores_clock(re
     import time
 
     from siq_celery import IntervalQueue
+    from siq_celery.client.body import begin_body
     from siq_celery.ledger import StartRecord
-    from siq_celery.queue import begin_body
 
     q = IntervalQueue("reply-clock", interval="5ms", url=redis_url)
     q.ensure(reset=True)

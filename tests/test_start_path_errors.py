@@ -23,8 +23,8 @@ from kombu.exceptions import OperationalError
 from siq_celery import ConfigurationError, IntervalQueue, IntervalTask, StoreUnavailableError
 from siq_celery.backends import backend_from_url
 from siq_celery.backends.memory import MemoryBackend
+from siq_celery.client.waiting import SlotTimeoutError
 from siq_celery.pytest_plugin import SiqStore
-from siq_celery.queue import SlotTimeoutError
 from siq_celery.tasks import gate
 from siq_celery.types import Decision, Ticket, Verdict
 from tests.faults.conftest import ControlledRedis

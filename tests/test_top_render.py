@@ -9,9 +9,9 @@ import uuid
 from rich.console import Console
 
 from siq_celery.backends import backend_from_url
+from siq_celery.client.queue import IntervalQueue
 from siq_celery.observe.metrics import StoreCollector
 from siq_celery.observe.top import QueueRates, RecentLateness, table
-from siq_celery.queue import IntervalQueue
 
 
 def render(url: str, width: int, rates: QueueRates | None = None) -> dict[str, list[str]]:

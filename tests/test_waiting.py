@@ -11,7 +11,7 @@ import pytest
 
 from siq_celery import IntervalQueue, StoreUnavailableError, Verdict
 from siq_celery.backends.memory import MemoryBackend
-from siq_celery.queue import DuplicateTaskError, SlotTimeoutError
+from siq_celery.client.waiting import DuplicateTaskError, SlotTimeoutError
 from siq_celery.testing import PinnedClock
 
 _names = itertools.count()

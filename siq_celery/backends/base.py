@@ -58,7 +58,7 @@ RELEASE_LEASE_US = 60_000_000  # a releaser that died: its tasks go out again af
 
 
 #: How long the lease of a body whose process died is held (siq_lease_timeout): a copy of its
-#: task starts after that; a live body's lease is renewed (leases.py) every third of it.
+#: task starts after that; a live body's lease is renewed (client/leases.py) every third of it.
 DEFAULT_LEASE_TIMEOUT_US = 10_000_000
 
 

@@ -15,7 +15,7 @@ twentieth of the rate at least. Prefork's ``time.sleep`` is exact to tens of mic
 
 :func:`nap`, when :data:`GREEN` is set (a green pool's worker process, tasks/worker_hooks.py),
 sleeps a short nap (up to :data:`PRECISE_BELOW_S`, the last one before a slot: see
-queue._sleep_before_asking) with the hub's timer until :data:`SPIN_S` before its end, then
+waiting._sleep_before_asking) with the hub's timer until :data:`SPIN_S` before its end, then
 yields (``time.sleep(0)``: other greenlets run, the hub polls its sockets) until the end;
 longer naps end a few milliseconds before the slot anyway, and only the hub's timer is
 used. Elsewhere it is ``time.sleep``. Only the tasks let in to ask for their slot (two per

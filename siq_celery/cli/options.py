@@ -12,9 +12,10 @@ from typing import Any, TypeVar
 import click
 
 from ..backends import Backend
+from ..client.control import RESUME_GRACE_S
+from ..client.queue import IntervalQueue
 from ..errors import SiqError, redacted
 from ..intervals import parse_interval
-from ..queue import RESUME_GRACE_S, IntervalQueue
 
 _T = TypeVar("_T")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import click
 
+from ..client.control import new_epoch, who
 from ..errors import CorruptStateError, QueueNotFoundError
 from ..intervals import MAX_BACKOFF_US, format_interval, parse_duration, parse_interval
 from ..limits import format_limits, format_override, limits_override
-from ..queue import new_epoch, who
 from ..rules import no_limit_known
 from .options import NEGATIVE_VALUES, SiqCommand, StoreOptions, interval_param, one_line_errors, param_value, when_text
 

@@ -64,8 +64,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from siq_celery.client.queue import MAX_COST
 from siq_celery.ledger import SCHEMA_VERSION
-from siq_celery.queue import MAX_COST
 from siq_celery.spark import audit_tables, fair, limits
 
 # ``name as name``: kept importable from here (main: ``siq audit`` and this file run as a

@@ -41,7 +41,7 @@ def fair_rows(ledger: Any) -> Any:
     to 1 .. MAX_COST as the audit reads it."""
     from pyspark.sql import functions as F
 
-    from siq_celery.queue import MAX_COST
+    from siq_celery.client.queue import MAX_COST
 
     cost = F.least(F.greatest(F.coalesce(F.col("cost"), F.lit(1)), F.lit(1)), F.lit(MAX_COST)).cast("int")
     return ledger.filter(

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..client.queue import IntervalQueue
 from ..intervals import IntervalLike
-from ..queue import IntervalQueue
 from ..tasks.app_state import siq_state
 
 logger = logging.getLogger("siq_celery")

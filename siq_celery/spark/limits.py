@@ -57,7 +57,7 @@ def limited_rows(df: Any, limited: Any) -> Any:
     stopped counting; see the module docstring)."""
     from pyspark.sql import functions as F
 
-    from siq_celery.queue import MAX_COST
+    from siq_celery.client.queue import MAX_COST
 
     quota = F.coalesce(F.col("quota"), F.lit(0))
     window = F.coalesce(F.col("window_us"), F.lit(0))

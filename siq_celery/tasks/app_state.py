@@ -14,12 +14,12 @@ from typing import Any
 
 from ..backends import Backend, backend_from_url
 from ..broker.green import nap
-from ..combined import CombinedQueue, declared_combined_queue
+from ..client.combined import CombinedQueue, declared_combined_queue
+from ..client.queue import IntervalQueue
 from ..errors import ConfigurationError, redacted_url
 from ..intervals import IntervalLike, parse_interval
 from ..limits import Limit, QuotaLike, limits_of
 from ..lru import LRUCache
-from ..queue import IntervalQueue
 from .settings import SiqSettings
 
 
@@ -132,7 +132,7 @@ class SiqState:
         return q
 
     def combined(self, task: str, declared: Any, interval: Any) -> CombinedQueue:
-        """The CombinedQueue of a task declared with several interval queues (combined.py:
+        """The CombinedQueue of a task declared with several interval queues (client/combined.py:
         declared_combined_queue), built once: a task's declaration does not change."""
         limits = self._combined.get(task)
         if limits is None:

@@ -16,7 +16,7 @@ runs at (rules/declarations.py: ``declare``, ``override``, ``effective_interval`
   processes first uses the key, renews it while it keeps using it, and withdraws it when
   the process stops.
 
-Producers never write the interval (queue.py: ``note_stored_interval`` logs once when
+Producers never write the interval (client/queue.py: ``note_stored_interval`` logs once when
 theirs differs); ``celery -A app siq sync`` announces the app's declarations from a
 script, without registering a node.
 """
@@ -32,12 +32,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from ..client.control import who
+from ..client.queue import IntervalQueue
 from ..errors import SiqError, StoreUnavailableError
 from ..intervals import format_interval
 from ..limits import NO_SPACING_US, format_limits, format_override
 from ..logs import Throttle
 from ..lru import LRUCache
-from ..queue import IntervalQueue, who
 from ..rules import strictest
 from ..types import NO_LIMITS, Declared, Limits
 from .app_state import siq_state

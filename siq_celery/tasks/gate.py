@@ -12,7 +12,7 @@ again, as a new start, until ``siq_max_lost_deliveries`` copies in a row died wi
 worker: then it fails with LostDeliveriesError (a poison message). :func:`record_finish`
 (``after_return``) remembers the finish, :func:`record_retry` ends a run that retries;
 :func:`back_off` holds the queue for a service that said "retry after". In a queue with a
-concurrency cap the start takes a lease, kept (renewed: leases.py) while the body runs and
+concurrency cap the start takes a lease, kept (renewed: client/leases.py) while the body runs and
 given back by each of these in the finish's own step; a run that ends any other way (the
 body raised Ignore or Reject) gives it back after the task (:func:`release_leftover_lease`);
 a process that dies (SIGKILL, a hard time limit, a revoke that terminates) leaves it to
@@ -33,10 +33,13 @@ from celery.exceptions import Ignore, Reject
 
 from ..broker.admission import ADMISSION
 from ..broker.green import nap
-from ..combined import CombinedQueue
+from ..client.body import begin_body
+from ..client.combined import CombinedQueue
+from ..client.leases import FINISH_RETRY_S, KEEPER, PendingFinish
+from ..client.queue import IntervalQueue
+from ..client.waiting import DeferralNeeded, DuplicateTaskError
 from ..errors import CorruptStateError, LostDeliveriesError, QueueNotFoundError, StoreUnavailableError
 from ..intervals import IntervalLike, parse_duration
-from ..leases import FINISH_RETRY_S, KEEPER, PendingFinish
 from ..ledger import StartRecord
 from ..messages import (
     DEFERRALS,
@@ -50,7 +53,6 @@ from ..messages import (
     ticket_headers,
 )
 from ..parked import FairTask
-from ..queue import DeferralNeeded, DuplicateTaskError, IntervalQueue, begin_body
 from ..types import Decision, QueueState, Ticket, Verdict
 from .app_state import siq_state
 from .deferral_log import note_deferral

@@ -29,10 +29,10 @@ from kombu.exceptions import EncodeError
 from kombu.utils.json import dumps, loads  # Celery's JSON: datetimes, UUIDs, Decimals
 
 from ..backends.base import RELEASE_LIMIT
+from ..client.queue import IntervalQueue
 from ..lru import LRUCache
 from ..messages import DEFERRALS, FAIR_HEADERS, fair_headers, fair_share, ticket_headers
 from ..parked import ParkedTask
-from ..queue import IntervalQueue
 from ..types import Ticket
 from .app_state import siq_state
 

@@ -24,10 +24,10 @@ from typing import Any
 
 from kombu.utils.uuid import uuid
 
+from ..client.queue import IntervalQueue, PendingTicket
 from ..errors import ConfigurationError, CorruptStateError, StoreUnavailableError
 from ..messages import DEFERRALS, FAIR_HEADERS, HEADER_NAMES, HELD, ticket_headers
 from ..parked import FairTask
-from ..queue import IntervalQueue, PendingTicket
 from ..types import Ticket
 from .app_state import siq_state
 from .parking import park, parked_message, release_fair, release_now_and_then

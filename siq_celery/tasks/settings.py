@@ -11,7 +11,7 @@
   counts them): while it is live a redelivered copy of the task is not started. A lease of
   a body whose process died (SIGKILL, a hard time limit, a revoke that terminates) expires
   this long after its last renewal, and its copy runs then; a running body's lease is
-  renewed every third of it (leases.py).
+  renewed every third of it (client/leases.py).
 * ``siq_store_replicas`` (0) and ``siq_store_replica_timeout`` (1 s): on a Redis master with
   replicas (Sentinel), a start or a finish counts only once that many replicas acknowledged
   it (``WAIT``) within the timeout: a failover keeps it, and a master cut off from its

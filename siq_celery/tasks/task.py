@@ -25,13 +25,14 @@ from celery.exceptions import Ignore
 
 from ..broker.kombu_api import kombu_problem
 from ..broker.transit import guard_transit
-from ..combined import CombinedQueue
+from ..client.body import report_again_if_late
+from ..client.combined import CombinedQueue
+from ..client.queue import IntervalQueue, validate_cost
 from ..errors import ConfigurationError, InvalidQueueNameError, LostDeliveriesError, SiqError
 from ..intervals import IntervalLike, parse_interval
 from ..keys import validate_queue_name
 from ..limits import Limit, check_not_a_quota, parse_quota, validate_burst, validate_concurrency, validate_margin
 from ..messages import DEFERRALS, KEEP_TICKET
-from ..queue import IntervalQueue, report_again_if_late, validate_cost
 from ..rules import MAX_FAIR_WEIGHT
 from ..types import Decision
 from .app_state import siq_state
@@ -62,7 +63,7 @@ class IntervalTask(Task):  # type: ignore[misc]
     #: ``siq_key_idle_expiry`` of idleness (Redis).
     #: Several limits: a list of names (with ``interval`` a list of the same length), or a
     #: mapping of name to interval (``{"{geo}per-second": "100ms", "{geo}per-day":
-    #: "10/2s"}``): every start must pass all of them at once (see combined.py).
+    #: "10/2s"}``): every start must pass all of them at once (see client/combined.py).
     interval_queue: str | Callable[[list[Any], dict[str, Any]], str] | Sequence[str] | Mapping[str, Any] | None = None
 
     #: Starts that may come closer than the interval to catch up after lateness or idleness

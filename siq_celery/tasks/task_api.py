@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..combined import CombinedQueue
+from ..client.combined import CombinedQueue
+from ..client.queue import IntervalQueue
 from ..errors import ConfigurationError
-from ..queue import IntervalQueue
 
 
 class IntervalTaskLike(Protocol):

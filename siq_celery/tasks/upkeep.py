@@ -26,10 +26,10 @@ from typing import Any
 
 from ..broker.restore import UnackedRestore
 from ..broker.transit import TransitSweep
+from ..client.queue import IntervalQueue
 from ..clock import CLOCK
 from ..errors import StoreUnavailableError
 from ..logs import Outage, Throttle
-from ..queue import IntervalQueue
 from .app_state import siq_state
 from .declarations import app_declarations
 from .parking import release_due

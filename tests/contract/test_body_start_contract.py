@@ -17,7 +17,7 @@ import random
 from typing import Any
 
 from siq_celery import IntervalQueue, Verdict
-from siq_celery.queue import body_may_begin, give_back_late_start, still_holds
+from siq_celery.client.body import body_may_begin, give_back_late_start, still_holds
 from siq_celery.rules import BEGIN_WAIT_US
 from siq_celery.types import Decision
 from tests.conftest import Store

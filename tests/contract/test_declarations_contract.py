@@ -13,7 +13,7 @@ import pytest
 
 from siq_celery import IntervalQueue, Verdict
 from siq_celery.backends.redis import redis_client_from_url
-from siq_celery.combined import CombinedQueue
+from siq_celery.client.combined import CombinedQueue
 from siq_celery.types import Limits
 from tests.conftest import Store
 

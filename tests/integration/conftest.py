@@ -187,7 +187,7 @@ def busy_queue(url: str, name: str, callers: int) -> Iterator[None]:
     """``callers`` threads, each taking ``name``'s slots one after another with
     ``IntervalQueue.slot()``: the queue runs at its limit, with ``callers - 1`` waiting."""
     from siq_celery.backends import backend_from_url
-    from siq_celery.queue import IntervalQueue
+    from siq_celery.client.queue import IntervalQueue
 
     stop = threading.Event()
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from siq_celery.backends import backend_from_url
+from siq_celery.client.queue import IntervalQueue
 from siq_celery.embedded import EmbeddedRedis, free_port
-from siq_celery.queue import IntervalQueue
 from tests.integration.conftest import busy_queue
 from tests.integration.test_exporter import start_exporter
 from tests.test_docker_files import dashboard_expressions

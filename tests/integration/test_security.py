@@ -15,8 +15,8 @@ import redis
 
 from siq_celery.backends import backend_from_url
 from siq_celery.backends.redis import ACL_RULES
+from siq_celery.client.queue import IntervalQueue
 from siq_celery.embedded import EmbeddedRedis, free_port
-from siq_celery.queue import IntervalQueue
 from tests.integration.conftest import ROOT, CeleryRun, busy_queue, gaps_ms
 from tests.integration.test_exporter import SIQ, sample, scrape
 from tests.integration.test_top import Rows, watch_top

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from siq_celery.backends import backend_from_url
+from siq_celery.client.queue import IntervalQueue
 from siq_celery.embedded import EmbeddedRedis
-from siq_celery.queue import IntervalQueue
 from tests.integration.conftest import busy_queue
 from tests.tools import require_tool
 

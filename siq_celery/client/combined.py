@@ -29,13 +29,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .errors import ConfigurationError, StoreUnavailableError
+from ..errors import ConfigurationError, StoreUnavailableError
+from ..ledger import StartRecord
+from ..limits import check_not_a_quota
+from ..rules import BEGIN_WAIT_US, FREE
+from ..types import Decision, Ticket
+from .body import begin_body, report_again_if_late
+from .control import new_epoch
 from .leases import KEEPER
-from .ledger import StartRecord
-from .limits import check_not_a_quota
-from .queue import IntervalQueue, begin_body, logger, new_epoch, report_again_if_late, validate_cost, wait_in_line
-from .rules import BEGIN_WAIT_US, FREE
-from .types import Decision, Ticket
+from .queue import IntervalQueue, logger, validate_cost
+from .waiting import wait_in_line
 
 
 def pace_us(queue: IntervalQueue) -> float:

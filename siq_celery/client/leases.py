@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from .backends import Backend
+from ..backends import Backend
 
 logger = logging.getLogger("siq_celery")
 

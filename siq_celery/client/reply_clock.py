@@ -1,7 +1,7 @@
 """This process's clock read against the state store's, from the answers to its asks.
 
 A body authorized ahead of its slot is held until the slot comes on the store's clock
-(``queue.hold_until``). One answer alone places that moment by its own way back (the
+(``body.hold_until``). One answer alone places that moment by its own way back (the
 reply, the process's wake) as if it were the store's time; the last few answers together
 place it within the quickest of them.
 """
@@ -27,7 +27,7 @@ class ReplyClock:
     the store's clock is at least ``T - t2`` ahead of this one. The largest such bound among
     the last answers (within :data:`REPLY_WINDOW_S`, each less the drift since, never above
     the newest answer's upper bound) is the one a body held for its slot waits by
-    (``queue.hold_until``): the slot on the store's clock comes no later than it says, and
+    (``body.hold_until``): the slot on the store's clock comes no later than it says, and
     less late than by one answer alone, which counts its whole way back (the reply, the
     process's wake) as the store's time. One a queue: on a Cluster each queue's answers
     come from the master of its slot, with its own clock."""
