@@ -85,21 +85,21 @@ def test_a_worker_parks_a_task_whose_slot_is_beyond_the_horizon(celery_run: Cele
 
 @pytest.mark.timeout(400)
 def test_a_backlog_six_times_the_visibility_timeout_runs_each_task_once(celery_run: CeleryRun) -> None:
-    """Without parking, tasks held by ETA for up to a minute would be redelivered after 10 s."""
+    """Without parking, tasks held by ETA for up to 30 s would be redelivered after 5 s."""
     celery_run.env.update(
-        SIQ_TEST_INTERVAL="50ms", SIQ_TEST_HORIZON="4",
-        SIQ_TEST_TRANSPORT=json.dumps({"visibility_timeout": 10, "unacked_restore_interval": 2}),
+        SIQ_TEST_INTERVAL="50ms", SIQ_TEST_HORIZON="2", SIQ_TEST_RELEASE_EVERY="0.5",
+        SIQ_TEST_TRANSPORT=json.dumps({"visibility_timeout": 5, "unacked_restore_interval": 1}),
     )  # fmt: skip
     celery_run.start_workers(2, 2)
     record = celery_run.app.tasks["geo.record"]
     record.siq_queue().ensure(0.05, reset=True)
-    record.apply_many([(n,) for n in range(1200)])  # 60 s of backlog
-    starts = celery_run.wait_for_count(1200, timeout=150)
-    time.sleep(3)  # one more restore sweep: a redelivered copy would start now
+    record.apply_many([(n,) for n in range(600)])  # 30 s of backlog
+    starts = celery_run.wait_for_count(600, timeout=100)
+    time.sleep(2)  # one more restore sweep: a redelivered copy would start now
     starts = celery_run.starts()
-    assert len(starts) == 1200 and len({r["task_id"] for r in starts}) == 1200  # 0 duplicate starts
-    assert_clean(starts, 1200, 50)
-    print(f"\nvisibility 10 s, 1200 tasks over {(max(r['t'] for r in starts) - min(r['t'] for r in starts)):.0f} s: "
+    assert len(starts) == 600 and len({r["task_id"] for r in starts}) == 600  # 0 duplicate starts
+    assert_clean(starts, 600, 50)
+    print(f"\nvisibility 5 s, 600 tasks over {(max(r['t'] for r in starts) - min(r['t'] for r in starts)):.0f} s: "
           f"0 duplicates, smallest gap {min(gaps_ms(starts)):.2f} ms")  # fmt: skip
 
 
@@ -136,44 +136,56 @@ def test_workers_stopped_for_a_minute_then_everything_runs_in_ticket_order(celer
           f"all 200 ran once, 0 inversions")  # fmt: skip
 
 
-def _rabbitmq_consumer_timeout(ms: int | None = None) -> int:
-    """Read (and with ``ms``, set) the RabbitMQ server's consumer_timeout at runtime."""
-    command = "application:get_env(rabbit, consumer_timeout)."
-    if ms is not None:
-        command = f"application:set_env(rabbit, consumer_timeout, {ms}), {command}"
+def _rabbitmq_env(name: str, value: int | None = None) -> int:
+    """Read (and with ``value``, set) one of the RabbitMQ server's settings at runtime
+    (``consumer_timeout`` in ms; ``channel_tick_interval``, how often, in ms, a channel checks
+    its consumers' timeouts: a minute unless set, read by each channel as it opens)."""
+    command = f"application:get_env(rabbit, {name})."
+    if value is not None:
+        command = f"application:set_env(rabbit, {name}, {value}), {command}"
     out = subprocess.run(["rabbitmqctl", "eval", command], capture_output=True, text=True, timeout=30)
-    if out.returncode != 0 or "{ok," not in out.stdout:
-        pytest.skip(f"cannot read or set RabbitMQ's consumer_timeout with rabbitmqctl: {out.stderr.strip()[:200]}")
-    return int(out.stdout.split("{ok,")[1].split("}")[0])
+    if out.returncode != 0:
+        pytest.fail(f"cannot read or set RabbitMQ's {name} with rabbitmqctl: {out.stderr.strip()[:200]}")
+    return int(out.stdout.split("{ok,")[1].split("}")[0]) if "{ok," in out.stdout else -1
+
+
+def _rabbitmq_restore(name: str, before: int) -> None:
+    unset = f"application:unset_env(rabbit, {name})."
+    command = f"application:set_env(rabbit, {name}, {before})." if before >= 0 else unset
+    subprocess.run(["rabbitmqctl", "eval", command], capture_output=True, text=True, timeout=30, check=True)
 
 
 @pytest.mark.rabbitmq
 @pytest.mark.timeout(400)
 def test_rabbitmq_backlog_longer_than_consumer_timeout_keeps_its_channel(celery_run: CeleryRun, amqp_url: str) -> None:
-    """consumer_timeout 10 s on the server (set at runtime, restored after), a 90 s backlog:
-    no task is held unacknowledged near that long, so no channel is closed. (RabbitMQ checks
-    the timeout about once a minute; with siq_horizon 600 s the same run ends in
-    "PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out" and a dead worker.)"""
+    """consumer_timeout 5 s on the server, checked every second (both set at runtime, for the
+    channels the workers open, and restored after), a 30 s backlog: no task is held
+    unacknowledged near that long, so no channel is closed. (With siq_horizon 600 s the same
+    run ends in "PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out" and a
+    dead worker within seconds.)"""
     if shutil.which("rabbitmqctl") is None:
         pytest.skip("rabbitmqctl is not on PATH: cannot set the server's consumer_timeout")
-    before = _rabbitmq_consumer_timeout()
+    timeout_before, tick_before = _rabbitmq_env("consumer_timeout"), _rabbitmq_env("channel_tick_interval")
     try:
-        assert _rabbitmq_consumer_timeout(10_000) == 10_000
-        celery_run.env.update(SIQ_TEST_BROKER=amqp_url, SIQ_TEST_INTERVAL="100ms", SIQ_TEST_HORIZON="5",
+        assert _rabbitmq_env("consumer_timeout", 5_000) == 5_000
+        assert _rabbitmq_env("channel_tick_interval", 1_000) == 1_000
+        celery_run.env.update(SIQ_TEST_BROKER=amqp_url, SIQ_TEST_INTERVAL="100ms", SIQ_TEST_HORIZON="2",
                               SIQ_TEST_RELEASE_EVERY="0.5")  # fmt: skip
         celery_run.start_workers(2, 2)
         record = celery_run.app.tasks["geo.record"]
         record.siq_queue().ensure(0.1, reset=True)
-        record.apply_many([(n,) for n in range(900)])
-        starts = celery_run.wait_for_count(900, timeout=200)
+        record.apply_many([(n,) for n in range(300)])
+        starts = celery_run.wait_for_count(300, timeout=120)
     finally:
-        _rabbitmq_consumer_timeout(before)
-    assert len(starts) == 900 and len({r["task_id"] for r in starts}) == 900
+        _rabbitmq_restore("consumer_timeout", timeout_before)
+        _rabbitmq_restore("channel_tick_interval", tick_before)
+    assert len(starts) == 300 and len({r["task_id"] for r in starts}) == 300
     logs = "".join(w.log() for w in celery_run.workers)
     assert "PRECONDITION_FAILED" not in logs and "timed out" not in logs.lower(), logs[-3000:]
     assert all(w.alive for w in celery_run.workers)
     print(
-        f"\nRabbitMQ consumer_timeout 10 s, 900 tasks over {starts[-1]['t'] - starts[0]['t']:.0f} s: no channel error"
+        f"\nRabbitMQ consumer_timeout 5 s checked every 1 s, 300 tasks over {starts[-1]['t'] - starts[0]['t']:.0f} s: "
+        "no channel error"
     )
 
 
