@@ -233,13 +233,15 @@ def window_bound_broken(rows: list[LedgerRow], burst: int) -> set[str]:
 
 
 def test_a_million_rows_with_every_kind_of_fault_are_found_exactly(spark: Any, tmp_path: Path) -> None:
-    """The spacing faults in the queues without limits, and the window and concurrency
-    overruns and bursts beyond the allowance in the queues of each limit: each found once,
-    by count and by task id, in one audit of 1,000,000 rows."""
+    """The spacing faults and the bodies' faults (a body that began too soon after the one
+    before, a body that never reported) in the queues without limits, and the window and
+    concurrency overruns and bursts beyond the allowance in the queues of each limit: each
+    found once, by count and by task id, in one audit of 1,000,000 rows, whose report and
+    tables say so."""
     ledger = tmp_path / "ledger.parquet"
     injected = write_synthetic_ledger(
         str(ledger), 1_000_000, violations=17, inversions=13, duplicates=11, missing=7, window_overruns=29,
-        concurrency_overruns=31, burst_overruns=19, queues=[*QUEUES, *LIMIT_QUEUES],
+        concurrency_overruns=31, burst_overruns=19, body_violations=13, unreported=17, queues=[*QUEUES, *LIMIT_QUEUES],
     )  # fmt: skip
     started = time.monotonic()
     report = run_audit(spark, [str(ledger)], str(tmp_path / "audit"), TOLERANCE, log=lambda _: None)
@@ -262,7 +264,27 @@ def test_a_million_rows_with_every_kind_of_fault_are_found_exactly(spark: Any, t
     assert all(r["value"] == r["limit"] + 1 for r in limit)
     spacing = spark.read.parquet(str(tmp_path / "audit" / "violations")).filter("queue = 'synthetic:burst'")
     assert {r["task_id"] for r in spacing.collect()} == set(injected.expected["burst"])
-    assert json.loads((tmp_path / "audit" / "report.json").read_text())["summary"] == report["summary"]
+    on_disk = json.loads((tmp_path / "audit" / "report.json").read_text())
+    assert on_disk["summary"] == report["summary"] and on_disk["rows"] == 1_000_000 and on_disk["schema_version"] == 5
+    # the bodies' clock: the reports that came, the bodies that began too soon after the one before
+    bodies = {k: sum(q[k] for q in summary.values()) for k in ("reported_starts", "body_violations",
+              "body_limit_violations")}  # fmt: skip
+    # (the window's and the cap's overruns are the bodies' too: their bodies began with their starts)
+    assert bodies == {"reported_starts": 1_000_000 - 17, "body_violations": 13, "body_limit_violations": 29 + 31}
+    assert {q: summary[q]["body_violations"] for q in ("synthetic:fast", "synthetic:slow")} == {
+        "synthetic:fast": 7,
+        "synthetic:slow": 6,
+    }
+    body_rows = spark.read.parquet(str(tmp_path / "audit" / "body_violations"))
+    # each the body after one whose report came half an interval late: half an interval and 400 us after it
+    assert body_rows.count() == 13 and body_rows.filter("abs(gap_us * 2 - interval_us - 800) > 400").count() == 0
+    plain = spark.read.parquet(str(tmp_path / "audit" / "violations")).filter(
+        "queue IN ('synthetic:fast', 'synthetic:slow')"
+    )
+    assert plain.count() == 17 and plain.filter("gap_us * 2 > interval_us + 200").count() == 0
+    assert spark.read.parquet(str(tmp_path / "audit" / "duplicates")).count() == 11
+    html = (tmp_path / "audit" / "report.html").read_text()
+    assert html.startswith("<!doctype html>") and "<svg" in html and "synthetic:window" in html
 
 
 def test_the_synthetic_faults_are_the_only_ones_by_the_definitions(tmp_path: Path) -> None:
