@@ -338,18 +338,20 @@ class ModelBackend(Backend):
             return copy_state(tx.state)
 
     def status(self, queue: str) -> QueueStatus | None:
-        with self._following_one(queue) as tx:
+        with self.transaction(queue) as tx:
             if tx.state is None:
                 return None
-            state, used, slots = tx.state, 0, (0, 0)
+            # Read only, as on Redis: the interval and limits the next start will use (a node
+            # declaration expired since counts no more), not written: a read changes nothing.
+            state, sources, used, slots = copy_state(tx.state), tx.sources(), 0, (0, 0)
+            sources = rules.follow_expiry(state, sources, tx.now_us) or sources
             if state.quota:  # read only: what a status read forgot would not move the anchor
                 used = rules.window_used(tx.window(), tx.now_us - state.window_us)
                 slots = rules.status_window(state, tx.window(), tx.now_us)
             in_flight = tx.leases().live(tx.now_us) if state.concurrency else 0
             fair = tx.fair_backlog(0)
             return QueueStatus(
-                queue, copy_state(state), tx.now_us, tx.finished_count(), tx.parked_count(), tx.sources(),
-                *tx.refusals(),
+                queue, state, tx.now_us, tx.finished_count(), tx.parked_count(), sources, *tx.refusals(),
                 window_used=used, counts=rules.counts_from_fields(tx.start_counts()), in_flight=in_flight,
                 window_next_us=slots[0], window_last_us=slots[1], fair_keys=fair.keys_waiting,
                 fair_tasks=fair.tasks_waiting,
@@ -413,8 +415,8 @@ class ModelBackend(Backend):
             return tx.fair_backlog(top)
 
     def parked_tasks(self, queue: str) -> list[ParkedTask]:
-        with self.transaction(queue) as tx:
-            return tx.leasable(1 << 62, 1 << 62, 1 << 62)  # everything, leased or not
+        with self.transaction(queue) as tx:  # everything, leased (listed first by leasable) or not
+            return sorted(tx.leasable(1 << 62, 1 << 62, 1 << 62), key=lambda t: t.ticket)
 
     def delete(self, queue: str) -> bool:
         with self.transaction(queue) as tx:

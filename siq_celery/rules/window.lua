@@ -104,9 +104,9 @@ local function siq_unit_time(u, unit)
     local rank = unit - 1 + u.skip
     return tonumber(redis.call('ZRANGE', u.key, rank, rank, 'WITHSCORES')[2])
   end
-  if u.base then  -- the first start whose number reaches the unit: every start holds 1 .. quota units
-    local want = u.base + unit
-    local lo = u.skip + math.ceil(unit / u.s.quota) - 1
+  if u.base then  -- the first start whose number reaches the unit: every start holds 1 unit or more
+    local want = u.base + unit  -- (and may hold more than the quota in force: one lowered since)
+    local lo = u.skip
     local hi = math.min(u.skip + unit - 1, u.card - 1)
     if lo > hi or siq_rank_units(u, hi) < want then return nil end
     while lo < hi do

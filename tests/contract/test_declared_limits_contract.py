@@ -98,6 +98,30 @@ def test_a_dead_nodes_limits_stop_counting_at_its_ttl_though_nobody_declares(sto
     assert [n.node for n in new.status().sources.nodes] == ["new@b"]
 
 
+@pytest.mark.parametrize("read_status", [False, True])
+def test_a_status_read_after_a_declaration_expired_changes_nothing(store: Store, read_status: bool) -> None:
+    """A node's concurrency cap expires while a body holds its lease; the finish, then the
+    next start. A status read in between reports the limits the next start will use and
+    writes nothing (the memory and SQLite stores wrote what it recomputed, and the finish
+    then gave the lease back under no cap, where Redis gave it back under the node's cap,
+    shifting the line: found by the differential test, tests/test_differential.py)."""
+    backend = store.backend()
+    t0 = store.clock.now_us
+    backend.declare("q", 10 * MS, "e1", origin="sync")  # the code: no cap
+    backend.declare("q", 10 * MS, "e1", node="n1", ttl_us=S, announce=False, limits=Limits(concurrency=1))
+    backend.claim("q", 2, 10 * MS, "e1")
+    at(store, t0 + 10 * MS)
+    first = backend.start("q", 1, "e1", task_id="t1", interval_us=10 * MS, new_epoch="x")
+    assert first.authorized and first.lease == "t1"
+    at(store, t0 + 3 * S)  # n1 stopped renewing: its cap no longer counts
+    if read_status:
+        status = backend.status("q")
+        assert status is not None and status.state.concurrency == 0
+    backend.finish("q", "t1")
+    second = backend.start("q", 2, "e1", task_id="t2", interval_us=10 * MS, new_epoch="x")
+    assert (second.verdict, second.slot_us) == (Verdict.AUTHORIZED, t0 + 3 * S)
+
+
 def test_a_script_declaration_is_the_declaration_while_no_node_is_live(store: Store) -> None:
     q = queue(store, quota="10/1s")
     q.declare(origin="siq sync")

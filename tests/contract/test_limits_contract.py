@@ -515,6 +515,28 @@ def test_a_costly_start_beside_starts_an_earlier_version_recorded(store: Store) 
     assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 40_000 + S  # the cost-2 start must leave
 
 
+def test_a_start_costlier_than_a_quota_lowered_since_counts_all_its_units(store: Store) -> None:
+    """A start of cost 2 under a quota of 2, then the quota lowered to 1 (an operator's
+    override; a deploy's declaration does the same): the window holds 2 units, more than the
+    new quota, and the next start waits until they leave. (Redis read every start kept as
+    holding at most the quota in force, found none, and let the start in at once: found by
+    the differential test, tests/test_differential.py.)"""
+    q = queue(store, interval="10ms", quota="2/50ms")
+    t0 = q.ensure().last_start_us
+    heavy = q.claim(cost=2)
+    at(store, t0 + 10_000)
+    assert q.start(heavy, cost=2).authorized
+    q.set_limits(quota="1/50ms")
+    status = q.status()
+    assert (status.window_used, status.window_next_us) == (2, t0 + 10_000 + 50_000)
+    light = q.claim()
+    at(store, t0 + 30_000)  # the spacing lets it in: the cost-2 start used its last slot at 20 ms
+    d = q.start(light)
+    assert d.verdict is Verdict.WAIT and d.slot_us == t0 + 60_000
+    at(store, t0 + 60_000)
+    assert q.start(light).authorized
+
+
 def test_a_start_recorded_before_the_newest_counts_at_its_own_time(store: Store) -> None:
     """The store clock stepped back between two starts (a pinned clock here; Redis TIME after
     a step of the host's clock): the window counts each start from its own time."""

@@ -106,6 +106,22 @@ def test_a_reset_keeps_parked_tasks_in_order_ahead_of_new_claims(store: Store) -
     assert release.epoch == state.epoch and q.claim().number == 18
 
 
+def test_parked_tasks_are_listed_by_ticket_leased_or_not(store: Store) -> None:
+    """A task leased to a releaser is listed in its place by ticket, not ahead of the rest
+    (the memory and SQLite stores listed the leased ones first: found by the differential
+    test, tests/test_differential.py)."""
+    q = store.queue()
+    t0 = q.ensure().last_start_us
+    epoch = q.claim_many(20)[0].epoch
+    q.backend.park("q", epoch, parked(5, 5) + parked(18, 18))
+    store.clock.now_us = t0
+    assert [t.ticket for t, _ in q.backend.release("q", H).tasks] == [5]  # leased, not unparked
+    q.backend.park("q", epoch, parked(2, 2))
+    assert [(t.ticket, t.task_id) for t in q.backend.parked_tasks("q")] == [
+        (2, "task-2"), (5, "task-5"), (18, "task-18"),
+    ]  # fmt: skip
+
+
 def test_delete_removes_parked_tasks(store: Store) -> None:
     q = store.queue()
     q.ensure()
