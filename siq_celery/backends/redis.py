@@ -19,7 +19,6 @@ from urllib.parse import urlsplit
 
 from ..errors import (
     ConfigurationError,
-    MissingDependencyError,
     StoreUnavailableError,
     redacted_url,
 )
@@ -45,8 +44,10 @@ from .redis_client import (
     _REDIS_ERRORS,
     DEFAULT_REPLICA_TIMEOUT_MS,
     SENTINEL_SOCKET_TIMEOUT_S,
+    RedisCluster,
     Unreplicated,
     check_database,
+    redis,
     redis_client_from_url,
     store_error,
 )
@@ -67,13 +68,6 @@ from .redis_replies import (
     _text,
 )
 from .stored import log_unreadable_sources
-
-try:
-    import redis
-    from redis.cluster import RedisCluster
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependencyError("the Redis state store needs redis-py: pip install 'siq_celery[redis]'") from exc
-
 
 logger = logging.getLogger("siq_celery")
 

@@ -11,7 +11,6 @@ from typing import Any
 from ..errors import (
     ConfigurationError,
     CorruptStateError,
-    MissingDependencyError,
     QueueNotFoundError,
     SiqError,
 )
@@ -33,6 +32,8 @@ from .redis_client import (
     DEFAULT_REPLICA_TIMEOUT_MS,
     MASTER_CHECK_S,
     MAX_REPLICAS,
+    RedisCluster,
+    redis,
     store_error,
 )
 from .redis_replies import (
@@ -42,12 +43,6 @@ from .redis_replies import (
     load_script_source,
 )
 from .redis_wakes import Wakes
-
-try:
-    import redis
-    from redis.cluster import RedisCluster
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependencyError("the Redis state store needs redis-py: pip install 'siq_celery[redis]'") from exc
 
 
 class RedisBase(Backend):

@@ -29,10 +29,12 @@ ACL_RULES = (
     "+wait", "+rpush", "+lpop", "+llen", "+hexists", "+hlen",
 )  # fmt: skip
 
+# redis-py, imported here once for every module of the Redis store (they import it from here).
 try:
-    import redis
+    import redis as redis
     from redis.backoff import NoBackoff
-    from redis.cluster import ClusterNode, RedisCluster
+    from redis.cluster import ClusterNode
+    from redis.cluster import RedisCluster as RedisCluster
     from redis.exceptions import RedisClusterException  # not on the top-level module before redis-py 5.1
     from redis.retry import Retry
     from redis.sentinel import Sentinel

@@ -13,23 +13,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import MissingDependencyError, SiqError, StoreUnavailableError
+from ..errors import SiqError, StoreUnavailableError
 from ..types import Verdict
 from .redis_base import RedisBase
 from .redis_client import (
     _REDIS_ERRORS,
     MASTER_CHECK_S,
     Overtaken,
+    RedisCluster,
     Unreplicated,
+    redis,
     store_error,
 )
 from .redis_replies import _decision
-
-try:
-    import redis
-    from redis.cluster import RedisCluster
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependencyError("the Redis state store needs redis-py: pip install 'siq_celery[redis]'") from exc
 
 logger = logging.getLogger("siq_celery")
 

@@ -9,7 +9,6 @@ from typing import Any
 
 from ..errors import (
     CorruptStateError,
-    MissingDependencyError,
     SiqError,
     StoreUnavailableError,
 )
@@ -25,6 +24,8 @@ from .base import (
 )
 from .redis_client import (
     _REDIS_ERRORS,
+    RedisCluster,
+    redis,
     store_error,
 )
 from .redis_failover import RedisFailover
@@ -35,12 +36,6 @@ from .redis_replies import (
     _text,
 )
 from .stored import match_names
-
-try:
-    import redis
-    from redis.cluster import RedisCluster
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependencyError("the Redis state store needs redis-py: pip install 'siq_celery[redis]'") from exc
 
 
 class RedisReads(RedisFailover):

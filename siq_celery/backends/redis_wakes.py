@@ -14,16 +14,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import (
-    MissingDependencyError,
-)
 from ..rules import FREE
-
-try:
-    import redis
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependencyError("the Redis state store needs redis-py: pip install 'siq_celery[redis]'") from exc
-
+from .redis_client import redis
 
 logger = logging.getLogger("siq_celery")
 _FORK_HOOK: list[bool] = []  # registered once a process
