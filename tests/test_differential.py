@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from siq_celery.backends import Backend, backend_from_url
+from siq_celery.backends.redis import RedisBackend, redis_client_from_url
 from siq_celery.errors import SiqError
 from siq_celery.ledger import StartRecord
 from siq_celery.parked import FairTask, ParkedTask
@@ -66,6 +67,14 @@ COUNTS = {"sequences": 0, "steps": 0}
 FIRST: dict[str, float] = {}  # where the first disagreement came: sequence, steps before, seconds
 
 F = TypeVar("F", bound=Callable[..., Any])
+_CLIENTS: dict[str, Any] = {}
+
+
+def shared_client(url: str) -> Any:
+    """The run's redis-py client of ``url`` (made as siq_celery makes its own)."""
+    if url not in _CLIENTS:
+        _CLIENTS[url] = redis_client_from_url(url)
+    return _CLIENTS[url]
 
 
 def step(f: F) -> F:
@@ -162,14 +171,22 @@ class Differential(RuleBasedStateMachine):
             "clock": self.clock, "key_prefix": f"df{self.run}", "ledger_max": ledger, "lease_timeout_us": lease_us,
             "max_lost_deliveries": max_lost, "finished_max": finished_max,
         }  # fmt: skip
-        urls = [f"memory://diff-{os.getpid()}-{self.run}", URLS["sqlite"], URLS["redis"], URLS["cluster"]]
-        self.stores = [backend_from_url(url, **options) for url in urls]
+        self.stores = [
+            backend_from_url(f"memory://diff-{os.getpid()}-{self.run}", **options),
+            backend_from_url(URLS["sqlite"], **options),
+            # One redis-py client a server for the whole run (a Cluster client maps the slots
+            # as it is made: tens of milliseconds an example on a loaded host); each example's
+            # keys are its own by their prefix.
+            RedisBackend(client=shared_client(URLS["redis"]), **options),
+            RedisBackend(client=shared_client(URLS["cluster"]), **options),
+        ]
 
     def teardown(self) -> None:
         for s in self.stores:
             for queue in (Q, R):
                 s.delete(queue)
-            s.close()
+            if not isinstance(s, RedisBackend):  # the shared clients stay open for the next example
+                s.close()
 
     # -- time ----------------------------------------------------------------------
 
@@ -570,6 +587,7 @@ def servers(redis_server: Any, redis_cluster: Any, tmp_path: Any) -> None:
     URLS.update(redis=redis_server.url, cluster=redis_cluster.url, sqlite=f"sqlite:///{tmp_path}/siq.db")
 
 
+@pytest.mark.timeout(900)  # 300 sequences on 4 stores: a minute here, several on a loaded CI host
 def test_the_model_and_every_store_give_the_same_answers_and_states(
     servers: None, record_property: Callable[[str, object], None]
 ) -> None:
@@ -591,6 +609,9 @@ def test_the_model_and_every_store_give_the_same_answers_and_states(
     try:
         case().runTest()
     finally:
+        for client in _CLIENTS.values():
+            client.close()
+        _CLIENTS.clear()
         line = (
             f"siq differential: {COUNTS['sequences']} sequences, {COUNTS['steps']} steps on 4 stores "
             f"in {time.perf_counter() - STARTED[0]:.1f} s"
