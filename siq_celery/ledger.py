@@ -46,7 +46,8 @@ since the Unix epoch on the store's clock:
 ``began_us``            when the body's report that it began reached the store: what the
                         limits count from (docs/design.md, "The guarantees"); the last
                         report if it was sent again. Null: no report (a start not asked
-                        with ``reports``, a report lost, a body that did not begin)
+                        with ``reports``, a report lost, a body that did not begin, a
+                        report that reached the store after the body's finish)
 ======================  ======================================================
 
 Version 1 had no ``cost``: a reader takes a missing or null ``cost`` as 1. Version 2 had
@@ -191,8 +192,9 @@ def complete(row: LedgerRow, finish_us: int, outcome: str, returned: bool) -> No
 def join_finishes(entries: Iterable[LedgerRow | FinishEntry | BeganEntry]) -> Iterator[LedgerRow]:
     """Rows from a time-ordered stream of start rows, reports and finish entries (as Redis
     keeps them): a report gives the start it names its ``began_us`` (the last report of a
-    start counts); a finish that names a lease completes the start that took it; any other
-    completes the latest unfinished start of its task id. A row is yielded when its finish
+    start counts; one that comes after the start's finish is dropped, on every store); a
+    finish that names a lease completes the start that took it; any other completes the
+    latest unfinished start of its task id. A row is yielded when its finish
     arrives, or at the end of the stream (not finished); one without a task id at the next
     start (its report came before it). A start without a lease that is followed by another
     start of its task id never finished (its worker died); one with a lease may still be

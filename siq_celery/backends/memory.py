@@ -139,14 +139,15 @@ class _MemoryTransaction(Transaction):
     def record_began(self, task_id: str, start_us: int, began_us: int) -> None:
         for row in reversed(self._store.ledgers.get(self._queue, ())):
             if row.start_us == start_us and (row.task_id or "") == task_id:
-                row.began_us = began_us
+                if row.finish_us is None:  # a report after the finish is dropped (ledger.join_finishes)
+                    row.began_us = began_us
                 return
 
     def record_finish(self, task_id: str, outcome: str, lease: str = "", returned: bool = False) -> None:
         rows = self._store.ledgers.get(self._queue, ())
         if lease:  # the start that took it (ledger.join_finishes: the same rules)
             for row in reversed(rows):
-                if row.lease == lease and row.finish_us is None:
+                if row.lease == lease and row.task_id == task_id and row.finish_us is None:
                     complete(row, self.now_us, outcome, returned)
                     return
         for row in reversed(rows):

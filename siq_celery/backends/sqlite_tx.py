@@ -194,7 +194,7 @@ class SqliteTransaction(Transaction):
     def record_began(self, task_id: str, start_us: int, began_us: int) -> None:
         self._c.execute(
             "UPDATE siq_ledger SET began_us=? WHERE rowid = (SELECT rowid FROM siq_ledger WHERE prefix=? AND "
-            "queue=? AND start_us=? AND task_id IS ? ORDER BY rowid DESC LIMIT 1)",
+            "queue=? AND start_us=? AND task_id IS ? ORDER BY rowid DESC LIMIT 1) AND finish_us IS NULL",
             (began_us, *self._key, start_us, task_id or None),
         )
 

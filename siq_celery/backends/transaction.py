@@ -121,7 +121,8 @@ class Transaction(ABC):
     @abstractmethod
     def record_began(self, task_id: str, start_us: int, began_us: int) -> None:
         """Give the latest ledger row of ``task_id`` ("": a start without one) authorized at
-        ``start_us`` its ``began_us``."""
+        ``start_us`` its ``began_us``, unless that row is finished (a report that reaches the
+        store after the finish is dropped, as Redis's ledger.join_finishes drops it)."""
 
     @abstractmethod
     def record_finish(self, task_id: str, outcome: str, lease: str = "", returned: bool = False) -> None:

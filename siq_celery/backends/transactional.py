@@ -188,7 +188,7 @@ class ModelBackend(Backend):
                 windows=[self._window(tx, state) for tx, state in zip(txs, states, strict=True)], leases=leases,
                 lease=self._lease_taken(states, task_id, member, now),
                 running_us=rules.running_copy(leases[0], task_id, now), token=token, own=own,
-                begin_wait_us=begin_wait_us,
+                begin_wait_us=begin_wait_us, run=bool(task_id) and member == task_id,
             )  # fmt: skip
             if own is not None:  # given again: recorded and counted when it was first given
                 return decisions

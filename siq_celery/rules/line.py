@@ -173,15 +173,16 @@ def start_all(
     states: list[QueueState], tickets: list[int], epochs: list[str], now_us: int, *, finished: bool = False,
     cost: int = 1, lost: bool = False, windows: Sequence[Window | None] | None = None,
     leases: Sequence[Leases | None] | None = None, lease: tuple[str, int] | None = None, running_us: int = 0,
-    token: str = "", own: RunOwner | None = None, begin_wait_us: int = 0,
+    token: str = "", own: RunOwner | None = None, begin_wait_us: int = 0, run: bool = True,
 ) -> list[Decision]:  # fmt: skip
     """One start that must pass several queues at once (a per-second and a per-day limit):
     authorized in all of them, or recorded in none. Queues that would authorize while
     another says wait answer WAIT with ``wait_us`` 0, so nothing is held in one queue
     while the start waits for another. The start has a place in one queue's line (its
     ticket); in the others its ticket is :data:`FREE`. When every queue authorizes, the
-    first queue takes ``lease`` (the run's, checked there: ``running_us``) and each other
-    queue with a concurrency cap takes one under the same member. ``token`` and ``own``:
+    first queue takes ``lease`` if it is the run's (``run``: named by the task id, checked
+    there: ``running_us``) and each queue with a concurrency cap takes one under the same
+    member (start_all.lua: the same). ``token`` and ``own``:
     as in :func:`start` (the owner is kept with the first queue's lease, with the latest of
     the queues' slots, which every queue answers again). ``begin_wait_us``: the body reports
     when it began, to every queue (:func:`commit_start`)."""
@@ -213,7 +214,7 @@ def start_all(
     ]
     if all(d.authorized for d in decisions):
         # the run's lease in the first queue (where running_us was read), a cap's in each capped queue
-        taken = [lease if i == 0 or state.concurrency else None for i, state in enumerate(states)]
+        taken = [lease if (i == 0 and run) or state.concurrency else None for i, state in enumerate(states)]
         started = [
             replace(d, lease=commit_start(state, ticket, now_us, cost, window, lz, mine, begin_wait_us))
             for d, state, ticket, window, lz, mine in zip(decisions, states, tickets, wins, held, taken, strict=True)
