@@ -30,10 +30,17 @@ def url(request: pytest.FixtureRequest, tmp_path: object) -> str:
     return f"sqlite:///{tmp_path}/siq.db"
 
 
-def test_eight_processes_share_one_10ms_interval(url: str) -> None:
+def test_eight_processes_share_one_10ms_interval(url: str, capfd: pytest.CaptureFixture[str]) -> None:
     records = run_slot_processes(url, "procs", "10ms", processes=PROCESSES, calls=CALLS)
     assert sorted((r.process, r.call) for r in records) == [(p, c) for p in range(PROCESSES) for c in range(CALLS)]
-    assert sorted(r.ticket for r in records) == list(range(1, PROCESSES * CALLS + 1))  # each ticket once
+    # Each ticket once. A process that stood still after its body's report, while a later
+    # start came, gives its start up and waits again with a new ticket (client/body.py,
+    # logged): seen once on a loaded CI host (ticket 156 given up, 401 taken).
+    again = capfd.readouterr().err.count("a later start came: waiting again")
+    tickets = {r.ticket for r in records}
+    assert len(tickets) == PROCESSES * CALLS
+    given_up = set(range(1, PROCESSES * CALLS + again + 1)) - tickets
+    assert len(given_up) == again and max(tickets) <= PROCESSES * CALLS + again, (again, sorted(given_up))
     s = summarize(records, INTERVAL_US)
     print(s)
     assert s.store_gaps_below_interval == 0 and s.min_store_gap_ms >= 10.0
