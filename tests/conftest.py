@@ -181,6 +181,41 @@ def amqp_url() -> str:
     return url
 
 
+#: The tests of the timed part: those that run real workers or other processes, or break
+#: the store's faults, or use RabbitMQ (`processes`, `faults`, `rabbitmq`), but for the
+#: Spark jobs alone (tests/spark/: no worker, nothing timed); and any whose module asserts
+#: timing on the host clock.
+TIMED_MARKS = ("processes", "faults", "rabbitmq")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--siq-part", choices=("timed", "untimed"), default=None,
+        help="only the tests timed on the host clock or running real workers (timed), or only the rest (untimed): "
+        "`make test` runs the two side by side, the untimed part at a lower priority",
+    )  # fmt: skip
+
+
+def timed(item: pytest.Item) -> bool:
+    """Whether ``item`` belongs to the timed part (:data:`TIMED_MARKS`)."""
+    module = getattr(item, "module", None)
+    if module is not None and any(hasattr(module, name) for name in ("host_clock", "host_gaps_at_least")):
+        return True
+    if item.path.parent.name == "spark":  # Spark jobs alone: no worker, nothing timed
+        return False
+    return any(item.get_closest_marker(mark) for mark in TIMED_MARKS)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    part = config.getoption("--siq-part")
+    if part is None:
+        return
+    keep = [item for item in items if timed(item) == (part == "timed")]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Reruns are visible: their count, and which tests took them (only assertions about
     host-clock timing may be rerun; a rerun anywhere else is a defect to fix)."""
