@@ -39,14 +39,14 @@ docs: install
 # The suite runs in two parts side by side (tests/conftest.py, --siq-part): the timed part
 # (real workers and processes, faults, RabbitMQ, timing on the host clock) in the
 # foreground, and the untimed part (unit, contract, differential and model tests, Spark
-# jobs alone) at a lower priority (nice 10), so that the CPU it takes is what the timed part
+# jobs alone) at a lower priority (nice 19), so that the CPU it takes is what the timed part
 # leaves; its output is shown when both are done. One exit status for both.
 test: lint
 	@log="$${TMPDIR:-/tmp}/siq-untimed.$$$$.log"; \
-	nice -n 10 $(PY) -m pytest $(PYTEST_ARGS) --siq-part=untimed > "$$log" 2>&1 & untimed=$$!; \
+	nice -n 19 $(PY) -m pytest $(PYTEST_ARGS) --siq-part=untimed > "$$log" 2>&1 & untimed=$$!; \
 	trap 'kill $$untimed 2>/dev/null' INT TERM; \
 	$(PY) -m pytest $(PYTEST_ARGS) --siq-part=timed; timed=$$?; \
-	echo "---- the untimed part, run beside the timed part (nice 10)"; \
+	echo "---- the untimed part, run beside the timed part (nice 19)"; \
 	wait $$untimed; untimed=$$?; cat "$$log"; rm -f "$$log"; \
 	for rc in $$timed $$untimed; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done; \
 	if [ $$timed -eq 5 ] && [ $$untimed -eq 5 ]; then echo "pytest: no tests collected for '$(PYTEST_ARGS)'"; fi
@@ -148,10 +148,10 @@ test-install: install
 	cd $(INSTALL_VENV) && env -u PYTHONPATH ./bin/python $(CURDIR)/.ci/install_check.py
 
 # What CI runs beside `make test` (.ci/run), one after another at a lower priority (nice
-# 10): the docs site, the install check, the contract suite on the oldest redis-py, the
+# 19): the docs site, the install check, the contract suite on the oldest redis-py, the
 # fast suite on every dependency's floor.
 test-after: install
-	nice -n 10 $(MAKE) --no-print-directory docs test-install test-redis-floor test-floors
+	nice -n 19 $(MAKE) --no-print-directory docs test-install test-redis-floor test-floors
 
 bench: install
 	$(PY) bench/core.py

@@ -31,7 +31,12 @@ def path_without(tmp_path: Path, *tools: str) -> str:
 
 @pytest.mark.parametrize("ci", ["true", ""])
 def test_ci_run_fails_under_ci_when_it_cannot_install_tmux_and_prometheus(tmp_path: Path, ci: str) -> None:
-    env = {"PATH": path_without(tmp_path, "tmux", "prometheus", "apt-get"), "CI": ci, "HOME": str(tmp_path)}
+    env = {
+        "PATH": path_without(tmp_path, "tmux", "prometheus", "apt-get"),
+        "CI": ci,
+        "HOME": str(tmp_path),
+        "TMPDIR": str(tmp_path),
+    }
     result = subprocess.run(["bash", str(ROOT / ".ci/run")], env=env, capture_output=True, text=True, timeout=60,
                             executable=shutil.which("bash"))  # fmt: skip
     print(f"CI={ci!r}: exit {result.returncode}; {result.stderr.strip()}")

@@ -216,7 +216,12 @@ def test_each_start_records_its_key_tag_and_weight(celery_app: Any, siq_store: S
     ledger: in ticket order the tags never go down while keys have work (the audit's
     check), and each key's own go up by at least its share of a slot."""
     call = celery_app.tasks["fair.call"]
+    queue = siq_store.queue("api")
+    queue.pause()  # every call waits in its key's line first (published one by one on a loaded
+    # host, each could be served before the next came: the lines empty, and every tag is 0)
     results = [call.delay(tenant, n) for n in range(6) for tenant in ("gold", "B")]
+    queue.resume(grace=0)
+    release_fair(celery_app, call.siq_queue(), "test")
     done = {r.id: r.get(timeout=30) for r in results}
     rows = siq_store.starts("api")
     assert sorted(done[r.task_id] for r in rows) == sorted(done.values())

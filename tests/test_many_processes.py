@@ -13,7 +13,7 @@ import multiprocessing as mp
 import pytest
 
 from siq_celery.loadtest import run_slot_processes, summarize
-from tests.timing import HOST_CLOCK_RERUNS, host_gaps_at_least
+from tests.timing import HOST_CLOCK_RERUNS, host_clock, host_gaps_at_least
 
 # Real processes timed on the host clock of a 2-core shared machine: a rare scheduling
 # spike of a few ms can delay one body past the bound. Such a test runs at most three times more
@@ -45,7 +45,10 @@ def test_eight_processes_share_one_10ms_interval(url: str, capfd: pytest.Capture
     print(s)
     assert s.store_gaps_below_interval == 0 and s.min_store_gap_ms >= 10.0
     host_gaps_at_least([s.min_body_gap_ms], 9.0, "gap between bodies")
-    assert s.order_inversions == 0
+    # In ticket order, but for a ticket whose process stood still past its slot between its
+    # claim and its ask: the line does not wait for it (docs/design.md, "The guarantees"),
+    # which only this host's scheduling decides (seen once, 1 of 400, beside the untimed part).
+    host_clock(s.order_inversions == 0, f"{s.order_inversions} start(s) out of ticket order: a late ask overtaken")
 
 
 def _release_loop(url: str, out: mp.Queue[list[str]]) -> None:  # runs in a child process
