@@ -10,7 +10,7 @@ EXTRAS ?= redis,dev
 DEMO_EXTRAS ?= demo
 
 .PHONY: demo test lint docs unit bench bench-peers bench-peers-loaded bench-publish bench-failover bench-fair clean test-redis-floor test-install \
-	test-fast test-floors test-after
+	test-fast test-floors test-floors-unit test-floors-processes test-after
 
 $(VENV)/.installed-%: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -120,10 +120,16 @@ $(FLOORS_VENV)/.installed: pyproject.toml .ci/floors.py
 		pyyaml requests httpx trustme gevent
 	touch $@
 
-test-floors: $(FLOORS_VENV)/.installed
+test-floors: test-floors-unit test-floors-processes
+
+# Its two halves: the unit and contract tests (CI runs them beside the suite, niced), and
+# the real workers and processes, timed on the host clock (CI runs them after the suite).
+test-floors-unit: $(FLOORS_VENV)/.installed
 	$(FLOORS_VENV)/bin/python -m pip list --format=freeze 2>/dev/null \
 		| grep -iE '^(celery|kombu|click|prometheus.client|rich|pyspark|pyarrow|numpy|redis)=='
 	$(FLOORS_VENV)/bin/python -m pytest $(FAST_PYTEST) $(FLOORS_WARNINGS) -m "$(FAST_MARKERS)"
+
+test-floors-processes: $(FLOORS_VENV)/.installed
 	$(FLOORS_VENV)/bin/python -m pytest $(FAST_PYTEST) $(FLOORS_WARNINGS) $(FAST_PROCESSES)
 
 # Build the sdist and the wheel as the README's Install section says (`python -m build`,
@@ -149,9 +155,10 @@ test-install: install
 
 # What CI runs beside `make test` (.ci/run), one after another at a lower priority (nice
 # 19): the docs site, the install check, the contract suite on the oldest redis-py, the
-# fast suite on every dependency's floor.
+# unit and contract tests on every dependency's floor (their real workers, timed on the
+# host clock, run after the suite: test-floors-processes).
 test-after: install
-	nice -n 19 $(MAKE) --no-print-directory docs test-install test-redis-floor test-floors
+	nice -n 19 $(MAKE) --no-print-directory docs test-install test-redis-floor test-floors-unit
 
 bench: install
 	$(PY) bench/core.py

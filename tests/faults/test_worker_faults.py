@@ -185,7 +185,11 @@ def test_a_worker_host_clock_jumps_minutes(fault_run: CeleryRun, jump: str) -> N
     # long (-180) nor takes them early and sends them back (+180). Its unacknowledged
     # messages stamped on the store's clock: not handed out again while they wait or run
     # (stamped on its own, -180 made 9-35 copies in each run on a loaded host).
-    assert warned and deferrals <= 10, "\n".join(line for line in deferred if ": running;" not in line)
+    # An ETA read on the wrong clock defers about every task of the worker (some 80); a
+    # loaded host defers a few more tasks that reached the gate early (13 seen, beside the
+    # untimed part of the suite): above 10 is the host's timing, above 40 a defect.
+    assert warned and deferrals <= 40, "\n".join(line for line in deferred if ": running;" not in line)
+    host_clock(deferrals <= 10, f"{deferrals} deferrals on the skewed worker")
     assert copies <= 10, "\n".join(line for line in deferred if ": running;" in line)
     host_clock(took < 20.0, f"the jumped worker took {took:.1f} s")
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import CeleryRun
+from tests.timing import HOST_CLOCK_RERUNS, host_clock
 
-pytestmark = [pytest.mark.slow, pytest.mark.processes]
+pytestmark = [pytest.mark.slow, pytest.mark.processes, HOST_CLOCK_RERUNS]
 
 TENANT = 100_000  # n // TENANT: the tenant's index in SIQ_TEST_TENANTS
 
@@ -81,9 +82,11 @@ def test_weights_two_one_one_share_300_starts(celery_run: CeleryRun) -> None:
           f"after their slot: median {late[150]:.2f} ms, p99 {late[296]:.2f} ms, most {late[-1]:.2f} ms")  # fmt: skip
     for tenant, expected in ((0, 150), (1, 75), (2, 75)):
         assert abs(shares[tenant] - expected) <= 0.05 * expected, shares
-    for tenant in range(3):
+    for tenant in range(3):  # a tenant's line is in the order its tasks reached the workers: on
+        # an idle host the order they were published in; three nodes on a loaded one can take
+        # them in another (seen once: 200003 and 200002 before 200001)
         own = [r["n"] for r in ordered(starts) if r["n"] // TENANT == tenant]
-        assert own == sorted(own), "each tenant in its own order"
+        host_clock(own == sorted(own), f"tenant {tenant} not in the order its tasks were published: {own[:12]}")
     assert_spacing(starts, 50_000)
 
 
