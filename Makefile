@@ -10,7 +10,7 @@ EXTRAS ?= redis,dev
 DEMO_EXTRAS ?= demo
 
 .PHONY: demo test lint docs unit bench bench-peers bench-peers-loaded bench-publish bench-failover bench-fair clean test-redis-floor test-install \
-	test-fast test-floors test-floors-unit test-floors-processes test-after
+	test-fast test-floors
 
 $(VENV)/.installed-%: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,21 +35,9 @@ docs: install
 
 # pytest exits 5 when a selection collects nothing (say, PYTEST_ARGS="-m spark" before
 # any Spark test exists): that is not a failure of the suite.
-#
-# The suite runs in two parts side by side (tests/conftest.py, --siq-part): the timed part
-# (real workers and processes, faults, RabbitMQ, timing on the host clock) in the
-# foreground, and the untimed part (unit, contract, differential and model tests, Spark
-# jobs alone) at a lower priority (nice 19), so that the CPU it takes is what the timed part
-# leaves; its output is shown when both are done. One exit status for both.
 test: lint
-	@log="$${TMPDIR:-/tmp}/siq-untimed.$$$$.log"; \
-	nice -n 19 $(PY) -m pytest $(PYTEST_ARGS) --siq-part=untimed > "$$log" 2>&1 & untimed=$$!; \
-	trap 'kill $$untimed 2>/dev/null' INT TERM; \
-	$(PY) -m pytest $(PYTEST_ARGS) --siq-part=timed; timed=$$?; \
-	echo "---- the untimed part, run beside the timed part (nice 19)"; \
-	wait $$untimed; untimed=$$?; cat "$$log"; rm -f "$$log"; \
-	for rc in $$timed $$untimed; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done; \
-	if [ $$timed -eq 5 ] && [ $$untimed -eq 5 ]; then echo "pytest: no tests collected for '$(PYTEST_ARGS)'"; fi
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected for '$(PYTEST_ARGS)'"; exit 0; fi; exit $$rc
 
 # The store contract suite on the oldest redis-py the package declares (redis>=5.0), in a
 # venv of its own: `make test` runs it on the newest; of its Cluster cases, those of a lost
@@ -120,16 +108,10 @@ $(FLOORS_VENV)/.installed: pyproject.toml .ci/floors.py
 		pyyaml requests httpx trustme gevent
 	touch $@
 
-test-floors: test-floors-unit test-floors-processes
-
-# Its two halves: the unit and contract tests (CI runs them beside the suite, niced), and
-# the real workers and processes, timed on the host clock (CI runs them after the suite).
-test-floors-unit: $(FLOORS_VENV)/.installed
+test-floors: $(FLOORS_VENV)/.installed
 	$(FLOORS_VENV)/bin/python -m pip list --format=freeze 2>/dev/null \
 		| grep -iE '^(celery|kombu|click|prometheus.client|rich|pyspark|pyarrow|numpy|redis)=='
 	$(FLOORS_VENV)/bin/python -m pytest $(FAST_PYTEST) $(FLOORS_WARNINGS) -m "$(FAST_MARKERS)"
-
-test-floors-processes: $(FLOORS_VENV)/.installed
 	$(FLOORS_VENV)/bin/python -m pytest $(FAST_PYTEST) $(FLOORS_WARNINGS) $(FAST_PROCESSES)
 
 # Build the sdist and the wheel as the README's Install section says (`python -m build`,
@@ -152,13 +134,6 @@ test-install: install
 	$(PYTHON) -m venv $(INSTALL_VENV)
 	$(INSTALL_VENV)/bin/python -m pip install --quiet "$$(ls $(DIST)/*.whl)[redis]"
 	cd $(INSTALL_VENV) && env -u PYTHONPATH ./bin/python $(CURDIR)/.ci/install_check.py
-
-# What CI runs beside `make test` (.ci/run), one after another at a lower priority (nice
-# 19): the docs site, the install check, the contract suite on the oldest redis-py, the
-# unit and contract tests on every dependency's floor (their real workers, timed on the
-# host clock, run after the suite: test-floors-processes).
-test-after: install
-	nice -n 19 $(MAKE) --no-print-directory docs test-install test-redis-floor test-floors-unit
 
 bench: install
 	$(PY) bench/core.py

@@ -191,8 +191,7 @@ TIMED_MARKS = ("processes", "faults", "rabbitmq")
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--siq-part", choices=("timed", "untimed"), default=None,
-        help="only the tests timed on the host clock or running real workers (timed), or only the rest (untimed): "
-        "`make test` runs the two side by side, the untimed part at a lower priority",
+        help="only the tests timed on the host clock or running real workers (timed), or only the rest (untimed)",
     )  # fmt: skip
 
 
