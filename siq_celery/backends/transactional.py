@@ -102,9 +102,14 @@ class ModelBackend(Backend):
         return (member, now_us + self.lease_timeout_us) if taken else None
 
     @staticmethod
-    def _run_token(task_id: str | None, member: str, token: str) -> str:
-        """The token kept as the owner of a start's lease: only the run's (named by its task id)."""
-        return token if task_id and member == task_id else ""
+    def _is_run(task_id: str | None, member: str) -> bool:
+        """Whether a start's lease ``member`` is its run's (named by its task id)."""
+        return bool(task_id) and member == task_id
+
+    @classmethod
+    def _run_token(cls, task_id: str | None, member: str, token: str) -> str:
+        """The token kept as the owner of a start's lease: only the run's."""
+        return token if cls._is_run(task_id, member) else ""
 
     def claim(self, queue: str, count: int, interval_us: int, epoch: str, *, limits: Limits = NO_LIMITS) -> ClaimResult:
         with self._following_one(queue) as tx:
@@ -188,7 +193,7 @@ class ModelBackend(Backend):
                 windows=[self._window(tx, state) for tx, state in zip(txs, states, strict=True)], leases=leases,
                 lease=self._lease_taken(states, task_id, member, now),
                 running_us=rules.running_copy(leases[0], task_id, now), token=token, own=own,
-                begin_wait_us=begin_wait_us, run=bool(task_id) and member == task_id,
+                begin_wait_us=begin_wait_us, run=self._is_run(task_id, member),
             )  # fmt: skip
             if own is not None:  # given again: recorded and counted when it was first given
                 return decisions
